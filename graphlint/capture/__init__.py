@@ -1,0 +1,224 @@
+"""Capture: build the model, run one forward and one backward, and keep what both graphs showed.
+
+`capture_target` builds a target on the meta device first (no parameter memory, cost independent of tensor
+sizes) and rebuilds it on CPU when the forward needs real values. `capture_model` does the work for a model
+that already exists. The resulting `Capture` is read-only data for the rules.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
+from graphlint.capture.forward import ForwardRecorder, recorded_ops
+from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.capture.isolation import preserved_global_state
+from graphlint.capture.loss import choose_loss
+from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, ModuleInfo, describe_modules
+from graphlint.errors import TargetFailure, one_line, raised_at
+from graphlint.files import display_path
+from graphlint.target import LoadedTarget, Target, normalize_factory_result
+
+@dataclass(frozen=True)
+class ParameterInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+
+@dataclass
+class Capture:
+    """Everything one capture saw. Rules read it and never run the model again."""
+
+    target: str
+    device: str
+    forward: fx.Graph  # see graphlint.capture.forward for what each node's meta holds
+    autograd: AutogradGraph
+    parameters: dict[str, ParameterInfo]
+    modules: dict[str, ModuleInfo]  # by qualified path; "" is the model itself
+    factory: Frame | None = None  # the target factory's definition, the last resort for locations
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[fx.Node]:
+        """The recorded calls in execution order."""
+        return recorded_ops(self.forward)
+
+
+def capture_model(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    loss_fn: Callable | None = None,
+    *,
+    target: str = "model",
+    device: str | None = None,
+    build_sites: BuildSiteRecorder | None = None,
+    factory: Frame | None = None,
+) -> Capture:
+    """Run one forward (recording the forward graph and saved tensors) and one backward on `model`."""
+    modules = describe_modules(model, build_sites)
+    parameters = dict(model.named_parameters())
+    names = {id(t): name for name, t in model.named_buffers()}
+    names.update({id(p): name for name, p in parameters.items()})
+    stacks = StackRecorder()
+    saved = SavedTensorRecorder()
+    tracker = ModuleCallTracker(modules)
+    recorder = ForwardRecorder(stacks, tracker, names, saved.count)
+    recorder.add_inputs(args, kwargs)
+    stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
+    try:
+        with torch.enable_grad(), saved, tracker, recorder:
+            output = model(*args, **kwargs)
+            recorder.phase = "loss"
+            loss = choose_loss(output, loss_fn)
+            recorder.add_output(output)
+    except TargetFailure:
+        raise
+    except Exception as error:
+        raise ForwardFailure(f"the forward raised {one_line(error)}{raised_at(error)}", recorder.failed_op) from error
+    ops = recorded_ops(recorder.graph)
+    autograd = AutogradGraph()
+    if loss is not None:
+        autograd = walk_autograd_graph(loss, saved, names, ops)
+        autograd.backward = run_backward(loss, parameters)
+    saved.release()
+    notes = []
+    if loss is None:
+        notes.append("the output has no floating-point tensor that requires grad, so no backward pass was captured")
+    elif autograd.backward.error:
+        notes.append(f"backward raised {autograd.backward.error}; rules ran on what was captured")
+    return Capture(
+        target=target,
+        device=device or _device_of(model, args),
+        forward=recorder.graph,
+        autograd=autograd,
+        parameters={
+            name: ParameterInfo(name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in parameters.items()
+        },
+        modules={info.path: info for info in modules.values()},
+        factory=factory,
+        notes=notes,
+    )
+
+
+def capture_target(loaded: LoadedTarget, device: str = "auto") -> Capture:
+    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it."""
+    if device != "auto":
+        return _capture_on(loaded, device)
+    try:
+        return _capture_on(loaded, "meta")
+    except _NeedsRealValues as meta_failure:
+        capture = _capture_on(loaded, "cpu")
+        capture.notes.insert(0, f"captured on CPU because {meta_failure}")
+        return capture
+
+
+class ForwardFailure(TargetFailure):
+    """The forward (or the loss) raised; `failed_op` is the torch call that raised and its user stack."""
+
+    def __init__(self, message: str, failed_op: tuple[str, tuple[Frame, ...]] | None = None) -> None:
+        super().__init__(message)
+        self.failed_op = failed_op
+
+
+class _NeedsRealValues(Exception):
+    """The meta-device attempt failed; its message says why, for the note shown after the CPU rebuild."""
+
+
+_REAL_VALUE_OPS = {
+    "bool": "a Python branch on a tensor value",
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "nonzero": "nonzero()",
+    "int": "int() of a tensor",
+    "float": "float() of a tensor",
+    "index": "a tensor used as a Python index",
+}
+
+
+def _capture_on(loaded: LoadedTarget, device: str) -> Capture:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
+    with preserved_global_state():
+        if device != "meta":
+            torch.manual_seed(0)  # the same inputs and dropout masks on every run
+        stacks = StackRecorder()
+        build_sites = BuildSiteRecorder(stacks)
+        stacks.boundary = sys._getframe()
+        try:
+            with torch.device(device), build_sites:
+                made = normalize_factory_result(loaded.factory())
+        except TargetFailure:
+            raise
+        except Exception as error:
+            if device == "meta":
+                raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
+            raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
+        if device == "meta":
+            _move_to_meta(made)
+        try:
+            with torch.device(device):
+                return capture_model(
+                    made.model, made.args, made.kwargs, made.loss,
+                    target=loaded.spec.text, device=device, build_sites=build_sites, factory=_definition(loaded),
+                )
+        except ForwardFailure as failure:
+            if device != "meta":
+                raise
+            raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+
+
+def _why_meta_failed(failure: ForwardFailure) -> str:
+    if failure.failed_op is not None and failure.failed_op[0] in _REAL_VALUE_OPS:
+        op, stack = failure.failed_op
+        where = f" at {display_path(stack[-1].file)}:{stack[-1].line}" if stack else ""
+        return f"the forward needs real values ({_REAL_VALUE_OPS[op]}{where})"
+    return f"the forward failed on the meta device ({failure})"
+
+
+def _move_to_meta(made: Target) -> None:
+    """Tensors the factory pinned to another device (loaded data, `device="cpu"`) join the meta model."""
+    model = made.model
+    if any(t.device.type != "meta" for t in _model_tensors(model)):
+        model.to("meta")
+    made.args = tuple(torch.utils._pytree.tree_map(_to_meta, list(made.args)))
+    made.kwargs = torch.utils._pytree.tree_map(_to_meta, made.kwargs)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        return value.to("meta")
+    return value
+
+
+def _definition(loaded: LoadedTarget) -> Frame:
+    """The factory's `def` line: where a finding goes when no frame of the project's own code is involved."""
+    try:
+        code = inspect.unwrap(loaded.factory).__code__
+        return Frame(os.path.abspath(code.co_filename), code.co_firstlineno, code.co_name)
+    except AttributeError:  # a callable object or a builtin: point at the target file
+        return Frame(str(loaded.spec.file or loaded.spec.search_root), 1, loaded.spec.name)
+
+
+def _model_tensors(model: torch.nn.Module):
+    yield from model.parameters()
+    yield from model.buffers()
+
+
+def _device_of(model: torch.nn.Module, args: tuple) -> str:
+    for tensor in _model_tensors(model):
+        return tensor.device.type
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return "cpu"

@@ -1,0 +1,273 @@
+"""The forward graph: every torch call the model made, at the level the user wrote it, as a `torch.fx.Graph`.
+
+A `TorchFunctionMode` sees each torch function, tensor method and operator once, before dispatch (so
+`F.scaled_dot_product_attention` is one node even on devices that lower it to matmul + softmax, and an
+`nn.MultiheadAttention` is one `multi_head_attention_forward` node). The Python code simply runs, so
+data-dependent branches, graph breaks and library objects in outputs cost nothing.
+
+Each node's `meta` carries:
+- `op`: the canonical op name (`"matmul"` for `@`, `torch.matmul` and `Tensor.matmul`; `"data"` for `.data`).
+- `stack`: user frames (`Frame`), outermost first; `stack_trace`: the same in torch.fx's text form.
+- `module_stack`: the running modules (`ModuleInfo`), outermost first; `module_path`: the innermost one's path.
+- `tensor_meta`: `torch.fx.passes.shape_prop.TensorMetadata` of the output (a tuple for several outputs).
+- `grad_enabled`: whether autograd was recording; `phase`: `"forward"` or `"loss"`.
+- `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
+- `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
+- `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from graphlint.capture.frames import Frame, StackRecorder, format_stack
+from graphlint.capture.modules import ModuleCallTracker
+
+# Calls that return no tensor but are still worth a node: the model's values leave torch here.
+HOST_OPS = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index", "nonzero", "cpu"})
+_TENSOR_BASE = torch._C.TensorBase
+_PLAIN_TYPES = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype, torch.device,
+                torch.memory_format, torch.layout)
+
+
+def op_name(func: Callable) -> str:
+    """The name rules match on: `softmax` for F.softmax, torch.softmax and Tensor.softmax alike."""
+    name = getattr(func, "__name__", None)
+    if name == "__get__":  # a tensor attribute read, such as `.data` or `.T`
+        return getattr(getattr(func, "__self__", None), "__name__", "getattr")
+    if name is None:
+        return type(func).__name__
+    if name.startswith("__") and name.endswith("__"):
+        return name[2:-2]  # __getitem__ -> getitem, __rsub__ -> rsub
+    return name
+
+
+def _fx_call(func: Callable, name: str) -> tuple[str, Any]:
+    """The torch.fx (op, target) pair for a call, matching what `torch.fx.symbolic_trace` records."""
+    if name == "getitem":
+        return "call_function", operator.getitem
+    if name == "setitem":
+        return "call_function", operator.setitem
+    if getattr(func, "__name__", None) == "__get__":
+        return "call_function", getattr
+    owner = getattr(func, "__objclass__", None)
+    qualname = getattr(func, "__qualname__", "")
+    if owner is _TENSOR_BASE or qualname.startswith(("Tensor.", "TensorBase.")):
+        return "call_method", func.__name__
+    return "call_function", func
+
+
+@dataclass(frozen=True)
+class MutatedTensor:
+    """An input that an op wrote in place (found by its version counter moving)."""
+
+    position: int | str  # positional index or keyword name
+    storage: int | None  # identity of the storage written, shared by views and `.data`
+    version_before: int
+    version_after: int
+
+
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """An identity for the memory a tensor lives in; views, `.data` and `.detach()` share it."""
+    try:
+        return tensor.untyped_storage()._cdata
+    except Exception:  # sparse, nested or exotic subclass tensors have no single storage
+        return None
+
+
+def _tensor_meta(t: torch.Tensor) -> TensorMetadata | None:
+    try:
+        stride = t.stride()
+    except Exception:
+        stride = ()
+    return TensorMetadata(tuple(t.shape), t.dtype, t.requires_grad, stride, None, False, {})
+
+
+class ForwardRecorder(TorchFunctionMode):
+    """Records torch calls into `self.graph` while active."""
+
+    def __init__(
+        self,
+        stacks: StackRecorder,
+        modules: ModuleCallTracker,
+        names: dict[int, str],
+        saved_count: Callable[[], int],
+    ) -> None:
+        super().__init__()
+        self.graph = fx.Graph()
+        self.phase = "forward"
+        self.failed_op: tuple[str, tuple[Frame, ...]] | None = None  # the op that raised, if one did
+        self._stacks = stacks
+        self._modules = modules
+        self._names = names  # id(parameter or buffer) -> qualified name
+        self._saved_count = saved_count
+        self._node_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._attr_nodes: dict[int, fx.Node] = {}
+        self._constants = 0
+        self._first_call: fx.Node | None = None
+
+    # -- graph inputs ---------------------------------------------------------------------------------------
+
+    def add_inputs(self, args: tuple, kwargs: dict) -> None:
+        """Placeholders for every tensor the forward receives, named after its argument."""
+        for index, value in enumerate(args):
+            self._add_placeholders(value, f"arg{index}")
+        for key, value in kwargs.items():
+            self._add_placeholders(value, key)
+
+    def _add_placeholders(self, value: Any, name: str) -> None:
+        leaves, _ = torch.utils._pytree.tree_flatten(value)
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        for index, tensor in enumerate(tensors):
+            node = self.graph.placeholder(name if len(tensors) == 1 else f"{name}_{index}")
+            node.meta["tensor_meta"] = _tensor_meta(tensor)
+            self._node_of[tensor] = node
+
+    def add_output(self, value: Any) -> None:
+        leaves, _ = torch.utils._pytree.tree_flatten(value)
+        nodes = tuple(self._node_of[t] for t in leaves if isinstance(t, torch.Tensor) and t in self._node_of)
+        self.graph.output(nodes)
+
+    # -- recording ------------------------------------------------------------------------------------------
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs)]
+        saved_start = self._saved_count()
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failed_op is None:
+                self.failed_op = (op_name(func), self._stacks.user_stack(sys._getframe(1)))
+            raise
+        mutated = tuple(
+            MutatedTensor(key, storage_key(t), before, t._version)
+            for key, t, before in versions
+            if t._version != before
+        )
+        name = op_name(func)
+        if mutated or name in HOST_OPS or _has_tensor(out):
+            self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
+        return out
+
+    def _record(self, func, name, args, kwargs, out, mutated, saved_range) -> None:
+        kind, target = _fx_call(func, name)
+        if target is getattr:
+            fx_args, fx_kwargs = (self._arg(args[0]), name), {}
+        else:
+            fx_args, fx_kwargs = self._arg(tuple(args)), self._arg(dict(kwargs))
+        node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+        if self._first_call is None:
+            self._first_call = node  # attributes are inserted before it, so inputs stay on top
+        stack = self._stacks.user_stack(sys._getframe(2))  # 0: _record, 1: __torch_function__, 2: the caller
+        module_stack = self._modules.current
+        meta = node.meta
+        meta["op"] = name
+        meta["stack"] = stack
+        meta["stack_trace"] = format_stack(stack)
+        meta["module_stack"] = module_stack
+        meta["module_path"] = module_stack[-1].path if module_stack else ""
+        meta["grad_enabled"] = torch.is_grad_enabled()
+        meta["phase"] = self.phase
+        meta["saved_range"] = saved_range
+        if mutated:
+            meta["mutated"] = mutated
+            for key, tensor in _top_level_tensors(args, kwargs):
+                if any(m.position == key for m in mutated):
+                    self._node_of[tensor] = node  # later reads of this tensor see the written value
+        meta["tensor_meta"], meta["sequence_nr"] = self._bind_outputs(node, out)
+
+    def _bind_outputs(self, node: fx.Node, out: Any):
+        if isinstance(out, torch.Tensor):
+            self._node_of[out] = node
+            return _tensor_meta(out), _sequence_nr(out)
+        if isinstance(out, (tuple, list)):
+            metas, sequence = [], None
+            for index, item in enumerate(out):
+                if isinstance(item, torch.Tensor):
+                    item_node = self.graph.call_function(operator.getitem, (node, index))
+                    item_node.meta.update(node.meta)
+                    item_node.meta["op"] = "getitem"
+                    item_node.meta["tensor_meta"] = _tensor_meta(item)
+                    self._node_of[item] = item_node
+                    metas.append(item_node.meta["tensor_meta"])
+                    nr = _sequence_nr(item)
+                    sequence = nr if sequence is None or (nr is not None and nr > sequence) else sequence
+                else:
+                    metas.append(None)
+            return tuple(metas), sequence
+        return None, None
+
+    def _arg(self, value: Any) -> Any:
+        """A call argument as torch.fx stores it: tensors become the nodes that produced them."""
+        if isinstance(value, torch.Tensor):
+            return self._node_for(value)
+        if isinstance(value, _PLAIN_TYPES):
+            return value
+        if isinstance(value, (tuple, list)):
+            mapped = [self._arg(v) for v in value]
+            return mapped if isinstance(value, list) else tuple(mapped)
+        if isinstance(value, dict):
+            return {k: self._arg(v) for k, v in value.items()}
+        if isinstance(value, slice):
+            return slice(self._arg(value.start), self._arg(value.stop), self._arg(value.step))
+        return f"<{type(value).__name__}>"  # opaque objects are named, not kept alive
+
+    def _node_for(self, tensor: torch.Tensor) -> fx.Node:
+        node = self._node_of.get(tensor)
+        if node is not None:
+            return node
+        key = id(tensor)
+        node = self._attr_nodes.get(key)
+        if node is None:
+            name = self._names.get(key)
+            if name is None:
+                name = f"_tensor_constant{self._constants}"
+                self._constants += 1
+            if self._first_call is None:
+                node = self.graph.get_attr(name)
+            else:
+                with self.graph.inserting_before(self._first_call):
+                    node = self.graph.get_attr(name)
+            node.meta["tensor_meta"] = _tensor_meta(tensor)
+            node.meta["parameter"] = key in self._names
+            self._attr_nodes[key] = node
+            self._node_of[tensor] = node
+        return node
+
+
+
+def _top_level_tensors(args: tuple, kwargs: dict):
+    for index, value in enumerate(args):
+        if isinstance(value, torch.Tensor):
+            yield index, value
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            yield key, value
+
+
+def _has_tensor(out: Any) -> bool:
+    if isinstance(out, torch.Tensor):
+        return True
+    if isinstance(out, (tuple, list)):
+        return any(isinstance(item, torch.Tensor) for item in out)
+    return False
+
+
+def _sequence_nr(tensor: torch.Tensor) -> int | None:
+    grad_fn = tensor.grad_fn
+    return grad_fn._sequence_nr() if grad_fn is not None else None
+
+
+def recorded_ops(graph: fx.Graph) -> list[fx.Node]:
+    """The call nodes of a forward graph in execution order (no placeholders, attributes or output)."""
+    return [n for n in graph.nodes if n.op in ("call_function", "call_method")]

@@ -1,0 +1,80 @@
+"""The user's call stack at the moment an op runs, without torch's, the standard library's or graphlint's frames.
+
+A `Frame` keeps the position of the instruction that was running (Python 3.11+ `co_positions`): for a frame
+that called `torch.matmul`, that is the span of the `torch.matmul(...)` expression itself, which the locate step
+turns into an exact libcst span.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import NamedTuple
+
+from graphlint.files import is_hidden_file
+
+
+class Frame(NamedTuple):
+    """One frame of user or library code. `col`/`end_col` are UTF-8 byte offsets in their lines (what CPython
+    records); they are None where Python does not record positions (3.10)."""
+
+    file: str
+    line: int
+    function: str
+    col: int | None = None
+    end_line: int | None = None
+    end_col: int | None = None
+
+
+_HAS_POSITIONS = sys.version_info >= (3, 11)
+
+
+class StackRecorder:
+    """Reads user frames from the live interpreter stack, stopping at a boundary frame (graphlint's own caller
+    of the model), with per-code-object caches so that each op costs a short walk."""
+
+    def __init__(self) -> None:
+        self._files: dict[types.CodeType, str | None] = {}  # absolute file name, None when hidden
+        self._positions: dict[types.CodeType, list] = {}
+        self.boundary: types.FrameType | None = None
+
+    def _file_of(self, code: types.CodeType) -> str | None:
+        try:
+            return self._files[code]
+        except KeyError:
+            name = code.co_filename
+            file = self._files[code] = None if is_hidden_file(name) else os.path.abspath(name)
+            return file
+
+    def frame_of(self, f: types.FrameType) -> Frame:
+        code = f.f_code
+        file = self._file_of(code) or os.path.abspath(code.co_filename)
+        line = f.f_lineno
+        if _HAS_POSITIONS:
+            positions = self._positions.get(code)
+            if positions is None:
+                positions = self._positions[code] = list(code.co_positions())
+            index = f.f_lasti // 2
+            if 0 <= index < len(positions):
+                start, end, col, end_col = positions[index]
+                if start is not None and col is not None and end is not None and end_col is not None:
+                    return Frame(file, start, code.co_name, col, end, end_col)
+        return Frame(file, line or code.co_firstlineno, code.co_name)
+
+    def user_stack(self, start: types.FrameType | None) -> tuple[Frame, ...]:
+        """The visible frames from `start` out to the boundary (excluded), outermost first."""
+        frames = []
+        f = start
+        boundary = self.boundary
+        while f is not None and f is not boundary:
+            if self._file_of(f.f_code) is not None:
+                frames.append(self.frame_of(f))
+            f = f.f_back
+        frames.reverse()
+        return tuple(frames)
+
+
+def format_stack(frames: tuple[Frame, ...]) -> str:
+    """The frames in the `File "...", line N, in fn` form that torch.fx uses for `Node.stack_trace`."""
+    return "".join(f'  File "{f.file}", line {f.line}, in {f.function}\n' for f in frames)

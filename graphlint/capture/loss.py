@@ -1,0 +1,59 @@
+"""Which scalar the autograd capture differentiates (DESIGN.md: Target.loss, else `.loss`, else a sum)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from graphlint.errors import TargetFailure, one_line
+
+
+def choose_loss(output: Any, loss_fn: Callable | None) -> torch.Tensor | None:
+    """The loss for the backward pass, or None when the output carries nothing to differentiate."""
+    if loss_fn is not None:
+        try:
+            loss = loss_fn(output)
+        except Exception as error:
+            raise TargetFailure(f"the target's loss function raised {one_line(error)}") from error
+        if not isinstance(loss, torch.Tensor):
+            raise TargetFailure(f"the target's loss function returned {type(loss).__name__}; return a scalar tensor")
+        if loss.numel() != 1:
+            raise TargetFailure(
+                f"the target's loss function returned a tensor of shape {tuple(loss.shape)}; "
+                "return a scalar (reduce it with .mean() or .sum())"
+            )
+        return loss.reshape(())
+    own_loss = getattr(output, "loss", None)
+    if isinstance(own_loss, torch.Tensor) and own_loss.numel() == 1:
+        return own_loss.reshape(())  # Hugging Face outputs carry their loss when labels are given
+    parts = [t.float().sum() for t in floating_tensors(output) if t.requires_grad]
+    if not parts:
+        return None
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def floating_tensors(value: Any, _seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every floating-point tensor inside an output: tensors, tuples, lists, dicts, dataclasses, ModelOutputs."""
+    seen = _seen if _seen is not None else set()
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (tuple, list)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    else:
+        return []
+    found = []
+    for item in items:
+        found.extend(floating_tensors(item, seen))
+    return found

@@ -1,0 +1,131 @@
+"""Modules of the captured model: where the user built each one, and which ones are running at each op.
+
+The build site matters because an op inside a torch.nn module (the ReLU of `nn.ReLU(inplace=True)` in an
+`nn.Sequential`) is best shown where the user wrote that module, not inside torch.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from graphlint.capture.frames import Frame, StackRecorder
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One submodule of the captured model."""
+
+    path: str  # qualified name, "" for the model itself
+    type_name: str  # "torch.nn.modules.linear.Linear"
+    library: bool  # defined by torch (torch.nn), so its forward is not the user's code
+    built_at: tuple[Frame, ...] = ()  # user frames that constructed it, outermost first; () when unknown
+
+    @property
+    def class_name(self) -> str:
+        return self.type_name.rsplit(".", 1)[-1]
+
+
+def _type_name(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class BuildSiteRecorder:
+    """While active, remembers the user stack at every `nn.Module.__init__`.
+
+    There is no construction hook in torch, so `nn.Module.__init__` is wrapped for the duration of the
+    factory call only and always restored.
+    """
+
+    def __init__(self, stacks: StackRecorder) -> None:
+        self._stacks = stacks
+        self._sites: dict[int, tuple[weakref.ref, tuple[Frame, ...]]] = {}
+        self._original = None
+
+    def __enter__(self) -> BuildSiteRecorder:
+        original = self._original = nn.Module.__init__
+        recorder = self
+
+        def __init__(module, *args, **kwargs):
+            if id(module) not in recorder._sites:
+                caller = _outside_own_init(sys._getframe(1), module)
+                recorder._sites[id(module)] = (weakref.ref(module), recorder._stacks.user_stack(caller))
+            original(module, *args, **kwargs)
+
+        nn.Module.__init__ = __init__
+        return self
+
+    def __exit__(self, *exc) -> None:
+        nn.Module.__init__ = self._original
+
+    def built_at(self, module: nn.Module) -> tuple[Frame, ...]:
+        entry = self._sites.get(id(module))
+        if entry is None or entry[0]() is not module:
+            return ()
+        return entry[1]
+
+
+def _outside_own_init(frame, module: nn.Module):
+    """The first frame that is not one of the module's own `__init__`s (its class's and its bases'), so a
+    user-defined module is placed where it was constructed, not at its `super().__init__()` line."""
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_code.co_argcount:
+        if frame.f_locals.get(frame.f_code.co_varnames[0]) is not module:
+            break
+        frame = frame.f_back
+    return frame
+
+
+def describe_modules(model: nn.Module, build_sites: BuildSiteRecorder | None) -> dict[int, ModuleInfo]:
+    """ModuleInfo for every submodule, keyed by `id(module)`; a shared module keeps its first name."""
+    infos: dict[int, ModuleInfo] = {}
+    for path, module in model.named_modules():
+        infos[id(module)] = ModuleInfo(
+            path=path,
+            type_name=_type_name(module),
+            library=type(module).__module__.startswith("torch."),
+            built_at=build_sites.built_at(module) if build_sites else (),
+        )
+    return infos
+
+
+class ModuleCallTracker:
+    """Keeps the stack of running modules of the captured model with global forward hooks.
+
+    `current` is one shared tuple per module entry, so ops in the same module share it at no cost.
+    """
+
+    def __init__(self, modules: dict[int, ModuleInfo]) -> None:
+        self._modules = modules
+        self._stack: list[ModuleInfo | None] = []
+        self.current: tuple[ModuleInfo, ...] = ()
+        self._handles: list = []
+
+    def _enter(self, module, args) -> None:
+        self._stack.append(self._modules.get(id(module)))
+        self._refresh()
+
+    def _leave(self, module, args, output) -> None:
+        if self._stack:
+            self._stack.pop()
+            self._refresh()
+
+    def _refresh(self) -> None:
+        self.current = tuple(info for info in self._stack if info is not None)
+
+    def __enter__(self) -> ModuleCallTracker:
+        hooks = torch.nn.modules.module
+        self._handles = [
+            hooks.register_module_forward_pre_hook(self._enter),
+            hooks.register_module_forward_hook(self._leave, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

@@ -1,0 +1,34 @@
+"""Errors that end as one clear line for the user (exit code 2), never as a traceback."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+from graphlint.files import display_path, is_hidden_file
+
+
+class GraphlintError(Exception):
+    """A problem the user can fix; its message is the whole line shown to them."""
+
+
+class UsageError(GraphlintError):
+    """Bad command line or configuration."""
+
+
+class TargetFailure(GraphlintError):
+    """A target that cannot be linted: it does not load, its factory raises, its forward raises..."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as `Type: first line of its message`."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def raised_at(error: BaseException) -> str:
+    """` (at file:line)` for the innermost frame of user code in an exception's traceback."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not is_hidden_file(os.path.abspath(f.filename))]
+    if not frames:
+        return ""
+    return f" (at {display_path(frames[-1].filename)}:{frames[-1].lineno})"
