@@ -1,0 +1,208 @@
+"""Exact source spans with libcst: the `@` expression, the `.softmax(...)` call, the `nn.ReLU(inplace=True)`.
+
+On Python 3.11+ a frame carries the position of the running instruction, and the span is the libcst node
+with exactly that extent. Without positions (3.10), the node is searched on the frame's line by the op's
+name (`matmul` finds `a @ b`, `torch.matmul(...)` and `.matmul(...)`). Every span lies inside the file, even
+when the file changed after it ran; a file libcst cannot parse falls back to the whole line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from graphlint.files import read_source, split_lines
+from graphlint.locate.sites import Site
+
+# Ops that users write as operators rather than calls.
+_BINARY = {
+    "matmul": cst.MatrixMultiply, "mul": cst.Multiply, "div": cst.Divide, "true_divide": cst.Divide,
+    "add": cst.Add, "sub": cst.Subtract, "rsub": cst.Subtract, "pow": cst.Power,
+    "floor_divide": cst.FloorDivide, "remainder": cst.Modulo,
+}
+_AUGMENTED = {
+    "add_": cst.AddAssign, "sub_": cst.SubtractAssign, "mul_": cst.MultiplyAssign, "div_": cst.DivideAssign,
+    "matmul_": cst.MatrixMultiplyAssign, "pow_": cst.PowerAssign,
+}
+# When several libcst nodes have the same extent, the one users think of as "the expression".
+_PREFERENCE = (cst.Assign, cst.AugAssign, cst.Call, cst.BinaryOperation, cst.Subscript, cst.Attribute)
+
+Span = tuple[int, int, int, int]  # 1-based line, column, end line, end column (exclusive); code points
+
+
+@dataclass
+class _ParsedFile:
+    lines: list[str]
+    positions: dict = field(default_factory=dict)  # libcst node -> CodeRange
+    by_start: dict = field(default_factory=dict)  # (line, col) -> [node]
+    by_end: dict = field(default_factory=dict)
+    by_line: dict = field(default_factory=dict)  # start line -> [node], in source order
+
+
+def _interesting(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.BaseExpression, cst.Assign, cst.AugAssign, cst.FunctionDef))
+
+
+class SourceSpans:
+    """Finds spans for sites; each file is read and parsed once per run."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, _ParsedFile | None] = {}
+
+    def span(self, site: Site) -> Span:
+        frame = site.frame
+        parsed = self._parse(frame.file)
+        if parsed is None:
+            lines = _read_lines(frame.file)
+            return _line_extent(lines, frame.line) if lines else (max(frame.line, 1), 1, max(frame.line, 1), 1)
+        node = None
+        if site.style == "def":
+            node = self._definition(parsed, frame.line)
+        elif frame.col is not None:
+            node = self._at_position(parsed, frame)
+        if node is None:
+            node = self._by_name(parsed, frame.line, site)
+        if node is None:
+            return _line_extent(parsed.lines, frame.line)
+        return self._present(parsed, node, site)
+
+    # -- parsing ---------------------------------------------------------------------------------------------
+
+    def _parse(self, path: str) -> _ParsedFile | None:
+        if path in self._files:
+            return self._files[path]
+        parsed = None
+        try:
+            with open(path, "rb") as handle:
+                module = cst.parse_module(handle.read())
+            wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+            positions = wrapper.resolve(PositionProvider)
+            parsed = _ParsedFile(lines=split_lines(module.code), positions=positions)
+            for node, where in positions.items():
+                if _interesting(node):
+                    start = (where.start.line, where.start.column)
+                    parsed.by_start.setdefault(start, []).append(node)
+                    parsed.by_end.setdefault((where.end.line, where.end.column), []).append(node)
+                    parsed.by_line.setdefault(where.start.line, []).append(node)
+            for nodes in parsed.by_line.values():
+                nodes.sort(key=lambda n: (positions[n].start.column, -positions[n].end.line, -positions[n].end.column))
+        except (OSError, cst.ParserSyntaxError, UnicodeDecodeError, ValueError):
+            parsed = None  # unreadable or not Python any more (changed on disk): whole lines will do
+        self._files[path] = parsed
+        return parsed
+
+    # -- finding the node ------------------------------------------------------------------------------------
+
+    def _at_position(self, parsed: _ParsedFile, frame) -> cst.CSTNode | None:
+        if not 1 <= frame.line <= len(parsed.lines) or not 1 <= frame.end_line <= len(parsed.lines):
+            return None
+        start = (frame.line, _chars(parsed.lines[frame.line - 1], frame.col))
+        end = (frame.end_line, _chars(parsed.lines[frame.end_line - 1], frame.end_col))
+        exact = [n for n in parsed.by_start.get(start, ()) if _end(parsed, n) == end]
+        if exact:
+            return min(exact, key=_preference)
+        # A method call's instruction starts at the method name: take the call that ends there.
+        around = [n for n in parsed.by_end.get(end, ()) if _start(parsed, n) <= start]
+        if around:
+            return max(around, key=lambda n: _start(parsed, n))
+        return None
+
+    def _by_name(self, parsed: _ParsedFile, line: int, site: Site) -> cst.CSTNode | None:
+        candidates = parsed.by_line.get(line, ())
+        if site.op:
+            for node in candidates:
+                if _matches_op(node, site.op):
+                    return node
+        for node in candidates:
+            if isinstance(node, cst.Call):
+                return node
+        return None
+
+    def _definition(self, parsed: _ParsedFile, line: int) -> cst.CSTNode | None:
+        # co_firstlineno is the first decorator's line: the `def` itself may be a few lines further down.
+        for number in range(line, min(line + 20, len(parsed.lines)) + 1):
+            for node in parsed.by_line.get(number, ()):
+                if isinstance(node, cst.FunctionDef):
+                    return node
+        return None
+
+    # -- presenting it ---------------------------------------------------------------------------------------
+
+    def _present(self, parsed: _ParsedFile, node: cst.CSTNode, site: Site) -> Span:
+        where: CodeRange = parsed.positions[node]
+        start = where.start
+        end = where.end
+        if isinstance(node, cst.FunctionDef):
+            where = parsed.positions[node.name]
+            start, end = where.start, where.end
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and site.style == "method":
+            start = parsed.positions[node.func.dot].start  # `.softmax(-1)`, not the whole receiver chain
+        elif isinstance(node, cst.Subscript):
+            assign = _assignment_to(parsed, node)
+            if assign is not None:  # `t[:, 0] = 0` is the write, not just `t[:, 0]`
+                end = parsed.positions[assign].end
+        return (start.line, start.column + 1, end.line, end.column + 1)
+
+
+def _assignment_to(parsed: _ParsedFile, target: cst.Subscript) -> cst.Assign | None:
+    where = parsed.positions[target]
+    for node in parsed.by_start.get((where.start.line, where.start.column), ()):
+        if isinstance(node, cst.Assign) and any(t.target is target for t in node.targets):
+            return node
+    return None
+
+
+def _matches_op(node: cst.CSTNode, op: str) -> bool:
+    if isinstance(node, cst.Call):
+        func = node.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+        return name == op
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, _BINARY.get(op, ()))
+    if isinstance(node, cst.AugAssign):
+        return isinstance(node.operator, _AUGMENTED.get(op, ()))
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == op
+    if isinstance(node, cst.Subscript):
+        return op in ("getitem", "setitem")
+    return False
+
+
+def _preference(node: cst.CSTNode) -> int:
+    for rank, kind in enumerate(_PREFERENCE):
+        if isinstance(node, kind):
+            return rank
+    return len(_PREFERENCE)
+
+
+def _start(parsed: _ParsedFile, node) -> tuple[int, int]:
+    where = parsed.positions[node]
+    return (where.start.line, where.start.column)
+
+
+def _end(parsed: _ParsedFile, node) -> tuple[int, int]:
+    where = parsed.positions[node]
+    return (where.end.line, where.end.column)
+
+
+def _chars(line: str, byte_offset: int) -> int:
+    """CPython's column (a UTF-8 byte offset) as a code-point offset."""
+    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", "ignore"))
+
+
+def _read_lines(path: str) -> list[str] | None:
+    text = read_source(path)
+    return split_lines(text) if text is not None else None
+
+
+def _line_extent(lines: list[str], line: int) -> Span:
+    """The line without its indentation and trailing space, clamped into the file."""
+    line = min(max(line, 1), max(len(lines), 1))
+    text = lines[line - 1] if lines else ""
+    stripped = text.strip()
+    if not stripped:
+        return (line, 1, line, len(text) + 1)
+    first = len(text) - len(text.lstrip()) + 1
+    return (line, first, line, first + len(stripped))

@@ -1,0 +1,68 @@
+"""The vocabulary rules use to read the forward graph: op families and argument access.
+
+Op names are the canonical names the capture gives (`node.meta["op"]`): `matmul` stands for `a @ b`,
+`torch.matmul(a, b)` and `a.matmul(b)` alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
+SOFTMAX = frozenset({"softmax", "_softmax", "_safe_softmax"})
+SCALE = frozenset({"mul", "mul_", "rmul", "div", "div_", "rdiv", "true_divide", "true_divide_"})
+MASK = frozenset({"add", "add_", "radd", "sub", "sub_", "rsub", "masked_fill", "masked_fill_", "where"})
+CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
+DROPOUT = frozenset({"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"})
+VIEW = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "contiguous", "squeeze",
+    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "swapaxes",
+    "movedim",
+})
+
+
+def op(node: fx.Node) -> str | None:
+    return node.meta.get("op")
+
+
+def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """A call argument by position or keyword, as the capture recorded it."""
+    if index < len(node.args):
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def tensor_meta(node: Any) -> TensorMetadata | None:
+    if isinstance(node, fx.Node):
+        meta = node.meta.get("tensor_meta")
+        if isinstance(meta, TensorMetadata):
+            return meta
+    return None
+
+
+def matmul_operands(node: fx.Node) -> list[Any]:
+    """The two (or, for einsum, all) tensor operands of a matmul-like call."""
+    name = op(node)
+    if name == "einsum":
+        operands = node.args[1:]
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = operands[0]
+        return [o for o in operands if isinstance(o, fx.Node)]
+    if name == "baddbmm":
+        return [arg(node, 1, "batch1"), arg(node, 2, "batch2")]
+    return [arg(node, 0, "input"), arg(node, 1, "other", node.kwargs.get("mat2"))]
+
+
+def is_static(node: Any) -> bool:
+    """Whether a value is a parameter, buffer or constant (seen through views and casts), not an activation."""
+    seen = 0
+    while isinstance(node, fx.Node) and seen < 16:
+        if node.op == "get_attr":
+            return True
+        if op(node) not in VIEW | CAST or not node.args:
+            return False
+        node, seen = node.args[0], seen + 1
+    return False

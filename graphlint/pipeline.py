@@ -1,0 +1,73 @@
+"""The pipeline, top to bottom: target → capture → rules → locate → report.
+
+Each target is linted on its own: a target that fails to load or run becomes one error line in the report,
+and the other targets are still linted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from graphlint.capture import capture_target
+from graphlint.engine import load_rules, run_rules
+from graphlint.errors import GraphlintError, one_line
+from graphlint.locate import Locator
+from graphlint.project import Project
+from graphlint.results import Report, TargetError, TargetResult
+from graphlint.target import TargetSpec, load_factory
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str = "auto"
+    debug: bool = False  # print tracebacks of internal errors
+
+
+def check(targets: list[str], project: Project, options: Options, base: Path | None = None) -> Report:
+    """Lint every target string; relative paths are read from `base` (default: the working directory)."""
+    rules = load_rules()
+    report = Report(project_root=str(project.root), rules=rules)
+    locator = Locator(project)
+    for text in targets:
+        report.results.append(lint_target(text, base or Path.cwd(), locator, options))
+    return report
+
+
+def lint_target(text: str, base: Path, locator: Locator, options: Options) -> TargetResult:
+    result = TargetResult(target=text)
+    try:
+        spec = TargetSpec.parse(text, base)
+        if spec.file is not None:
+            locator.project.add_first_party(spec.file.parent)
+        # The target's folder stays importable through the capture: forwards may import lazily.
+        # The user's prints go to stderr so that stdout carries only graphlint's report.
+        with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
+            capture = capture_target(load_factory(spec), options.device)
+    except GraphlintError as error:
+        result.errors.append(TargetError(text, str(error)))
+        return result
+    except Exception as error:  # a bug in graphlint: still one line, and the other targets go on
+        if options.debug:
+            traceback.print_exc()
+        result.errors.append(TargetError(text, f"internal error while capturing ({one_line(error)}); "
+                                               "please report it with the output of --debug"))
+        return result
+    result.device = capture.device
+    result.notes = list(capture.notes)
+    result.findings, errors = run_rules(load_rules(), capture, locator, options.debug)
+    result.errors.extend(errors)
+    return result
+
+
+@contextlib.contextmanager
+def _importable(folder: Path):
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved

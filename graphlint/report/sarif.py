@@ -1,0 +1,145 @@
+"""SARIF 2.1.0 for GitHub code scanning and IDE problem panels, built with sarif-om.
+
+sarif-om's usual serializer drops every value equal to its default, so `level: "warning"` would vanish and a
+result would inherit its rule's level; this module serializes the attrs classes itself and keeps levels
+explicit. Columns are UTF-16 code units (`run.columnKind`), as GitHub and VS Code expect.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attr
+import sarif_om as sarif
+
+import graphlint
+from graphlint.files import read_source, split_lines
+from graphlint.results import Finding, Location, Report
+
+SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+INFORMATION_URI = "https://pypi.org/project/torch-graphlint/"
+SRCROOT = "%SRCROOT%"
+_ALWAYS_WRITTEN = {"level"}  # written even when equal to sarif-om's default
+
+
+def render_sarif(report: Report) -> str:
+    log = _to_json(build_log(report))
+    ordered = {"$schema": log.pop("$schema"), "version": log.pop("version"), **log}  # the usual reading order
+    return json.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
+
+
+def build_log(report: Report) -> sarif.SarifLog:
+    rules = list(report.rules)
+    index = {rule.id: i for i, rule in enumerate(rules)}
+    columns = _Utf16Columns()
+    root = Path(report.project_root)
+    results = [_result(f, index, columns, root) for f in report.findings]
+    notifications = [
+        sarif.Notification(level="error", message=sarif.Message(text=f"{e.target}: {e.message}"))
+        for e in report.errors
+    ] + [
+        sarif.Notification(level="note", message=sarif.Message(text=f"{r.target}: {note}"))
+        for r in report.results for note in r.notes
+    ]
+    run = sarif.Run(
+        tool=sarif.Tool(driver=sarif.ToolComponent(
+            name="graphlint",
+            version=graphlint.__version__,
+            semantic_version=graphlint.__version__,
+            information_uri=INFORMATION_URI,
+            rules=[_rule(rule) for rule in rules],
+        )),
+        results=results,
+        column_kind="utf16CodeUnits",
+        invocations=[sarif.Invocation(
+            execution_successful=not report.errors,
+            tool_execution_notifications=notifications or None,
+        )],
+    )
+    return sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
+
+
+def _rule(rule) -> sarif.ReportingDescriptor:
+    first_paragraph = " ".join(rule.what.strip().split("\n\n")[0].split())
+    return sarif.ReportingDescriptor(
+        id=rule.id,
+        name=rule.name,
+        short_description=sarif.MultiformatMessageString(text=rule.summary[:1024]),
+        full_description=sarif.MultiformatMessageString(text=first_paragraph[:1024]),
+        help=sarif.MultiformatMessageString(text=rule.docs_text(), markdown=rule.docs_markdown()),
+        default_configuration=sarif.ReportingConfiguration(level=rule.severity.value),
+        properties={"tags": list(rule.tags), "precision": rule.precision},
+    )
+
+
+def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, root: Path) -> sarif.Result:
+    related = [
+        sarif.Location(id=i, physical_location=_physical(r.location, columns, root), message=sarif.Message(text=r.message))
+        for i, r in enumerate(finding.related, start=1)
+    ]
+    return sarif.Result(
+        rule_id=finding.rule_id,
+        rule_index=index.get(finding.rule_id, -1),
+        level=finding.severity.value,
+        message=sarif.Message(text=finding.message),
+        locations=[sarif.Location(physical_location=_physical(finding.location, columns, root))],
+        related_locations=related or None,
+        properties={"occurrences": finding.occurrences, "target": finding.target},
+    )
+
+
+def _physical(location: Location, columns: _Utf16Columns, root: Path) -> sarif.PhysicalLocation:
+    path = Path(location.path)
+    try:
+        artifact = sarif.ArtifactLocation(uri=path.relative_to(root).as_posix(), uri_base_id=SRCROOT)
+    except ValueError:  # outside the project (a library): an absolute file URI
+        artifact = sarif.ArtifactLocation(uri=path.as_uri())
+    return sarif.PhysicalLocation(
+        artifact_location=artifact,
+        region=sarif.Region(
+            start_line=location.line,
+            start_column=columns.convert(location.path, location.line, location.column),
+            end_line=location.end_line,
+            end_column=columns.convert(location.path, location.end_line, location.end_column),
+        ),
+    )
+
+
+class _Utf16Columns:
+    """Code-point columns to UTF-16 columns: characters outside the BMP count twice."""
+
+    def __init__(self) -> None:
+        self._lines: dict[str, list[str]] = {}
+
+    def convert(self, path: str, line: int, column: int) -> int:
+        lines = self._lines.get(path)
+        if lines is None:
+            text = read_source(path)
+            lines = self._lines[path] = split_lines(text) if text is not None else []
+        if not 1 <= line <= len(lines):
+            return column
+        prefix = lines[line - 1][: column - 1]
+        return len(prefix.encode("utf-16-le")) // 2 + 1 + max(0, column - 1 - len(prefix))
+
+
+def _to_json(value):
+    """sarif-om objects as SARIF JSON: camelCase names, None left out, defaults left out except levels."""
+    if attr.has(type(value)):
+        out = {}
+        for field in attr.fields(type(value)):
+            item = getattr(value, field.name)
+            if item is None:
+                continue
+            default = field.default
+            if isinstance(default, attr.Factory):
+                default = default.factory()
+            if item == default and field.name not in _ALWAYS_WRITTEN:
+                continue
+            out[field.metadata.get("schema_property_name", field.name)] = _to_json(item)
+        return out
+    if isinstance(value, (list, tuple, set)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value

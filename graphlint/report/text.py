@@ -1,0 +1,39 @@
+"""The default output: `path:line:col: GL101 message`, one finding a line, then a one-line summary."""
+
+from __future__ import annotations
+
+from graphlint.files import display_path
+from graphlint.results import Report
+
+
+def render_text(report: Report) -> str:
+    lines = [
+        f"{display_path(f.location.path)}:{f.location.line}:{f.location.column}: {f.rule_id} {f.message}"
+        for f in report.findings
+    ]
+    lines.append(summary(report))
+    return "\n".join(lines) + "\n"
+
+
+def summary(report: Report) -> str:
+    count = len(report.findings)
+    targets = len(report.results)
+    failed = sum(1 for r in report.results if r.errors)
+    found = f"Found {count} finding{_s(count)}" if count else "No findings"
+    text = f"{found} in {targets} target{_s(targets)}"
+    if failed:
+        text += f"; {failed} target{_s(failed)} could not be linted (see the errors above)"
+    return text + "."
+
+
+def diagnostics(report: Report) -> list[str]:
+    """Errors and notes, one line each, for stderr: `graphlint: error: TARGET: what went wrong; what to do`."""
+    lines = []
+    for result in report.results:
+        lines += [f"graphlint: note: {result.target}: {note}" for note in result.notes]
+        lines += [f"graphlint: error: {error.target}: {error.message}" for error in result.errors]
+    return lines
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"

@@ -1,0 +1,292 @@
+"""GL101 unfused-attention: softmax attention written by hand instead of the fused kernel."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from torch import fx
+
+from graphlint.files import is_installed_file, library_name
+from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+# What may sit between the scores matmul and the softmax, and between the softmax and the values matmul.
+_BETWEEN = SCALE | MASK | CAST | DROPOUT | VIEW
+_MAX_STEPS = 12
+_STEP_NAMES = [(SCALE, "scale"), (MASK, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
+
+
+class UnfusedAttention(Rule):
+    id = "GL101"
+    name = "unfused-attention"
+    severity = Severity.WARNING
+    tags = ("performance", "attention", "memory")
+    precision = "high"
+    summary = "Softmax attention written by hand; torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel."
+    what = """
+        A softmax that sits between two matrix products of activations: scores from `q @ k.transpose(-2, -1)`
+        (or `torch.matmul`, `bmm`, `baddbmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
+        masked (`+ mask`, `masked_fill`, `torch.where`), cast, and passed through dropout, then a softmax over
+        the last dimension, then a product with the values. It is found in the forward graph however it is
+        spelled: across helper functions and files, in every layer (reported once per source line with the
+        number of occurrences), and inside libraries such as `transformers` with `attn_implementation="eager"`.
+
+        The finding points at the softmax call, the heart of the chain; the scores and values products, the
+        scale and the mask are related locations. When the attention runs in a library, the finding points at
+        the line of your code that built or called it, and the library line is a related location.
+
+        Not flagged: `F.scaled_dot_product_attention`, `nn.MultiheadAttention`, a softmax that is not between
+        two products of activations (classifier heads, gating and mixture-of-experts weights computed against
+        a weight matrix), a softmax over another dimension, and linear attention without a softmax.
+    """
+    why = """
+        Written by hand, attention runs as several kernels and materialises the full
+        batch × heads × seq × seq score and probability tensors, which autograd also keeps for backward. The
+        fused kernel (Flash or memory-efficient attention) computes the same result in one kernel without
+        storing those matrices: much less activation memory, and typically 2-5× faster forward and backward
+        on GPUs. On the meta device and on some CPUs the fused call is lowered to the same matmuls, so
+        graphlint judges what your code calls, not the kernels that ran.
+    """
+    example = """
+        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+        scores = scores.masked_fill(causal_mask == 0, float("-inf"))
+        probs = F.softmax(scores, dim=-1)
+        probs = self.dropout(probs)
+        out = probs @ v
+    """
+    instead = """
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True
+        )
+
+        # Hugging Face models:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    """
+    bad_examples = (
+        Example(
+            title="nanoGPT-style causal self-attention in two layers",
+            source='''
+                import math
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class CausalSelfAttention(nn.Module):
+                    def __init__(self, dim=32, heads=4, seq=16):
+                        super().__init__()
+                        self.heads = heads
+                        self.qkv = nn.Linear(dim, 3 * dim)
+                        self.proj = nn.Linear(dim, dim)
+                        self.dropout = nn.Dropout(0.1)
+                        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
+
+                    def forward(self, x):
+                        b, t, c = x.shape
+                        q, k, v = self.qkv(x).split(c, dim=2)
+                        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+                        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                        att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+                        att = F.softmax(att, dim=-1)  # expect: GL101
+                        att = self.dropout(att)
+                        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+                        return self.proj(y)
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(CausalSelfAttention() for _ in range(2))
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = x + block(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 16, 32),)
+            ''',
+        ),
+        Example(
+            title="einsum scores, torch.where mask, float32 softmax cast back",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Attention(nn.Module):
+                    def __init__(self, dim=32):
+                        super().__init__()
+                        self.q = nn.Linear(dim, dim)
+                        self.k = nn.Linear(dim, dim)
+                        self.v = nn.Linear(dim, dim)
+
+                    def forward(self, x, keep):
+                        q, k, v = self.q(x), self.k(x), self.v(x)
+                        scores = torch.einsum("bqd,bkd->bqk", q * q.shape[-1] ** -0.5, k)
+                        scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
+                        probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)  # expect: GL101
+                        return torch.bmm(probs, v)
+
+
+                def make():
+                    keep = torch.ones(2, 8, 8, dtype=torch.bool)
+                    return Attention(), (torch.randn(2, 8, 32), keep)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="the same attention through the fused kernel",
+            source='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class CausalSelfAttention(nn.Module):
+                    def __init__(self, dim=32, heads=4):
+                        super().__init__()
+                        self.heads = heads
+                        self.qkv = nn.Linear(dim, 3 * dim)
+                        self.proj = nn.Linear(dim, dim)
+
+                    def forward(self, x):
+                        b, t, c = x.shape
+                        q, k, v = self.qkv(x).split(c, dim=2)
+                        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+                        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0, is_causal=True)
+                        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+                def make():
+                    return CausalSelfAttention(), (torch.randn(2, 16, 32),)
+            ''',
+        ),
+        Example(
+            title="nn.MultiheadAttention, a classifier head and mixture-of-experts gating",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self, dim=32, experts=4, classes=10):
+                        super().__init__()
+                        self.attn = nn.MultiheadAttention(dim, 4, batch_first=True)
+                        self.gate = nn.Parameter(torch.randn(dim, experts))
+                        self.experts = nn.Parameter(torch.randn(experts, dim, dim))
+                        self.head = nn.Linear(dim, classes)
+
+                    def forward(self, x):
+                        x, _ = self.attn(x, x, x)
+                        weights = torch.softmax(x @ self.gate, dim=-1)
+                        mixed = torch.einsum("bte,edf,btd->btf", weights, self.experts, x)
+                        return torch.softmax(self.head(mixed.mean(1)), dim=-1)
+
+
+                def make():
+                    return Model(), (torch.randn(2, 8, 32),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        for node in capture.ops:
+            if op(node) in SOFTMAX and _over_last_dim(node):
+                chain = _attention_chain(node)
+                if chain is not None:
+                    yield self._problem(node, *chain)
+
+    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> Problem:
+        scores, values = before[0], after[-1]
+        steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
+        advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
+        stack = softmax.meta.get("stack") or ()
+        if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
+            advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
+        related = [(scores, f"attention scores: {op(scores)}")]
+        related += [(n, f"{name} of the scores") for n in before[1:] if (name := _step_name(n)) in ("scale", "mask")]
+        related.append((values, f"probabilities times values: {op(values)}"))
+        return Problem(
+            node=softmax,
+            message=f"Hand-written softmax attention ({' → '.join(steps)}) in {{where}}; {advice}.",
+            related=tuple(related),
+        )
+
+
+def _over_last_dim(softmax: fx.Node) -> bool:
+    """SDPA normalises over the key dimension, the last one; a softmax over another dimension is not attention."""
+    source = arg(softmax, 0, "input")
+    meta = tensor_meta(source)
+    if meta is None:
+        return False
+    ndim = len(meta.shape)
+    dim = arg(softmax, 1, "dim")
+    if dim is None:  # F.softmax's legacy implicit dimension
+        dim = 0 if ndim in (0, 1, 3) else 1
+    return isinstance(dim, int) and ndim >= 2 and dim % ndim == ndim - 1
+
+
+def _attention_chain(softmax: fx.Node) -> tuple[list[fx.Node], list[fx.Node]] | None:
+    """(scores matmul … softmax's input, softmax's users … values matmul), or None when not attention."""
+    before = _search(softmax, upstream=True)
+    if before is None:
+        return None
+    after = _search(softmax, upstream=False)
+    if after is None:
+        return None
+    return before, after
+
+
+def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
+    """Breadth-first through the ops allowed between, to the nearest matmul of two activations.
+
+    Upstream the path is returned scores-first (excluding the softmax); downstream softmax-side first."""
+    start = softmax.all_input_nodes[:1] if upstream else list(softmax.users)
+    parent: dict[fx.Node, fx.Node | None] = {n: None for n in start}
+    queue = deque((n, 0) for n in start)
+    while queue:
+        node, depth = queue.popleft()
+        if op(node) in MATMUL_LIKE and _is_activation_product(node, parent[node] or softmax, upstream):
+            path = [node]
+            while parent[path[-1]] is not None:
+                path.append(parent[path[-1]])
+            return path if upstream else path[::-1]
+        if op(node) not in _BETWEEN or depth >= _MAX_STEPS:
+            continue
+        for following in (node.all_input_nodes if upstream else node.users):
+            if following not in parent:
+                parent[following] = node
+                queue.append((following, depth + 1))
+    return None
+
+
+def _is_activation_product(matmul: fx.Node, came_from: fx.Node, upstream: bool) -> bool:
+    """Both sides are activations: a product with a weight matrix is a projection, not attention."""
+    operands = matmul_operands(matmul)
+    if len(operands) < 2 or any(o is None for o in operands):
+        return False
+    if upstream:
+        return not any(is_static(o) for o in operands)
+    # Downstream, the probabilities enter through `came_from`; the other operand must be the values.
+    others = [o for o in operands if o is not came_from]
+    return bool(others) and not any(is_static(o) for o in others)
+
+
+def _step_name(node: fx.Node) -> str | None:
+    for family, name in _STEP_NAMES:
+        if op(node) in family:
+            return name
+    return None
+
+
+def _step_names(nodes: list[fx.Node]) -> list[str]:
+    names: list[str] = []
+    for node in nodes:
+        name = _step_name(node)
+        if name and (not names or names[-1] != name):
+            names.append(name)
+    return names
