@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from graphlint.errors import TargetFailure, UsageError, one_line, raised_at
+from graphlint.files import display_path
 
 
 @dataclass
@@ -84,14 +85,14 @@ def load_factory(spec: TargetSpec) -> LoadedTarget:
 
 
 def _where(spec: TargetSpec) -> str:
-    return str(spec.file) if spec.file is not None else f"module {spec.module!r}"
+    return display_path(str(spec.file)) if spec.file is not None else f"module {spec.module!r}"
 
 
 def _import_file(path: Path):
     if not path.exists():
-        raise TargetFailure(f"file {path} does not exist; check the path before ':'")
+        raise TargetFailure(f"file {display_path(str(path))} does not exist; check the path before ':'")
     if path.suffix != ".py":
-        raise TargetFailure(f"{path} is not a .py file")
+        raise TargetFailure(f"{display_path(str(path))} is not a .py file")
     # A private module name: the file's own stem could shadow a standard-library or installed module.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     name = f"_graphlint_target_{path.stem}_{digest}"
@@ -104,7 +105,7 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except BaseException as error:
         del sys.modules[name]
-        raise TargetFailure(_import_error(str(path), error)) from error
+        raise TargetFailure(_import_error(display_path(str(path)), error)) from error
     return module
 
 
@@ -117,7 +118,7 @@ def _import_module(name: str):
 
 def _import_error(what: str, error: BaseException) -> str:
     if isinstance(error, SyntaxError):
-        return f"cannot import {what}: syntax error at {error.filename}:{error.lineno}: {error.msg}"
+        return f"cannot import {what}: syntax error at {display_path(error.filename or '?')}:{error.lineno}: {error.msg}"
     if isinstance(error, ModuleNotFoundError):
         return f"cannot import {what}: {error}; install it in this environment or fix the import"
     if isinstance(error, (KeyboardInterrupt, SystemExit)):

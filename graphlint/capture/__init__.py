@@ -113,7 +113,11 @@ def capture_model(
 def capture_target(loaded: LoadedTarget, device: str = "auto") -> Capture:
     """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it."""
     if device != "auto":
-        return _capture_on(loaded, device)
+        try:
+            return _capture_on(loaded, device)
+        except _NeedsRealValues as meta_failure:
+            raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
+                                "use --device auto (the default) or --device cpu") from meta_failure
     try:
         return _capture_on(loaded, "meta")
     except _NeedsRealValues as meta_failure:

@@ -24,10 +24,10 @@ def choose_loss(output: Any, loss_fn: Callable | None) -> torch.Tensor | None:
                 f"the target's loss function returned a tensor of shape {tuple(loss.shape)}; "
                 "return a scalar (reduce it with .mean() or .sum())"
             )
-        return loss.reshape(())
+        return _scalar(loss)
     own_loss = getattr(output, "loss", None)
     if isinstance(own_loss, torch.Tensor) and own_loss.numel() == 1:
-        return own_loss.reshape(())  # Hugging Face outputs carry their loss when labels are given
+        return _scalar(own_loss)  # Hugging Face outputs carry their loss when labels are given
     parts = [t.float().sum() for t in floating_tensors(output) if t.requires_grad]
     if not parts:
         return None
@@ -35,6 +35,11 @@ def choose_loss(output: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     for part in parts[1:]:
         total = total + part
     return total
+
+
+def _scalar(loss: torch.Tensor) -> torch.Tensor:
+    # A reshape would add a node to the autograd graph that the user's code never made.
+    return loss if loss.dim() == 0 else loss.reshape(())
 
 
 def floating_tensors(value: Any, _seen: set[int] | None = None) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import attr
 import sarif_om as sarif
@@ -92,7 +93,7 @@ def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, roo
 def _physical(location: Location, columns: _Utf16Columns, root: Path) -> sarif.PhysicalLocation:
     path = Path(location.path)
     try:
-        artifact = sarif.ArtifactLocation(uri=path.relative_to(root).as_posix(), uri_base_id=SRCROOT)
+        artifact = sarif.ArtifactLocation(uri=quote(path.relative_to(root).as_posix()), uri_base_id=SRCROOT)
     except ValueError:  # outside the project (a library): an absolute file URI
         artifact = sarif.ArtifactLocation(uri=path.as_uri())
     return sarif.PhysicalLocation(

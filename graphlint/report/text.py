@@ -22,7 +22,7 @@ def summary(report: Report) -> str:
     found = f"Found {count} finding{_s(count)}" if count else "No findings"
     text = f"{found} in {targets} target{_s(targets)}"
     if failed:
-        text += f"; {failed} target{_s(failed)} could not be linted (see the errors above)"
+        text += f"; {failed} target{_s(failed)} could not be linted"
     return text + "."
 
 

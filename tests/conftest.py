@@ -1,0 +1,69 @@
+"""Shared helpers: write model files, lint them in-process, or run the real command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from graphlint.pipeline import Options, check
+from graphlint.project import Project
+
+REPO = Path(__file__).resolve().parent.parent
+SARIF_SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
+
+
+def write(folder: Path, name: str, source: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source).lstrip(), encoding="utf-8")
+    return path
+
+
+def lint_file(path: Path, name: str = "make", device: str = "auto"):
+    """Lint one target file in-process, with its folder as the project root."""
+    project = Project(root=path.parent, first_party_folders=[path.parent])
+    return check([f"{path}:{name}"], project, Options(device=device))
+
+
+def findings_of(report, rule_id: str):
+    return [f for f in report.findings if f.rule_id == rule_id]
+
+
+def line_of(path: Path, fragment: str) -> int:
+    """The 1-based number of the first line of `path` that contains `fragment`."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if fragment in line:
+            return number
+    raise AssertionError(f"{fragment!r} not in {path}")
+
+
+def run_graphlint(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real command, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "graphlint", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
+
+
+def validate_sarif(log: dict) -> None:
+    """Validate against the official SARIF 2.1.0 schema (kept under tests/data)."""
+    import jsonschema
+
+    schema = json.loads(SARIF_SCHEMA.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft4Validator(schema, format_checker=jsonschema.FormatChecker())
+    errors = sorted(validator.iter_errors(log), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
+
+
+@pytest.fixture
+def project_dir(tmp_path: Path) -> Path:
+    """An empty project folder with a pyproject.toml, so that it is its own project root."""
+    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
+    return tmp_path

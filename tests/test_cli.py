@@ -1,0 +1,165 @@
+"""The real `graphlint` command in a subprocess, on real files: output, exit codes and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, line_of, run_graphlint, validate_sarif, write
+
+EXAMPLE = REPO / "examples" / "attention" / "model.py"
+CLEAN = '''
+import torch
+from torch import nn
+
+
+def make():
+    return nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2)), (torch.randn(4, 8),)
+'''
+ATTENTION = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        print("the forward prints to stdout")
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def make():
+    return Attention(), (torch.randn(2, 8, 16),)
+'''
+
+
+def test_the_shipped_example_reports_gl101_at_the_softmax_line():
+    result = run_graphlint("check", "examples/attention/model.py:make_model", cwd=REPO)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    softmax_line = line_of(EXAMPLE, "F.softmax(scores")
+    assert re.fullmatch(rf"examples/attention/model\.py:{softmax_line}:\d+: GL101 Hand-written softmax attention .*"
+                        r"blocks\.0\.attn … blocks\.3\.attn \(4 occurrences\).*", lines[0])
+    assert lines[-1] == "Found 1 finding in 1 target."
+    assert "Traceback" not in result.stderr
+
+
+def test_the_console_script_and_python_m_are_the_same_command():
+    script = Path(sys.executable).parent / "graphlint"
+    import subprocess
+
+    via_script = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    via_module = run_graphlint("--version", cwd=REPO)
+    assert via_script.returncode == via_module.returncode == 0
+    assert via_script.stdout == via_module.stdout and via_module.stdout.startswith("graphlint ")
+
+
+def test_a_clean_model_exits_zero(project_dir):
+    write(project_dir, "clean.py", CLEAN)
+    result = run_graphlint("check", "clean.py:make", cwd=project_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "No findings in 1 target.\n"
+
+
+def test_bad_targets_are_one_line_each_and_the_good_target_is_still_reported(project_dir):
+    write(project_dir, "model.py", ATTENTION)
+    write(project_dir, "raises.py", "def make():\n    raise ValueError('no weights here')\n")
+    write(project_dir, "broken.py", "def make(:\n    pass\n")
+    write(project_dir, "shape.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(2)\n")
+    targets = ["model.py:make", "missing.py:make", "model.py", "raises.py:make", "broken.py:make",
+               "model.py:nothing", "shape.py:make"]
+    result = run_graphlint("check", *targets, "--format", "sarif", "--output", "out.sarif", cwd=project_dir)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("graphlint: error: ")]
+    assert len(errors) == 6
+    expected = {
+        "missing.py:make": "does not exist",
+        "model.py:": "has no ':NAME'",
+        "raises.py:make": "the factory raised ValueError: no weights here (at raises.py:2)",
+        "broken.py:make": "syntax error at",
+        "model.py:nothing": "has no 'nothing'",
+        "shape.py:make": "args is a Tensor, not a tuple (write (x,) for a single input)",
+    }
+    for target, text in expected.items():
+        assert any(target in line and text in line for line in errors), (target, errors)
+    log = json.loads((project_dir / "out.sarif").read_text())
+    validate_sarif(log)
+    assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["GL101"]
+    invocation = log["runs"][0]["invocations"][0]
+    assert invocation["executionSuccessful"] is False
+    assert len([n for n in invocation["toolExecutionNotifications"] if n["level"] == "error"]) == 6
+
+
+def test_sarif_on_stdout_stays_parsable_when_the_forward_prints(project_dir):
+    write(project_dir, "model.py", ATTENTION)
+    result = run_graphlint("check", "model.py:make", "--format", "sarif", cwd=project_dir)
+    assert result.returncode == 1
+    validate_sarif(json.loads(result.stdout))
+    assert "the forward prints to stdout" in result.stderr
+
+
+def test_targets_come_from_pyproject_also_from_a_subfolder(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.graphlint]\ntargets = ["models/model.py:make", "models/clean.py:make"]\n')
+    write(tmp_path, "models/model.py", ATTENTION)
+    write(tmp_path, "models/clean.py", CLEAN)
+    (tmp_path / "docs").mkdir()
+    result = run_graphlint("check", cwd=tmp_path / "docs")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[-1] == "Found 1 finding in 2 targets."
+    assert "models/model.py" in result.stdout
+
+
+def test_a_target_file_can_import_its_siblings_and_a_module_target_works(project_dir):
+    write(project_dir, "pkg/__init__.py", "")
+    write(project_dir, "pkg/layers.py", ATTENTION.replace("def make():", "def unused():"))
+    write(project_dir, "pkg/entry.py", "import torch\nfrom layers import Attention\n\n\n"
+                                       "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
+    write(project_dir, "pkg/factories.py", "import torch\nfrom pkg.layers import Attention\n\n\n"
+                                           "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
+    by_file = run_graphlint("check", "pkg/entry.py:make", cwd=project_dir)
+    by_module = run_graphlint("check", "pkg.factories:make", cwd=project_dir)
+    for result in (by_file, by_module):
+        assert result.returncode == 1, result.stderr
+        assert result.stdout.startswith("pkg/layers.py:")
+
+
+@pytest.mark.parametrize(
+    ("pyproject", "message"),
+    [
+        ("[tool.graphlint\ntargets = 1\n", "invalid TOML"),
+        ('[tool.graphlint]\ntarget = ["m.py:make"]\n', "unknown key tool.graphlint.target; the keys graphlint reads are"),
+        ('[tool.graphlint]\ntargets = "m.py:make"\n', "targets must be a list of strings"),
+        ('[tool.graphlint]\ndevice = "tpu"\n', "device must be one of auto, meta, cpu, cuda; got 'tpu'"),
+    ],
+)
+def test_a_broken_pyproject_is_one_clear_line(tmp_path, pyproject, message):
+    write(tmp_path, "pyproject.toml", pyproject)
+    result = run_graphlint("check", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("graphlint: error: ") and "pyproject.toml" in line and message in line
+
+
+def test_no_targets_anywhere_is_a_usage_error(project_dir):
+    result = run_graphlint("check", cwd=project_dir)
+    assert result.returncode == 2
+    assert "no targets: pass TARGET" in result.stderr
+
+
+def test_an_output_file_that_cannot_be_written_is_a_clear_error(project_dir):
+    write(project_dir, "clean.py", CLEAN)
+    result = run_graphlint("check", "clean.py:make", "--output", "no/such/folder/out.sarif", "--format", "sarif",
+                           cwd=project_dir)
+    assert result.returncode == 2
+    assert "graphlint: error: cannot write no/such/folder/out.sarif" in result.stderr
+    assert "Traceback" not in result.stderr

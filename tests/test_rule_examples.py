@@ -1,0 +1,49 @@
+"""Every rule's BAD examples are flagged at exactly their `# expect:` lines; its GOOD examples are not flagged."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import findings_of, lint_file, write
+from graphlint.engine import load_rules
+from graphlint.rule import anatomy_problems
+
+RULES = load_rules()
+BAD = [(rule, example) for rule in RULES for example in rule.bad_examples]
+GOOD = [(rule, example) for rule in RULES for example in rule.good_examples]
+
+
+def _id(case) -> str:
+    rule, example = case
+    return f"{rule.id}-{example.title or 'example'}".replace(" ", "-")
+
+
+def test_rules_are_found_with_their_ids_in_order():
+    ids = [rule.id for rule in RULES]
+    assert "GL101" in ids
+    assert ids == sorted(ids)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_rule_has_its_full_anatomy(rule):
+    assert anatomy_problems(rule) == []
+    docs = rule.docs_markdown()
+    for heading in ("## What it flags", "## Why it matters", "## Example", "## Use instead"):
+        assert heading in docs
+    assert rule.bad_examples and rule.good_examples
+
+
+@pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
+def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
+    rule, example = case
+    report = lint_file(write(tmp_path, "example.py", example.code))
+    assert report.errors == []
+    assert sorted(f.location.line for f in findings_of(report, rule.id)) == example.expected_lines(rule.id)
+
+
+@pytest.mark.parametrize("case", GOOD, ids=[_id(c) for c in GOOD])
+def test_good_example_is_not_flagged(case, tmp_path):
+    rule, example = case
+    report = lint_file(write(tmp_path, "example.py", example.code))
+    assert report.errors == []
+    assert findings_of(report, rule.id) == []

@@ -1,0 +1,67 @@
+"""Real Hugging Face `transformers` models, built from small configs with random weights (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import findings_of, line_of, lint_file, write
+
+pytest.importorskip("transformers")
+
+TARGETS = '''
+import torch
+from transformers import AutoModel, AutoModelForCausalLM, BertConfig, GPT2Config, LlamaConfig
+
+CONFIGS = {
+    "gpt2": lambda: GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                               bos_token_id=0, eos_token_id=0),
+    "llama": lambda: LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=128),
+    "bert": lambda: BertConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                               num_attention_heads=4, vocab_size=128),
+}
+
+
+def build(family, implementation):
+    auto = AutoModel if family == "bert" else AutoModelForCausalLM
+    model = auto.from_config(CONFIGS[family](), attn_implementation=implementation)  # built here
+    return model, (), {"input_ids": torch.randint(0, 128, (2, 16))}
+
+
+def gpt2_eager(): return build("gpt2", "eager")
+def gpt2_sdpa(): return build("gpt2", "sdpa")
+def llama_eager(): return build("llama", "eager")
+def llama_sdpa(): return build("llama", "sdpa")
+def bert_eager(): return build("bert", "eager")
+def bert_sdpa(): return build("bert", "sdpa")
+'''
+
+FAMILIES = {"gpt2": "modeling_gpt2.py", "llama": "modeling_llama.py", "bert": "modeling_bert.py"}
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("hf"), "hf_targets.py", TARGETS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_attention_is_flagged_where_the_user_built_the_model(family, targets):
+    report = lint_file(targets, f"{family}_eager")
+    assert report.errors == []
+    [finding] = findings_of(report, "GL101")
+    assert finding.location.path == str(targets)
+    assert finding.location.line == line_of(targets, "# built here")
+    assert finding.occurrences == 2  # two layers, one line of library code
+    assert 'attn_implementation="sdpa"' in finding.message
+    library = [r for r in finding.related if r.message.startswith("softmax in transformers")]
+    assert library and os.path.basename(library[0].location.path) == FAMILIES[family]
+    assert not library[0].location.first_party
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sdpa_attention_is_not_flagged(family, targets):
+    report = lint_file(targets, f"{family}_sdpa")
+    assert report.errors == []
+    assert findings_of(report, "GL101") == []
