@@ -163,3 +163,42 @@ def test_an_output_file_that_cannot_be_written_is_a_clear_error(project_dir):
     assert result.returncode == 2
     assert "graphlint: error: cannot write no/such/folder/out.sarif" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+BRANCHY = '''
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.mean() > 0:
+            return self.a(x)
+        return x
+
+
+def make():
+    return Branchy(), (torch.ones(2, 4),)
+'''
+
+
+def test_a_cpu_rebuild_is_announced_as_a_note(project_dir):
+    path = write(project_dir, "branchy.py", BRANCHY)
+    result = run_graphlint("check", "branchy.py:make", cwd=project_dir)
+    assert result.returncode == 0, result.stderr
+    branch = line_of(path, "if x.mean() > 0")
+    assert ("graphlint: note: branchy.py:make: captured on CPU because the forward needs real values "
+            f"(a Python branch on a tensor value at branchy.py:{branch})") in result.stderr.splitlines()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_asking_for_cuda_without_cuda_is_a_clear_error(project_dir):
+    write(project_dir, "clean.py", CLEAN)
+    result = run_graphlint("check", "clean.py:make", "--device", "cuda", cwd=project_dir)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("graphlint: error: clean.py:make: --device cuda was asked for but CUDA is not "
+                                     "available here; use --device cpu or meta")
