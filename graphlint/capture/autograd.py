@@ -225,5 +225,5 @@ def run_backward(loss: torch.Tensor, parameters: dict[str, torch.Tensor]) -> Bac
         grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
     except Exception as error:  # the capture keeps everything seen so far; rules still run
         return BackwardOutcome(ran=True, error=one_line(error))
-    reached = frozenset(name for (name, _), grad in zip(trainable, grads) if grad is not None)
+    reached = frozenset(name for (name, _), grad in zip(trainable, grads, strict=True) if grad is not None)
     return BackwardOutcome(ran=True, reached=reached)
