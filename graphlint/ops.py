@@ -17,6 +17,17 @@ SCALE = frozenset({"mul", "mul_", "rmul", "div", "div_", "rdiv", "true_divide", 
 MASK = frozenset({"add", "add_", "radd", "sub", "sub_", "rsub", "masked_fill", "masked_fill_", "where"})
 CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
 DROPOUT = frozenset({"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"})
+MATMUL_CLASS = MATMUL_LIKE | frozenset({
+    "linear", "addmm", "addbmm", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "bilinear",
+})
+# Work that is commonly and rightly done in float32 inside a half-precision model.
+NUMERICALLY_SENSITIVE = frozenset({
+    "softmax", "log_softmax", "_softmax", "_safe_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm",
+    "instance_norm", "norm", "normalize", "var", "std", "var_mean", "std_mean", "mean", "sum", "pow", "rsqrt",
+    "sqrt", "log", "log1p", "exp", "expm1", "logsumexp", "cumsum", "cross_entropy", "nll_loss", "mse_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "smooth_l1_loss", "l1_loss",
+})
 VIEW = frozenset({
     "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "contiguous", "squeeze",
     "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "swapaxes",

@@ -15,6 +15,7 @@ from typing import ClassVar, Iterable
 
 from torch import fx
 
+from graphlint.capture.frames import Frame
 from graphlint.results import Severity
 
 EXPECT_MARKER = re.compile(r"#\s*expect:\s*(GL\d{3}(?:\s*,\s*GL\d{3})*)")
@@ -46,18 +47,32 @@ class Example:
 
 @dataclass(frozen=True)
 class Problem:
-    """One occurrence of what a rule looks for, anchored at the forward-graph node where it happens.
+    """One occurrence of what a rule looks for, anchored at a forward-graph node, or at a user stack: the one
+    that built something that never ran (an unused parameter), or a chosen outer frame of an op.
 
-    `message` is one sentence in the user's terms; `{where}` in it is replaced by the module path(s) and the
-    number of occurrences once problems at the same location are merged. `related` are other nodes of the same
-    pattern with a short label. With `at_build_site`, an op inside a torch.nn module is placed where the user
-    constructed that module (the `nn.ReLU(inplace=True)`), not where it was called.
+    `message` is one sentence in the user's terms. Problems at the same source location merge into one finding;
+    these placeholders are then filled in from all of them:
+    - `{where}`: the module paths (`blocks.0.attn … blocks.11.attn`);
+    - `{occurrences}`: `" (12 occurrences)"`, or nothing for one;
+    - `{count}`: the number of occurrences;
+    - `{parameters}`: the union of `parameters`, grouped (`enc.0.weight, enc.0.bias, ... (4 tensors in enc)`).
+
+    `related` are other nodes of the same pattern with a short label. With `at_build_site`, an op inside a
+    torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
+    it was called.
     """
 
-    node: fx.Node
     message: str
+    node: fx.Node | None = None
+    stack: tuple[Frame, ...] = ()  # the anchor when there is no node: the user stack that built or ran it
+    module_path: str = ""  # for a problem without a node
     related: tuple[tuple[fx.Node, str], ...] = ()
     at_build_site: bool = False
+    parameters: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        return self.node.meta.get("module_path", "") if self.node is not None else self.module_path
 
 
 class Rule:

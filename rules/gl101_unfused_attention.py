@@ -212,7 +212,7 @@ class UnfusedAttention(Rule):
         related.append((values, f"probabilities times values: {op(values)}"))
         return Problem(
             node=softmax,
-            message=f"Hand-written softmax attention ({' → '.join(steps)}) in {{where}}; {advice}.",
+            message=f"Hand-written softmax attention ({' → '.join(steps)}) in {{where}}{{occurrences}}; {advice}.",
             related=tuple(related),
         )
 

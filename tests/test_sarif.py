@@ -63,12 +63,15 @@ def test_results_carry_rule_level_message_and_locations(attention):
 
 
 def test_rules_carry_their_metadata_with_an_explicit_level(attention):
-    [rule] = attention[2]["runs"][0]["tool"]["driver"]["rules"]
+    rules = {r["id"]: r for r in attention[2]["runs"][0]["tool"]["driver"]["rules"]}
+    assert {"GL101", "GL102", "GL201", "GL202", "GL203"} <= set(rules)
+    rule = rules["GL101"]
     assert rule["name"] == "unfused-attention"
     assert rule["defaultConfiguration"] == {"level": "warning"}
     assert rule["shortDescription"]["text"] and rule["fullDescription"]["text"]
     assert "## Why it matters" in rule["help"]["markdown"]
     assert "performance" in rule["properties"]["tags"]
+    assert rules["GL203"]["defaultConfiguration"] == {"level": "note"}
 
 
 def test_columns_are_utf16_code_units_after_non_ascii_text(attention):

@@ -32,6 +32,11 @@ class ParameterInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
+    built_at: tuple[Frame, ...] = ()  # the user stack that registered it; () when unknown
+
+    @property
+    def module_path(self) -> str:
+        return self.name.rpartition(".")[0]
 
 
 @dataclass
@@ -102,7 +107,9 @@ def capture_model(
         forward=recorder.graph,
         autograd=autograd,
         parameters={
-            name: ParameterInfo(name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in parameters.items()
+            name: ParameterInfo(name, tuple(p.shape), p.dtype, p.requires_grad,
+                                build_sites.built_at(p) if build_sites else ())
+            for name, p in parameters.items()
         },
         modules={info.path: info for info in modules.values()},
         factory=factory,

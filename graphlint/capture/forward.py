@@ -10,7 +10,8 @@ Each node's `meta` carries:
 - `stack`: user frames (`Frame`), outermost first; `stack_trace`: the same in torch.fx's text form.
 - `module_stack`: the running modules (`ModuleInfo`), outermost first; `module_path`: the innermost one's path.
 - `tensor_meta`: `torch.fx.passes.shape_prop.TensorMetadata` of the output (a tuple for several outputs).
-- `grad_enabled`: whether autograd was recording; `phase`: `"forward"` or `"loss"`.
+- `grad_mode`: `"enabled"`, `"no_grad"` or `"inference_mode"`; `grad_region`: while disabled, the
+  `GradDisabledRegion` (one entry of a `with torch.no_grad():` block); `phase`: `"forward"` or `"loss"`.
 - `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
 - `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
 - `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
@@ -33,7 +34,7 @@ from graphlint.capture.frames import Frame, StackRecorder, format_stack
 from graphlint.capture.modules import ModuleCallTracker
 
 # Calls that return no tensor but are still worth a node: the model's values leave torch here.
-HOST_OPS = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index", "nonzero", "cpu"})
+HOST_OPS = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index"})
 _TENSOR_BASE = torch._C.TensorBase
 _PLAIN_TYPES = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype, torch.device,
                 torch.memory_format, torch.layout)
@@ -64,6 +65,39 @@ def _fx_call(func: Callable, name: str) -> tuple[str, Any]:
     if owner is _TENSOR_BASE or qualname.startswith(("Tensor.", "TensorBase.")):
         return "call_method", func.__name__
     return "call_function", func
+
+
+@dataclass(eq=False)
+class GradDisabledRegion:
+    """One stretch of the forward with autograd off: an entry into `with torch.no_grad():` or
+    `with torch.inference_mode():` (a new object each time the block is entered)."""
+
+    mode: str  # "no_grad" or "inference_mode"
+    entered_at: tuple[Frame, ...] = ()  # the `with` statement's user stack; torch does not show inference_mode's
+    common: tuple[Frame, ...] | None = None  # the stack prefix, by function, that all its ops share
+
+    def include(self, stack: tuple[Frame, ...]) -> None:
+        if self.common is None:
+            self.common = stack
+            return
+        length = 0
+        for mine, theirs in zip(self.common, stack):
+            if (mine.file, mine.function) != (theirs.file, theirs.function):
+                break
+            length += 1
+        self.common = self.common[:length]
+
+    def statement_of(self, stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """An op's stack cut at the function that holds the block: its last frame is the statement inside the
+        block that led to the op, even when the op itself ran deeper (inside a submodule's forward)."""
+        if self.entered_at:
+            block = self.entered_at[-1]
+            for index in range(len(stack) - 1, -1, -1):
+                frame = stack[index]
+                if (frame.file, frame.function) == (block.file, block.function) and frame.line >= block.line:
+                    return stack[: index + 1]
+            return stack
+        return stack[: len(self.common)] if self.common else stack
 
 
 @dataclass(frozen=True)
@@ -114,6 +148,7 @@ class ForwardRecorder(TorchFunctionMode):
         self._attr_nodes: dict[int, fx.Node] = {}
         self._constants = 0
         self._first_call: fx.Node | None = None
+        self._grad_region: GradDisabledRegion | None = None
 
     # -- graph inputs ---------------------------------------------------------------------------------------
 
@@ -141,7 +176,7 @@ class ForwardRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs)]
+        versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs) if not t.is_inference()]
         saved_start = self._saved_count()
         try:
             out = func(*args, **kwargs)
@@ -153,8 +188,12 @@ class ForwardRecorder(TorchFunctionMode):
             MutatedTensor(key, storage_key(t), before, t._version)
             for key, t, before in versions
             if t._version != before
-        )
+        )  # inference tensors have no version counter: writes to them cannot break a backward
         name = op_name(func)
+        if name == "_set_grad_enabled":  # entering or leaving `with torch.no_grad():`
+            self._grad_region = None
+            if not torch.is_grad_enabled():
+                self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(sys._getframe(1)))
         if mutated or name in HOST_OPS or _has_tensor(out):
             self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
         return out
@@ -176,7 +215,14 @@ class ForwardRecorder(TorchFunctionMode):
         meta["stack_trace"] = format_stack(stack)
         meta["module_stack"] = module_stack
         meta["module_path"] = module_stack[-1].path if module_stack else ""
-        meta["grad_enabled"] = torch.is_grad_enabled()
+        meta["grad_mode"] = mode = _grad_mode()
+        if mode == "enabled":
+            self._grad_region = None
+        else:
+            if self._grad_region is None or self._grad_region.mode != mode:
+                self._grad_region = GradDisabledRegion(mode)  # entered where torch did not show it
+            self._grad_region.include(stack)
+            meta["grad_region"] = self._grad_region
         meta["phase"] = self.phase
         meta["saved_range"] = saved_range
         if mutated:
@@ -244,6 +290,12 @@ class ForwardRecorder(TorchFunctionMode):
             self._node_of[tensor] = node
         return node
 
+
+
+def _grad_mode() -> str:
+    if torch.is_grad_enabled():
+        return "enabled"
+    return "inference_mode" if torch.is_inference_mode_enabled() else "no_grad"
 
 
 def _top_level_tensors(args: tuple, kwargs: dict):

@@ -36,16 +36,17 @@ def _type_name(module: nn.Module) -> str:
 
 
 class BuildSiteRecorder:
-    """While active, remembers the user stack at every `nn.Module.__init__`.
+    """While active, remembers the user stack at every `nn.Module.__init__` and parameter registration.
 
-    There is no construction hook in torch, so `nn.Module.__init__` is wrapped for the duration of the
-    factory call only and always restored.
+    Parameters have torch's registration hook. Modules have no construction hook, so `nn.Module.__init__` is
+    wrapped for the duration of the factory call only and always restored.
     """
 
     def __init__(self, stacks: StackRecorder) -> None:
         self._stacks = stacks
         self._sites: dict[int, tuple[weakref.ref, tuple[Frame, ...]]] = {}
         self._original = None
+        self._parameter_hook = None
 
     def __enter__(self) -> BuildSiteRecorder:
         original = self._original = nn.Module.__init__
@@ -57,15 +58,22 @@ class BuildSiteRecorder:
                 recorder._sites[id(module)] = (weakref.ref(module), recorder._stacks.user_stack(caller))
             original(module, *args, **kwargs)
 
+        def parameter_registered(module, name, parameter):
+            if parameter is not None and id(parameter) not in recorder._sites:
+                recorder._sites[id(parameter)] = (weakref.ref(parameter), recorder._stacks.user_stack(sys._getframe(1)))
+
         nn.Module.__init__ = __init__
+        self._parameter_hook = torch.nn.modules.module.register_module_parameter_registration_hook(parameter_registered)
         return self
 
     def __exit__(self, *exc) -> None:
         nn.Module.__init__ = self._original
+        self._parameter_hook.remove()
 
-    def built_at(self, module: nn.Module) -> tuple[Frame, ...]:
-        entry = self._sites.get(id(module))
-        if entry is None or entry[0]() is not module:
+    def built_at(self, thing: nn.Module | nn.Parameter) -> tuple[Frame, ...]:
+        """The user stack that constructed a module or registered a parameter; () when unknown."""
+        entry = self._sites.get(id(thing))
+        if entry is None or entry[0]() is not thing:
             return ()
         return entry[1]
 

@@ -6,12 +6,13 @@ become one finding that says "12 occurrences" and names the module paths.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from graphlint.capture import Capture
 from graphlint.files import library_name
-from graphlint.locate.sites import Site, node_sites
+from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.locate.spans import SourceSpans
 from graphlint.project import Project
 from graphlint.results import Finding, Location, Related
@@ -23,7 +24,16 @@ class _Group:
     message: str
     count: int = 0
     paths: list[str] = field(default_factory=list)
+    parameters: dict[str, None] = field(default_factory=dict)  # ordered set
     related: dict[Location, str] = field(default_factory=dict)
+
+    def render(self) -> str:
+        return (
+            self.message.replace("{where}", describe_where(self.paths))
+            .replace("{occurrences}", f" ({self.count} occurrences)" if self.count > 1 else "")
+            .replace("{count}", str(self.count))
+            .replace("{parameters}", describe_parameters(list(self.parameters)))
+        )
 
 
 class Locator:
@@ -40,17 +50,23 @@ class Locator:
 
     def place(self, rule: type[Rule], problems: Iterable[Problem], capture: Capture) -> list[Finding]:
         groups: dict[Location, _Group] = {}
-        for problem in problems:
-            primary, library = node_sites(problem.node, self.project, capture.factory, problem.at_build_site)
+        order = {node: index for index, node in enumerate(capture.forward.nodes)}
+        # In the order the forward ran them, so that repeats read "layers.0 … layers.11".
+        for problem in sorted(problems, key=lambda p: order.get(p.node, len(order))):
+            if problem.node is not None:
+                primary, library = node_sites(problem.node, self.project, capture.factory, problem.at_build_site)
+            else:
+                primary, library = stack_sites(problem.stack, self.project, capture.factory)
             if primary is None:
                 continue  # nothing of the user's and no factory: there is no line to show it on
             location = self.location(primary)
             group = groups.setdefault(location, _Group(problem.message))
             group.count += 1
-            group.paths.append(problem.node.meta.get("module_path", ""))
+            group.paths.append(problem.where)
+            group.parameters.update(dict.fromkeys(problem.parameters))
             if library is not None:
-                label = f"{problem.node.meta.get('op', 'op')} in {library_name(library.frame.file)}"
-                group.related.setdefault(self.location(library), label)
+                what = problem.node.meta.get("op", "op") if problem.node is not None else "built"
+                group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
             for node, label in problem.related:
                 related, related_library = node_sites(node, self.project, capture.factory)
                 if related is None:
@@ -65,7 +81,7 @@ class Locator:
                 rule_id=rule.id,
                 rule_name=rule.name,
                 severity=rule.severity,
-                message=group.message.replace("{where}", describe_where(group.paths, group.count)),
+                message=group.render(),
                 location=location,
                 related=tuple(Related(where, label) for where, label in group.related.items()),
                 occurrences=group.count,
@@ -75,13 +91,20 @@ class Locator:
         ]
 
 
-def describe_where(paths: list[str], count: int) -> str:
-    """`blocks.0.attn`, `blocks.0.attn and blocks.1.attn`, or `blocks.0.attn … blocks.11.attn (12 occurrences)`."""
+def describe_where(paths: list[str]) -> str:
+    """`blocks.0.attn`, `blocks.0.attn and blocks.1.attn`, or `blocks.0.attn … blocks.11.attn`."""
     unique = list(dict.fromkeys(p or "the model" for p in paths))
     if len(unique) == 1:
-        text = unique[0]
-    elif len(unique) == 2:
-        text = f"{unique[0]} and {unique[1]}"
-    else:
-        text = f"{unique[0]} … {unique[-1]}"
-    return f"{text} ({count} occurrences)" if count > 1 else text
+        return unique[0]
+    if len(unique) == 2:
+        return f"{unique[0]} and {unique[1]}"
+    return f"{unique[0]} … {unique[-1]}"
+
+
+def describe_parameters(names: list[str], shown: int = 3) -> str:
+    """`a.weight, a.bias` or `enc.0.weight, enc.0.bias, enc.1.weight, ... (6 tensors in enc)`."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    common = os.path.commonprefix([name.split(".")[:-1] for name in names])  # element-wise on lists
+    where = f" in {'.'.join(common)}" if common else ""
+    return f"{', '.join(names[:shown])}, ... ({len(names)} tensors{where})"

@@ -71,3 +71,14 @@ def _first_party(frames: tuple[Frame, ...], project: Project) -> Frame | None:
         if project.is_first_party(frame.file):
             return frame
     return None
+
+
+def stack_sites(stack: tuple[Frame, ...], project: Project, factory: Frame | None):
+    """(primary site, library site or None) for a problem anchored at a user stack rather than a node."""
+    innermost = Site(stack[-1], "call") if stack else None
+    own = _first_party(stack, project)
+    if own is not None:
+        return Site(own, "call"), None if own == stack[-1] else innermost
+    if factory is not None:
+        return Site(factory, "def"), innermost
+    return innermost, None

@@ -139,14 +139,14 @@ class SourceSpans:
             start, end = where.start, where.end
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and site.style == "method":
             start = parsed.positions[node.func.dot].start  # `.softmax(-1)`, not the whole receiver chain
-        elif isinstance(node, cst.Subscript):
+        elif isinstance(node, (cst.Subscript, cst.Attribute)):
             assign = _assignment_to(parsed, node)
-            if assign is not None:  # `t[:, 0] = 0` is the write, not just `t[:, 0]`
+            if assign is not None:  # `t[:, 0] = 0` and `self.w = nn.Parameter(...)`, not just the target
                 end = parsed.positions[assign].end
         return (start.line, start.column + 1, end.line, end.column + 1)
 
 
-def _assignment_to(parsed: _ParsedFile, target: cst.Subscript) -> cst.Assign | None:
+def _assignment_to(parsed: _ParsedFile, target: cst.BaseExpression) -> cst.Assign | None:
     where = parsed.positions[target]
     for node in parsed.by_start.get((where.start.line, where.start.column), ()):
         if isinstance(node, cst.Assign) and any(t.target is target for t in node.targets):

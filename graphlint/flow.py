@@ -1,0 +1,87 @@
+"""Data-flow questions about a capture that several rules ask: which values reach the model's output, which
+parameters get no gradient, and where a parameter's influence stops."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from torch import fx
+
+from graphlint.capture import Capture
+from graphlint.capture.forward import HOST_OPS
+from graphlint.ops import op
+
+
+def reaches_output(graph: fx.Graph) -> set[fx.Node]:
+    """Every node whose value flows into the model's output (and so into the default loss)."""
+    output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
+    live: set[fx.Node] = set()
+    queue = deque(output.all_input_nodes if output is not None else ())
+    while queue:
+        node = queue.popleft()
+        if node not in live:
+            live.add(node)
+            queue.extend(node.all_input_nodes)
+    return live
+
+
+def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
+    """The `get_attr` node of every parameter or buffer the forward read, by qualified name."""
+    return {n.target: n for n in graph.nodes if n.op == "get_attr" and n.meta.get("parameter")}
+
+
+def trainable_without_gradient(capture: Capture) -> list[str]:
+    """Trainable parameters with no AccumulateGrad node in the graph of the loss: they get no gradient.
+    Empty when there was no loss to differentiate, since then nothing can be said."""
+    if capture.autograd.root is None:
+        return []
+    sinks = capture.autograd.accumulate_grad
+    return [name for name, info in capture.parameters.items() if info.requires_grad and name not in sinks]
+
+
+def first_stops(start: fx.Node, is_stop: Callable[[fx.Node], bool]) -> list[fx.Node]:
+    """Walking forward from `start` through the nodes that use it, the first nodes where `is_stop` holds
+    (the walk goes on past the others)."""
+    stops: list[fx.Node] = []
+    seen = {start}
+    queue = deque(start.users)
+    while queue:
+        node = queue.popleft()
+        if node in seen:
+            continue
+        seen.add(node)
+        if is_stop(node):
+            stops.append(node)
+        else:
+            queue.extend(node.users)
+    return stops
+
+
+def cut_kind(node: fx.Node) -> str | None:
+    """How a node stops gradients flowing back through it: "detach", "data", "host" (the value leaves torch),
+    "no_grad" or "inference_mode"; None when it does not."""
+    name = op(node)
+    if name in ("detach", "detach_"):
+        return "detach"
+    if name == "data":
+        return "data"
+    if name in HOST_OPS:
+        return "host"
+    mode = node.meta.get("grad_mode", "enabled")
+    return mode if mode != "enabled" else None
+
+
+def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
+    """For every trainable parameter that the forward read but that gets no gradient: the cuts that matter on
+    its way to the output. A cut matters when what it passes on reaches the output; a value that left torch
+    (`.item()`) cannot be followed, so that cut always counts. An empty list: used, but its results never
+    reach the output."""
+    reads = parameter_nodes(capture.forward)
+    live = reaches_output(capture.forward)
+
+    def matters(node: fx.Node) -> bool:
+        kind = cut_kind(node)
+        return kind == "host" or (kind is not None and node in live)
+
+    return {name: first_stops(reads[name], matters) for name in trainable_without_gradient(capture) if name in reads}

@@ -1,0 +1,251 @@
+"""GL102 cast-in-loop: dtype conversions that run again on every pass of a loop."""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import torch
+from torch import fx
+
+from graphlint.ops import CAST, MATMUL_CLASS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+_PRECISION = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
+_MAX_STEPS = 12
+
+
+class CastInLoop(Rule):
+    id = "GL102"
+    name = "cast-in-loop"
+    severity = Severity.WARNING
+    tags = ("performance", "dtype", "memory")
+    precision = "high"
+    summary = "A dtype conversion that runs again on every pass of a loop or in every layer."
+    what = """
+        Dtype conversions (`.to(dtype)`, `.float()`, `.half()`, `.type_as(...)`) that one forward runs again
+        and again from the same line, in a Python loop or once per layer:
+
+        - loop-invariant casts: the same tensor converted on every pass (a mask converted to the state's dtype
+          at each time step);
+        - round trips around matrix work: an up-cast, a Linear, matmul or convolution, and a down-cast to the
+          first dtype, in every layer of a half-precision model.
+
+        The message says how many times the conversion ran in one forward. Not flagged: no-op casts (`.float()`
+        of a float32 tensor), a cast that runs once (`logits.float()` at the end), and up-casts around
+        numerically sensitive work such as softmax, normalisation, variance, log and exp, or the loss (the
+        float32 RMSNorm in every layer of a bfloat16 Llama is right).
+    """
+    why = """
+        Every conversion reads and writes the whole tensor and, in training, adds a `ToCopyBackward0` node
+        whose backward converts the gradient again. A loop-invariant cast repeats that work on identical data;
+        a round trip runs the layer's matrix work in float32 on hardware built for half precision, and keeps
+        both copies of the activations for backward.
+    """
+    example = """
+        for t in range(steps):
+            h = self.cell(x[t], h)
+            h = h * mask.to(h.dtype)[t]          # converts the whole mask at every step
+
+        return x + self.fc(x.float()).half()     # in every layer of a float16 model
+    """
+    instead = """
+        mask = mask.to(x.dtype)                  # once, before the loop
+        for t in range(steps):
+            h = self.cell(x[t], h) * mask[t]
+
+        with torch.autocast("cuda", dtype=torch.float16):
+            return x + self.fc(x)
+    """
+    bad_examples = (
+        Example(
+            title="a mask converted at every time step",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Decoder(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.cell = nn.GRUCell(16, 16)
+
+                    def forward(self, x, mask):
+                        h = x.new_zeros(x.shape[1], 16)
+                        for t in range(x.shape[0]):
+                            h = self.cell(x[t], h)
+                            h = h * mask.to(h.dtype)[t]  # expect: GL102
+                        return h
+
+
+                def make():
+                    return Decoder(), (torch.randn(6, 4, 16), torch.ones(6, 4, 1, dtype=torch.bool))
+            ''',
+        ),
+        Example(
+            title="a float32 round trip around the Linear of every layer of a float16 model",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Block(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+
+                    def forward(self, x):
+                        return x + self.fc(x.float()).half()  # expect: GL102
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(Block() for _ in range(4))
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = block(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 16, dtype=torch.float16),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="a bfloat16 model with float32 RMSNorm and softmax in every layer, and one cast at the end",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class RMSNorm(nn.Module):
+                    def __init__(self, dim):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(dim))
+
+                    def forward(self, x):
+                        dtype = x.dtype
+                        x = x.to(torch.float32)
+                        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                        return self.weight * x.to(dtype)
+
+
+                class Block(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.norm = RMSNorm(16)
+                        self.fc = nn.Linear(16, 16)
+
+                    def forward(self, x):
+                        h = self.fc(self.norm(x))
+                        weights = torch.softmax(h, dim=-1, dtype=torch.float32).to(h.dtype)
+                        return x + weights * h
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(Block() for _ in range(4))
+                        self.head = nn.Linear(16, 8)
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = block(x).to(torch.bfloat16)
+                        return self.head(x).float()
+
+
+                def make():
+                    return Model().to(torch.bfloat16), (torch.randn(2, 16, dtype=torch.bfloat16),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        casts = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None]
+        round_trips: dict[tuple, list[tuple[fx.Node, fx.Node, fx.Node]]] = defaultdict(list)
+        for down in casts:
+            match = _round_trip(down)
+            if match is not None:
+                round_trips[_site(match[0])].append(match)
+        for trips in round_trips.values():
+            if len(trips) < 2:
+                continue  # ran once: not a loop
+            for up, work, down in trips:
+                source, target = _dtypes(up)
+                yield Problem(
+                    node=up,
+                    message=f"The {_name(source)} → {_name(target)} → {op(work)} → {_name(source)} round trip in "
+                            f"{{where}} runs {{count}} times in one forward; run the layer under torch.autocast or "
+                            "keep one dtype.",
+                    related=((work, f"{op(work)} in {_name(target)}"), (down, f"cast back to {_name(source)}")),
+                )
+        flagged = set(round_trips)
+        invariant: dict[tuple, list[fx.Node]] = defaultdict(list)
+        for cast in casts:
+            if _site(cast) not in flagged:
+                invariant[(_site(cast), _base(cast.args[0] if cast.args else None))].append(cast)
+        for (_, base), repeats in invariant.items():
+            if base is None or len(repeats) < 2:
+                continue
+            for cast in repeats:
+                source, target = _dtypes(cast)
+                yield Problem(
+                    node=cast,
+                    message=f"The same tensor is converted from {_name(source)} to {_name(target)} in {{where}} "
+                            "{count} times in one forward; convert it once, before the loop.",
+                )
+
+
+def _dtypes(cast: fx.Node) -> tuple[torch.dtype, torch.dtype] | None:
+    """(source, target) dtypes of a conversion that changes the dtype; None for no-op casts."""
+    source = tensor_meta(cast.args[0]) if cast.args else None
+    target = tensor_meta(cast)
+    if source is None or target is None or source.dtype == target.dtype:
+        return None
+    return source.dtype, target.dtype
+
+
+def _site(node: fx.Node) -> tuple:
+    """The source position that ran the op: the same in every pass of a loop and every layer."""
+    stack = node.meta.get("stack") or ()
+    return stack[-1] if stack else ()
+
+
+def _base(node) -> fx.Node | None:
+    """The tensor behind views and indexing: `mask.to(dtype)[t]` and `mask[t].to(dtype)` both convert `mask`."""
+    while isinstance(node, fx.Node) and op(node) in VIEW and node.args:
+        node = node.args[0]
+    return node if isinstance(node, fx.Node) else None
+
+
+def _round_trip(down: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(up-cast, matrix op, down-cast) when `down` lowers precision back to what an up-cast raised it from,
+    with matrix work and no numerically sensitive op in between."""
+    dtypes = _dtypes(down)
+    if dtypes is None or _PRECISION.get(dtypes[1], 0) >= _PRECISION.get(dtypes[0], 0):
+        return None
+    low = dtypes[1]
+    queue = deque((n, None, 0) for n in down.all_input_nodes)
+    seen = set()
+    while queue:
+        node, work, depth = queue.popleft()
+        if node in seen or depth > _MAX_STEPS or op(node) in NUMERICALLY_SENSITIVE:
+            continue
+        seen.add(node)
+        if op(node) in CAST:
+            pair = _dtypes(node)
+            if pair is not None and pair[0] == low and work is not None:
+                return node, work, down
+            continue
+        if op(node) in MATMUL_CLASS:
+            work = work or node
+        queue.extend((n, work, depth + 1) for n in node.all_input_nodes)
+    return None
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

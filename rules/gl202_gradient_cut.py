@@ -1,0 +1,188 @@
+"""GL202 gradient-cut: trainable parameters cut off from the loss inside the forward."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from torch import fx
+
+from graphlint.flow import cut_kind, gradient_cuts
+from graphlint.ops import op
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+
+class GradientCut(Rule):
+    id = "GL202"
+    name = "gradient-cut"
+    severity = Severity.ERROR
+    tags = ("correctness", "autograd", "training")
+    precision = "high"
+    summary = "Trainable parameters that get no gradient because the forward cut their path to the loss."
+    what = """
+        Parameters with `requires_grad=True` that receive no gradient from the loss because their path to it
+        is cut inside the forward: by `.detach()`, by `.data`, by a `torch.no_grad()` or
+        `torch.inference_mode()` block, or by a trip out of torch (`.item()`, `.tolist()`, `.numpy()`, then
+        back with `torch.tensor` or `torch.from_numpy`).
+
+        The finding points at the cut: the `.detach()` call, the `.data` access, the statement inside the
+        `no_grad` block, the `.item()`. The message names the parameters that lose their gradient, grouped by
+        module path. It is read from the real autograd graph: a parameter is cut when it has no
+        `AccumulateGrad` node reachable from the loss although the forward used it.
+
+        Not flagged: parameters with `requires_grad=False` (a frozen teacher under `no_grad`, a momentum or
+        target network detached on purpose), detaches that cut nothing trainable, and parameters that the
+        forward never used (those are GL203 unused-parameter).
+    """
+    why = """
+        A cut parameter never trains: the optimizer sees no gradient, and weight decay slowly shrinks it
+        towards zero. Nothing fails: the loss still goes down thanks to the other parameters, so the bug
+        (often half an encoder) is found weeks later, if ever.
+    """
+    example = """
+        features = self.encoder(x).detach()   # the encoder never trains
+        with torch.no_grad():
+            context = self.context_net(x)      # trainable, but no gradient reaches it
+    """
+    instead = """
+        features = self.encoder(x)
+        context = self.context_net(x)
+
+        # or, when freezing is intended, say so where the module is built:
+        self.context_net.requires_grad_(False)
+    """
+    bad_examples = (
+        Example(
+            title="detach, no_grad and .data",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+                        self.context = nn.Linear(8, 16)
+                        self.scale = nn.Linear(8, 16)
+                        self.head = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        features = self.encoder(x).detach()  # expect: GL202
+                        with torch.no_grad():
+                            context = self.context(x)  # expect: GL202
+                        scale = self.scale(x).data  # expect: GL202
+                        return self.head(features + context * scale)
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
+        Example(
+            title="a trip out of torch and back",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.temperature = nn.Linear(8, 1)
+                        self.head = nn.Linear(8, 2)
+
+                    def forward(self, x):
+                        t = self.temperature(x).mean().item()  # expect: GL202
+                        return self.head(x) / torch.tensor(t)
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="a frozen teacher under no_grad and a detached target network",
+            source='''
+                import copy
+                import torch
+                from torch import nn
+
+
+                class Distill(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.student = nn.Linear(8, 4)
+                        self.teacher = nn.Linear(8, 4).requires_grad_(False)
+                        self.target = copy.deepcopy(self.student).requires_grad_(False)
+
+                    def forward(self, x):
+                        with torch.no_grad():
+                            soft = self.teacher(x).softmax(-1)
+                        target = self.target(x).detach()
+                        out = self.student(x)
+                        stats = out.detach().mean()  # cuts nothing trainable: out also reaches the loss
+                        return ((out.log_softmax(-1) * soft).sum() + (out - target).pow(2).mean()) * (1 + 0 * stats)
+
+
+                def make():
+                    return Distill(), (torch.randn(4, 8),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        cut_off: dict[tuple, list[str]] = defaultdict(list)
+        first_node: dict[tuple, fx.Node] = {}
+        for name, cuts in gradient_cuts(capture).items():
+            for cut in cuts:
+                key = _occasion(cut)
+                first_node.setdefault(key, cut)
+                cut_off[key].extend(n for n in [name] if n not in cut_off[key])
+        for key, names in cut_off.items():
+            yield _problem(first_node[key], tuple(names))
+
+
+_WHAT = {
+    "detach": (".detach()", "remove the .detach()"),
+    "data": (".data", "use the tensor itself rather than .data"),
+    "no_grad": ("This statement inside torch.no_grad()", "move it out of the no_grad block"),
+    "inference_mode": ("This statement inside torch.inference_mode()", "move it out of the inference_mode block"),
+}
+
+
+def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
+    kind = cut_kind(cut)
+    if kind == "host":
+        what, fix = f".{op(cut)}()", "keep the computation in tensors"
+    else:
+        what, fix = _WHAT[kind]
+    message = (f"{what} in {{where}} cuts {{parameters}} off from the loss{{occurrences}}, so they never train; "
+               f"{fix}, or freeze them with requires_grad_(False) if that is intended.")
+    statement = _statement_in_block(cut)
+    if statement:
+        return Problem(message=message, stack=statement, module_path=_user_module_path(cut), parameters=names)
+    return Problem(message=message, node=cut, parameters=names)
+
+
+def _user_module_path(node: fx.Node) -> str:
+    """The innermost running module whose forward is the user's code, not torch.nn's."""
+    own = [m for m in node.meta.get("module_stack") or () if not m.library]
+    return own[-1].path if own else ""
+
+
+def _statement_in_block(cut: fx.Node) -> tuple | None:
+    """For a cut made by a `no_grad` or `inference_mode` block: the user stack of the statement in the block."""
+    region = cut.meta.get("grad_region")
+    if region is None or cut_kind(cut) not in ("no_grad", "inference_mode"):
+        return None
+    return region.statement_of(cut.meta.get("stack") or ())
+
+
+def _occasion(cut: fx.Node) -> tuple:
+    """One cut as the user sees it: a detach is one op, but all the ops of one statement inside one entry of
+    a `no_grad` block are one cut."""
+    statement = _statement_in_block(cut)
+    return (id(cut.meta["grad_region"]), statement) if statement is not None else (cut,)

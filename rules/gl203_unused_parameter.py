@@ -1,0 +1,118 @@
+"""GL203 unused-parameter: trainable parameters the forward never uses, or whose results never reach the loss."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from graphlint.files import display_path
+from graphlint.flow import gradient_cuts, trainable_without_gradient
+from graphlint.ops import op
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+
+class UnusedParameter(Rule):
+    id = "GL203"
+    name = "unused-parameter"
+    severity = Severity.NOTE
+    tags = ("correctness", "training", "memory")
+    precision = "high"
+    summary = "Trainable parameters that the forward never uses, so they get no gradient."
+    what = """
+        Parameters with `requires_grad=True` that get no gradient because the forward never used them (a
+        layer built but not called, a head for another task), or used them only for results that never reach
+        the loss. Parameters cut off by `.detach()`, `.data` or `no_grad` are GL202 gradient-cut instead.
+
+        The finding points at the line that built the parameters (the `nn.Linear(...)` call, or the
+        `self.w = nn.Parameter(...)` assignment) and names them, grouped by module. When the captured forward
+        branched on a tensor value, the message says so: a branch this capture did not take may use them.
+    """
+    why = """
+        Unused parameters cost memory for weights, gradients and optimizer state, and they make
+        DistributedDataParallel fail ("Expected to have finished reduction in the prior iteration") unless
+        `find_unused_parameters=True`, which slows every step. Often they are a sign of a layer that was
+        meant to be called.
+    """
+    example = """
+        self.proj = nn.Linear(256, 256)
+        self.aux_head = nn.Linear(256, 10)   # never called in forward
+    """
+    instead = """
+        self.proj = nn.Linear(256, 256)
+        # remove aux_head, call it, or freeze it: self.aux_head.requires_grad_(False)
+    """
+    bad_examples = (
+        Example(
+            title="a layer built but never called, and a parameter never read",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.proj = nn.Linear(8, 8)
+                        self.aux_head = nn.Linear(8, 3)  # expect: GL203
+                        self.temperature = nn.Parameter(torch.ones(1))  # expect: GL203
+
+                    def forward(self, x):
+                        return self.proj(x)
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="every trainable parameter is used; a frozen spare layer",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.proj = nn.Linear(8, 8)
+                        self.spare = nn.Linear(8, 8).requires_grad_(False)
+
+                    def forward(self, x):
+                        return self.proj(x)
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        used = gradient_cuts(capture)
+        unused = [name for name in trainable_without_gradient(capture) if name not in used]
+        unreaching = [name for name, cuts in used.items() if not cuts]
+        branch = _branch_note(capture)
+        for names, opening in ((unused, "The forward never uses {parameters} in {where}"),
+                            (unreaching, "Nothing computed from {parameters} in {where} reaches the loss")):
+            by_module: dict[str, list[str]] = defaultdict(list)
+            for name in names:
+                by_module[capture.parameters[name].module_path].append(name)
+            for module, group in by_module.items():
+                yield Problem(
+                    message=f"{opening}, so no gradient reaches them{branch}; "
+                            "remove them, or freeze them with requires_grad_(False).",
+                    stack=capture.parameters[group[0]].built_at,
+                    module_path=module,
+                    parameters=tuple(group),
+                )
+
+
+def _branch_note(capture) -> str:
+    branch = next((n for n in capture.ops if op(n) == "bool" and n.meta.get("stack")), None)
+    if branch is None:
+        return ""
+    frame = branch.meta["stack"][-1]
+    return (f" (the forward branched on a tensor value at {display_path(frame.file)}:{frame.line}, "
+            "and a branch this capture did not take may use them)")
