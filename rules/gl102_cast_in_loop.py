@@ -178,9 +178,9 @@ class CastInLoop(Rule):
                 source, target = _dtypes(up)
                 yield Problem(
                     node=up,
-                    message=f"The {_name(source)} → {_name(target)} → {op(work)} → {_name(source)} round trip in "
-                            f"{{where}} runs {{count}} times in one forward; run the layer under torch.autocast or "
-                            "keep one dtype.",
+                    message=f"The {_name(source)} → {_name(target)} → {op(work)} → {_name(source)} round trip runs "
+                            "{count} times in one forward (in {where}); run the layer under torch.autocast or keep "
+                            "one dtype.",
                     related=((work, f"{op(work)} in {_name(target)}"), (down, f"cast back to {_name(source)}")),
                 )
         flagged = set(round_trips)
@@ -195,8 +195,8 @@ class CastInLoop(Rule):
                 source, target = _dtypes(cast)
                 yield Problem(
                     node=cast,
-                    message=f"The same tensor is converted from {_name(source)} to {_name(target)} in {{where}} "
-                            "{count} times in one forward; convert it once, before the loop.",
+                    message=f"The same tensor is converted from {_name(source)} to {_name(target)} {{count}} times "
+                            "in one forward (in {where}); convert it once, before the loop.",
                 )
 
 

@@ -24,10 +24,15 @@ CONFIGS = {
 }
 
 
-def build(family, implementation):
+def build(family, implementation, dtype=torch.float32):
     auto = AutoModel if family == "bert" else AutoModelForCausalLM
-    model = auto.from_config(CONFIGS[family](), attn_implementation=implementation)  # built here
+    model = auto.from_config(CONFIGS[family](), attn_implementation=implementation, dtype=dtype)  # built here
     return model, (), {"input_ids": torch.randint(0, 128, (2, 16))}
+
+
+def with_mask(family, implementation, dtype=torch.float32):
+    model, args, kwargs = build(family, implementation, dtype)
+    return model, args, {**kwargs, "attention_mask": torch.ones(2, 16, dtype=torch.long)}
 
 
 def gpt2_eager(): return build("gpt2", "eager")
@@ -36,6 +41,27 @@ def llama_eager(): return build("llama", "eager")
 def llama_sdpa(): return build("llama", "sdpa")
 def bert_eager(): return build("bert", "eager")
 def bert_sdpa(): return build("bert", "sdpa")
+def llama_bf16_eager(): return build("llama", "eager", torch.bfloat16)
+def llama_bf16_sdpa(): return build("llama", "sdpa", torch.bfloat16)
+def gpt2_masked_sdpa(): return with_mask("gpt2", "sdpa")
+def bert_masked_eager(): return with_mask("bert", "eager")
+def llama_bf16_masked_sdpa(): return with_mask("llama", "sdpa", torch.bfloat16)
+
+
+class DetachedEmbeddings(torch.nn.Module):
+    """A real Llama whose input embeddings are detached before the decoder."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm = build("llama", "sdpa")[0]
+
+    def forward(self, input_ids):
+        embeds = self.lm.get_input_embeddings()(input_ids).detach()  # the cut
+        return self.lm(inputs_embeds=embeds).logits
+
+
+def llama_detached_embeddings():
+    return DetachedEmbeddings(), (torch.randint(0, 128, (2, 16)),)
 '''
 
 FAMILIES = {"gpt2": "modeling_gpt2.py", "llama": "modeling_llama.py", "bert": "modeling_bert.py"}
@@ -65,3 +91,23 @@ def test_sdpa_attention_is_not_flagged(family, targets):
     report = lint_file(targets, f"{family}_sdpa")
     assert report.errors == []
     assert findings_of(report, "GL101") == []
+
+
+CLEAN_OF_CORRECTNESS_RULES = ["gpt2_eager", "gpt2_sdpa", "llama_eager", "llama_sdpa", "bert_eager", "bert_sdpa",
+                              "llama_bf16_eager", "llama_bf16_sdpa", "gpt2_masked_sdpa", "bert_masked_eager",
+                              "llama_bf16_masked_sdpa"]
+
+
+@pytest.mark.parametrize("name", CLEAN_OF_CORRECTNESS_RULES)
+def test_real_models_have_no_cast_inplace_or_gradient_findings(name, targets):
+    report = lint_file(targets, name)
+    assert report.errors == []
+    assert [f for f in report.findings if f.rule_id != "GL101"] == []
+
+
+def test_a_detached_embedding_in_front_of_a_real_llama_is_a_gradient_cut(targets):
+    report = lint_file(targets, "llama_detached_embeddings")
+    assert report.errors == []
+    [finding] = findings_of(report, "GL202")
+    assert finding.location.line == line_of(targets, "# the cut")
+    assert finding.message.startswith(".detach() in the model cuts lm.model.embed_tokens.weight off from the loss")
