@@ -31,6 +31,19 @@ def lint_file(path: Path, name: str = "make", device: str = "auto"):
     return check([f"{path}:{name}"], project, Options(device=device))
 
 
+def backward_in_plain_pytorch(path: Path, name: str = "make"):
+    """Build the target and run forward and backward with nothing of graphlint's; returns the model, so a test
+    can check that a model really has the problem a rule reports (PyTorch raises, or a .grad stays None)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, args = getattr(module, name)()
+    model(*args).float().sum().backward()
+    return model
+
+
 def findings_of(report, rule_id: str):
     return [f for f in report.findings if f.rule_id == rule_id]
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 
 import pytest
 import torch
 
-from conftest import findings_of, line_of, lint_file, write
+from conftest import backward_in_plain_pytorch, findings_of, line_of, lint_file, write
 
 MODEL = '''
 import torch
@@ -68,22 +67,13 @@ NOT_FLAGGED = {
 }
 
 
-def run_plain_pytorch(path, name="make"):
-    """Forward and backward with nothing of graphlint's: does PyTorch itself complain?"""
-    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, args = getattr(module, name)()
-    model(*args).float().sum().backward()
-
-
 @pytest.mark.parametrize("device", ["meta", "cpu"])
 @pytest.mark.parametrize("case", FLAGGED.values(), ids=FLAGGED.keys())
 def test_in_place_write_to_a_saved_tensor_is_flagged_at_the_write(case, device, tmp_path):
     body, write_fragment, producer_fragment = case
     path = write(tmp_path, "net.py", model_source(body))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        run_plain_pytorch(path)  # the model really has the bug
+        backward_in_plain_pytorch(path)  # the model really has the bug
     report = lint_file(path, device=device)
     assert report.errors == []
     [finding] = findings_of(report, "GL201")
@@ -95,7 +85,7 @@ def test_in_place_write_to_a_saved_tensor_is_flagged_at_the_write(case, device, 
 @pytest.mark.parametrize("body", NOT_FLAGGED.values(), ids=NOT_FLAGGED.keys())
 def test_in_place_write_to_a_tensor_nobody_saved_is_not_flagged(body, tmp_path):
     path = write(tmp_path, "net.py", model_source(body))
-    run_plain_pytorch(path)  # and PyTorch agrees
+    backward_in_plain_pytorch(path)  # and PyTorch agrees
     report = lint_file(path)
     assert report.errors == []
     assert findings_of(report, "GL201") == []
@@ -103,7 +93,7 @@ def test_in_place_write_to_a_tensor_nobody_saved_is_not_flagged(body, tmp_path):
 
 def test_a_write_through_data_is_flagged_as_a_silently_wrong_gradient(tmp_path):
     path = write(tmp_path, "net.py", model_source("y = torch.sigmoid(h)\ny.data.mul_(2)  # write"))
-    run_plain_pytorch(path)  # PyTorch does not notice
+    backward_in_plain_pytorch(path)  # PyTorch does not notice
     [finding] = findings_of(lint_file(path), "GL201")
     assert finding.location.line == line_of(path, "y.data.mul_(2)")
     assert "silently wrong" in finding.message

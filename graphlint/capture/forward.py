@@ -81,7 +81,7 @@ class GradDisabledRegion:
             self.common = stack
             return
         length = 0
-        for mine, theirs in zip(self.common, stack):
+        for mine, theirs in zip(self.common, stack, strict=False):  # stacks of different depths
             if (mine.file, mine.function) != (theirs.file, theirs.function):
                 break
             length += 1
