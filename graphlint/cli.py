@@ -1,7 +1,12 @@
-"""The command line: `graphlint check [TARGET ...]`.
+"""The command line.
 
-Exit codes: 0 no findings, 1 findings, 2 usage, configuration or target errors (each one line on stderr;
-the other targets are still linted and reported, and a SARIF file is still written).
+    graphlint check [TARGET ...]     lint targets (default: [tool.graphlint] targets)
+    graphlint rules                  list the rules
+    graphlint rule GL101             one rule's documentation and examples
+
+Exit codes of `check`: 0 no findings at or above --fail-on, 1 such findings, 2 usage, configuration or target
+errors (each one line on stderr; the other targets are still linted and reported, and the report is still
+written).
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ import sys
 from pathlib import Path
 
 import graphlint
+from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError
-from graphlint.project import DEVICES, Project
+from graphlint.project import Project
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+FORMATS = ("text", "json", "sarif", "github")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,20 +32,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"graphlint {graphlint.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     check = commands.add_parser("check", help="lint targets", description="Lint targets and report findings.")
     check.add_argument(
         "targets", nargs="*", metavar="TARGET",
         help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args); "
              "default: [tool.graphlint] targets in the nearest pyproject.toml",
     )
-    check.add_argument("--format", choices=("text", "sarif"), default="text", help="output format (default: text)")
+    check.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument(
         "--device", choices=DEVICES, default=None,
         help="where to build and run the model; auto (default) uses the meta device and rebuilds on CPU "
              "when the forward needs real values",
     )
+    check.add_argument("--select", metavar="CODES", help="rules to run, comma-separated IDs or prefixes (replaces the configuration's)")
+    check.add_argument("--extend-select", metavar="CODES", help="rules to run in addition")
+    check.add_argument("--ignore", metavar="CODES", help="rules not to run")
+    check.add_argument("--fail-on", choices=FAIL_ON, default=None,
+                       help="the lowest severity that makes the run fail with exit code 1 (default: warning)")
+    check.add_argument("--show-suppressed", action="store_true", help="also report findings that comments suppress")
+    check.add_argument("--baseline", metavar="FILE", type=Path,
+                       help="report only findings that are not in this baseline file")
+    check.add_argument("--write-baseline", metavar="FILE", type=Path,
+                       help="write today's findings to FILE as the baseline, and exit 0")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+
+    listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
+    listing.add_argument("--format", choices=("text", "markdown"), default="text",
+                         help="markdown writes the full rule reference (docs/rules.md)")
+    one = commands.add_parser("rule", help="show one rule's documentation", description="Show a rule's documentation.")
+    one.add_argument("rule_id", metavar="RULE", help="a rule ID, such as GL101")
     return parser
 
 
@@ -49,20 +73,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return _check(args)
+        return {"check": _check, "rules": _rules, "rule": _rule}[args.command](args)
     except UsageError as error:
         print(f"graphlint: error: {error}", file=sys.stderr)
         return EXIT_ERROR
 
 
 def _check(args: argparse.Namespace) -> int:
-    # Imported here so that --help and --version answer without importing torch.
+    # Imported here so that --help, --version and the rule listings answer without importing torch.
+    from graphlint.baseline import write_baseline
     from graphlint.pipeline import Options, check
-    from graphlint.report import FORMATS
-    from graphlint.report.text import diagnostics
+    from graphlint.report import FORMATS as RENDER
+    from graphlint.report.text import diagnostics, summary
 
     project = Project.discover()
-    config = project.config
+    config = project.config.overridden(
+        device=args.device,
+        select=split_codes(args.select),
+        extend_select=split_codes(args.extend_select),
+        ignore=split_codes(args.ignore),
+        fail_on=args.fail_on,
+    )
     if args.targets:
         targets, base = list(args.targets), Path.cwd()
     elif config.targets:
@@ -70,22 +101,51 @@ def _check(args: argparse.Namespace) -> int:
     else:
         raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
                          "of pyproject.toml")
-    options = Options(device=args.device or config.device, debug=args.debug)
-    report = check(targets, project, options, base)
+    options = Options(debug=args.debug, show_suppressed=args.show_suppressed, baseline=args.baseline)
+    report = check(targets, project, config, options, base)
     for line in diagnostics(report):
         print(line, file=sys.stderr)
-    rendered = FORMATS[args.format](report)
+    if args.write_baseline is not None:
+        kept = [f for f in report.all_findings if not f.suppressed]
+        write_baseline(args.write_baseline, kept, lambda path: project.relative(path) or path)
+        print(f"graphlint: wrote {len(kept)} finding{'' if len(kept) == 1 else 's'} to the baseline "
+              f"{args.write_baseline}", file=sys.stderr)
+        return EXIT_ERROR if report.errors else EXIT_CLEAN
+    rendered = RENDER[args.format](report)
     if args.output:
         try:
             Path(args.output).write_text(rendered, encoding="utf-8")
         except OSError as error:
             raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
         if args.format != "text":
-            from graphlint.report.text import summary
-
             print(summary(report), file=sys.stderr)
     else:
         sys.stdout.write(rendered)
     if report.errors:
         return EXIT_ERROR
-    return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+    return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from graphlint.engine import load_rules
+    from graphlint.rule import rule_reference
+
+    rules = load_rules()
+    if args.format == "markdown":
+        sys.stdout.write(rule_reference(rules))
+        return EXIT_CLEAN
+    for rule in rules:
+        opt_in = "  (opt-in)" if not rule.default_enabled else ""
+        print(f"{rule.id}  {rule.name:<20} {rule.severity.value:<8} {rule.summary}{opt_in}")
+    return EXIT_CLEAN
+
+
+def _rule(args: argparse.Namespace) -> int:
+    from graphlint.engine import load_rules, rule_by_id
+
+    rule = rule_by_id(args.rule_id)
+    if rule is None:
+        known = ", ".join(r.id for r in load_rules())
+        raise UsageError(f"no rule {args.rule_id!r}; the rules are {known} (graphlint rules lists them)")
+    sys.stdout.write(rule.docs_text(with_examples=True))
+    return EXIT_CLEAN

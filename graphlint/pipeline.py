@@ -1,4 +1,4 @@
-"""The pipeline, top to bottom: target → capture → rules → locate → report.
+"""The pipeline, top to bottom: target → capture → rules → locate → policy → report.
 
 Each target is linted on its own: a target that fails to load or run becomes one error line in the report,
 and the other targets are still linted.
@@ -12,10 +12,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphlint.baseline import read_baseline
 from graphlint.capture import capture_target
-from graphlint.engine import load_rules, run_rules
+from graphlint.config import Config
+from graphlint.engine import run_rules, select_rules
 from graphlint.errors import GraphlintError, one_line
 from graphlint.locate import Locator
+from graphlint.policy import apply_policy
 from graphlint.project import Project
 from graphlint.results import Report, TargetError, TargetResult
 from graphlint.target import TargetSpec, load_factory
@@ -23,21 +26,34 @@ from graphlint.target import TargetSpec, load_factory
 
 @dataclass(frozen=True)
 class Options:
-    device: str = "auto"
+    """How to run, beyond what the configuration says."""
+
     debug: bool = False  # print tracebacks of internal errors
+    show_suppressed: bool = False
+    baseline: Path | None = None  # only findings not in this baseline file count
 
 
-def check(targets: list[str], project: Project, options: Options, base: Path | None = None) -> Report:
+def check(
+    targets: list[str],
+    project: Project,
+    config: Config | None = None,
+    options: Options = Options(),
+    base: Path | None = None,
+) -> Report:
     """Lint every target string; relative paths are read from `base` (default: the working directory)."""
-    rules = load_rules()
-    report = Report(project_root=str(project.root), rules=rules)
+    config = config if config is not None else project.config
+    rules = select_rules(config)
+    baseline = read_baseline(options.baseline) if options.baseline is not None else None
+    report = Report(project_root=str(project.root), rules=rules, show_suppressed=options.show_suppressed,
+                    fail_on=config.fail_on, baseline=str(options.baseline) if options.baseline else None)
     locator = Locator(project)
     for text in targets:
-        report.results.append(lint_target(text, base or Path.cwd(), locator, options))
+        report.results.append(lint_target(text, base or Path.cwd(), locator, rules, config.device, options))
+    apply_policy(report, config, locator, baseline)
     return report
 
 
-def lint_target(text: str, base: Path, locator: Locator, options: Options) -> TargetResult:
+def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, options: Options) -> TargetResult:
     result = TargetResult(target=text)
     try:
         spec = TargetSpec.parse(text, base)
@@ -46,7 +62,7 @@ def lint_target(text: str, base: Path, locator: Locator, options: Options) -> Ta
         # The target's folder stays importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec), options.device)
+            capture = capture_target(load_factory(spec), device)
     except GraphlintError as error:
         result.errors.append(TargetError(text, str(error)))
         return result
@@ -58,7 +74,8 @@ def lint_target(text: str, base: Path, locator: Locator, options: Options) -> Ta
         return result
     result.device = capture.device
     result.notes = list(capture.notes)
-    result.findings, errors = run_rules(load_rules(), capture, locator, options.debug)
+    result.files = tuple(sorted(f for f in capture.source_files if locator.project.is_first_party(f)))
+    result.findings, errors = run_rules(rules, capture, locator, options.debug)
     result.errors.extend(errors)
     return result
 

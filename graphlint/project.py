@@ -8,66 +8,11 @@ packages, even when a virtual environment lives inside the project.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from graphlint.errors import UsageError
+from graphlint.config import Config, read_config
 from graphlint.files import is_installed_file
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-DEVICES = ("auto", "meta", "cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class Config:
-    """The `[tool.graphlint]` table, checked."""
-
-    targets: tuple[str, ...] = ()
-    device: str = "auto"
-    source: Path | None = None  # the pyproject.toml it came from
-
-
-def _check_targets(value, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UsageError(f'{where}: targets must be a list of strings, like targets = ["model.py:make_model"]')
-    return tuple(value)
-
-
-def _check_device(value, where: str) -> str:
-    if value not in DEVICES:
-        raise UsageError(f"{where}: device must be one of {', '.join(DEVICES)}; got {value!r}")
-    return value
-
-
-_CHECKS = {"targets": _check_targets, "device": _check_device}
-
-
-def read_config(pyproject: Path) -> Config:
-    """Read and check `[tool.graphlint]`; every problem is one UsageError line naming the file and key."""
-    try:
-        with open(pyproject, "rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise UsageError(f"{pyproject}: invalid TOML ({error}); fix the file") from error
-    except OSError as error:
-        raise UsageError(f"{pyproject}: cannot read it ({error.strerror})") from error
-    table = data.get("tool", {}).get("graphlint", {})
-    if not isinstance(table, dict):
-        raise UsageError(f"{pyproject}: tool.graphlint must be a table ([tool.graphlint])")
-    values = {}
-    for key, value in table.items():
-        check = _CHECKS.get(key)
-        if check is None:
-            allowed = ", ".join(sorted(_CHECKS))
-            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{key}; the keys graphlint reads are {allowed}")
-        values[key] = check(value, f"{pyproject}: tool.graphlint.{key}")
-    return Config(source=pyproject, **values)
-
 
 def find_pyproject(start: Path) -> Path | None:
     for folder in (start, *start.parents):

@@ -45,7 +45,13 @@ class Related:
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem at one source location; `occurrences` counts how often the capture met it there."""
+    """One problem at one source location; `occurrences` counts how often the capture met it there.
+
+    `suppressed` (by a `# graphlint: ignore` comment) and `baselined` (listed in the baseline file) findings
+    are kept so that `--show-suppressed` and the counts in the summary can use them. `fingerprint` is
+    graphlint's own identity of the finding, stable when unrelated edits move its line; `line_hash` is
+    GitHub's `primaryLocationLineHash` of its line.
+    """
 
     rule_id: str
     rule_name: str
@@ -54,7 +60,11 @@ class Finding:
     location: Location
     related: tuple[Related, ...] = ()
     occurrences: int = 1
-    target: str = ""
+    targets: tuple[str, ...] = ()
+    suppressed: bool = False
+    baselined: bool = False
+    fingerprint: str = ""
+    line_hash: str = ""
 
     def sort_key(self) -> tuple:
         loc = self.location
@@ -78,23 +88,54 @@ class TargetResult:
     errors: list[TargetError] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     device: str | None = None  # where the capture ran: meta, cpu or cuda
+    files: tuple[str, ...] = ()  # the project's own source files the capture ran
 
 
 @dataclass
 class Report:
-    """The outcome of one run over several targets."""
+    """The outcome of one run over several targets.
+
+    `findings` is what reporters show: one per rule and location across all targets, without baselined
+    findings, and without suppressed ones unless `show_suppressed`. `failing` is what decides the exit code.
+    """
 
     results: list[TargetResult] = field(default_factory=list)
     project_root: str = "."
     rules: tuple = ()  # the rule classes that ran, for reporters that describe them
+    severities: dict[str, Severity] = field(default_factory=dict)  # each rule's level in this run
+    merged: list[Finding] | None = None  # set by the policy stage: findings merged across targets
+    show_suppressed: bool = False
+    fail_on: str = "warning"
+    baseline: str | None = None  # the baseline file compared against, if any
+
+    @property
+    def all_findings(self) -> list[Finding]:
+        if self.merged is not None:
+            return self.merged
+        return sorted((f for r in self.results for f in r.findings), key=Finding.sort_key)
 
     @property
     def findings(self) -> list[Finding]:
-        return sorted((f for r in self.results for f in r.findings), key=Finding.sort_key)
+        return [f for f in self.all_findings if not f.baselined and (self.show_suppressed or not f.suppressed)]
+
+    @property
+    def failing(self) -> list[Finding]:
+        if self.fail_on == "never":
+            return []
+        threshold = Severity(self.fail_on).rank
+        return [f for f in self.findings if not f.suppressed and f.severity.rank >= threshold]
+
+    def hidden(self) -> tuple[int, int]:
+        """(suppressed, baselined) findings that `findings` leaves out."""
+        suppressed = 0 if self.show_suppressed else sum(1 for f in self.all_findings if f.suppressed and not f.baselined)
+        return suppressed, sum(1 for f in self.all_findings if f.baselined)
 
     @property
     def errors(self) -> list[TargetError]:
         return [e for r in self.results for e in r.errors]
+
+    def level_of(self, rule) -> Severity:
+        return self.severities.get(rule.id, rule.severity)
 
     def __iter__(self):
         return iter(self.findings)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from graphlint.pipeline import Options, check
+from graphlint.config import Config
+from graphlint.pipeline import check
 from graphlint.project import Project
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,10 +26,10 @@ def write(folder: Path, name: str, source: str) -> Path:
     return path
 
 
-def lint_file(path: Path, name: str = "make", device: str = "auto"):
-    """Lint one target file in-process, with its folder as the project root."""
+def lint_file(path: Path, name: str = "make", device: str = "auto", **settings):
+    """Lint one target file in-process, with its folder as the project root; `settings` are Config fields."""
     project = Project(root=path.parent, first_party_folders=[path.parent])
-    return check([f"{path}:{name}"], project, Options(device=device))
+    return check([f"{path}:{name}"], project, Config(device=device, **settings))
 
 
 def backward_in_plain_pytorch(path: Path, name: str = "make"):

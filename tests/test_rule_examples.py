@@ -36,7 +36,7 @@ def test_every_rule_has_its_full_anatomy(rule):
 @pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
 def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
     rule, example = case
-    report = lint_file(write(tmp_path, "example.py", example.code))
+    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,))
     assert report.errors == []
     assert sorted(f.location.line for f in findings_of(report, rule.id)) == example.expected_lines(rule.id)
 
@@ -44,6 +44,6 @@ def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
 @pytest.mark.parametrize("case", GOOD, ids=[_id(c) for c in GOOD])
 def test_good_example_is_not_flagged(case, tmp_path):
     rule, example = case
-    report = lint_file(write(tmp_path, "example.py", example.code))
+    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,))
     assert report.errors == []
     assert findings_of(report, rule.id) == []

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import line_of, lint_file, validate_sarif, write
-from graphlint.pipeline import Options, check
+from graphlint.pipeline import check
 from graphlint.project import Project
 from graphlint.report.sarif import render_sarif
 
@@ -88,7 +88,7 @@ def test_columns_are_utf16_code_units_after_non_ascii_text(attention):
 def test_a_failed_target_is_recorded_in_invocations(tmp_path):
     good = write(tmp_path, "model.py", ATTENTION)
     project = Project(root=tmp_path, first_party_folders=[tmp_path])
-    report = check([f"{good}:make", f"{tmp_path / 'missing.py'}:make"], project, Options())
+    report = check([f"{good}:make", f"{tmp_path / 'missing.py'}:make"], project)
     log = json.loads(render_sarif(report))
     validate_sarif(log)
     invocation = log["runs"][0]["invocations"][0]
@@ -110,7 +110,7 @@ def test_a_clean_run_has_an_empty_results_list(tmp_path):
 def test_paths_with_spaces_and_accents_are_percent_encoded_uris(tmp_path):
     path = write(tmp_path / "my models" / "é", "model.py", ATTENTION)
     project = Project(root=tmp_path, first_party_folders=[tmp_path])
-    log = json.loads(render_sarif(check([f"{path}:make"], project, Options())))
+    log = json.loads(render_sarif(check([f"{path}:make"], project)))
     validate_sarif(log)
     uri = log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
     assert uri == "my%20models/%C3%A9/model.py"

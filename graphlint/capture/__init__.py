@@ -57,6 +57,16 @@ class Capture:
         """The recorded calls in execution order."""
         return recorded_ops(self.forward)
 
+    @property
+    def source_files(self) -> set[str]:
+        """Every source file (user or library) that ran an op or built a module or parameter."""
+        files = {frame.file for node in self.forward.nodes for frame in node.meta.get("stack") or ()}
+        files |= {frame.file for info in self.modules.values() for frame in info.built_at}
+        files |= {frame.file for info in self.parameters.values() for frame in info.built_at}
+        if self.factory is not None:
+            files.add(self.factory.file)
+        return files
+
 
 def capture_model(
     model: torch.nn.Module,

@@ -85,7 +85,7 @@ class Locator:
                 location=location,
                 related=tuple(Related(where, label) for where, label in group.related.items()),
                 occurrences=group.count,
-                target=capture.target,
+                targets=(capture.target,),
             )
             for location, group in groups.items()
         ]

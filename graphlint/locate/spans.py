@@ -68,6 +68,20 @@ class SourceSpans:
             return _line_extent(parsed.lines, frame.line)
         return self._present(parsed, node, site)
 
+    def comments(self, path: str) -> list[tuple[int, int, int, str, bool]]:
+        """Every comment of a file as (line, column, end column, text, alone on its line), 1-based columns;
+        libcst parses strings properly, so a `#` inside a string is not a comment."""
+        parsed = self._parse(path)
+        if parsed is None:
+            return []
+        found = []
+        for node, where in parsed.positions.items():
+            if isinstance(node, cst.Comment):
+                line = where.start.line
+                alone = not parsed.lines[line - 1][: where.start.column].strip()
+                found.append((line, where.start.column + 1, where.end.column + 1, node.value, alone))
+        return sorted(found)
+
     # -- parsing ---------------------------------------------------------------------------------------------
 
     def _parse(self, path: str) -> _ParsedFile | None:

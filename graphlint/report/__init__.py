@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from graphlint.report.github import render_github
+from graphlint.report.json import render_json
 from graphlint.report.sarif import render_sarif
 from graphlint.report.text import render_text
 
-FORMATS = {"text": render_text, "sarif": render_sarif}
+FORMATS = {"text": render_text, "json": render_json, "sarif": render_sarif, "github": render_github}

@@ -21,6 +21,7 @@ from graphlint.results import Finding, Location, Report
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://pypi.org/project/torch-graphlint/"
 SRCROOT = "%SRCROOT%"
+AUTOMATION_ID = "graphlint/"  # GitHub code scanning's category for these results
 _ALWAYS_WRITTEN = {"level"}  # written even when equal to sarif-om's default
 
 
@@ -35,7 +36,7 @@ def build_log(report: Report) -> sarif.SarifLog:
     index = {rule.id: i for i, rule in enumerate(rules)}
     columns = _Utf16Columns()
     root = Path(report.project_root)
-    results = [_result(f, index, columns, root) for f in report.findings]
+    results = [_result(f, index, columns, root, report.baseline is not None) for f in report.findings]
     notifications = [
         sarif.Notification(level="error", message=sarif.Message(text=f"{e.target}: {e.message}"))
         for e in report.errors
@@ -49,8 +50,9 @@ def build_log(report: Report) -> sarif.SarifLog:
             version=graphlint.__version__,
             semantic_version=graphlint.__version__,
             information_uri=INFORMATION_URI,
-            rules=[_rule(rule) for rule in rules],
+            rules=[_rule(rule, report.level_of(rule).value) for rule in rules],
         )),
+        automation_details=sarif.RunAutomationDetails(id=AUTOMATION_ID),
         results=results,
         column_kind="utf16CodeUnits",
         invocations=[sarif.Invocation(
@@ -61,7 +63,7 @@ def build_log(report: Report) -> sarif.SarifLog:
     return sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
 
 
-def _rule(rule) -> sarif.ReportingDescriptor:
+def _rule(rule, level: str) -> sarif.ReportingDescriptor:
     first_paragraph = " ".join(rule.what.strip().split("\n\n")[0].split())
     return sarif.ReportingDescriptor(
         id=rule.id,
@@ -69,16 +71,21 @@ def _rule(rule) -> sarif.ReportingDescriptor:
         short_description=sarif.MultiformatMessageString(text=rule.summary[:1024]),
         full_description=sarif.MultiformatMessageString(text=first_paragraph[:1024]),
         help=sarif.MultiformatMessageString(text=rule.docs_text(), markdown=rule.docs_markdown()),
-        default_configuration=sarif.ReportingConfiguration(level=rule.severity.value),
+        help_uri=rule.help_uri(),
+        default_configuration=sarif.ReportingConfiguration(level=level),
         properties={"tags": list(rule.tags), "precision": rule.precision},
     )
 
 
-def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, root: Path) -> sarif.Result:
+def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, root: Path,
+            against_baseline: bool) -> sarif.Result:
     related = [
         sarif.Location(id=i, physical_location=_physical(r.location, columns, root), message=sarif.Message(text=r.message))
         for i, r in enumerate(finding.related, start=1)
     ]
+    fingerprints = {"graphlint/v1": finding.fingerprint}
+    if finding.line_hash:
+        fingerprints["primaryLocationLineHash"] = finding.line_hash
     return sarif.Result(
         rule_id=finding.rule_id,
         rule_index=index.get(finding.rule_id, -1),
@@ -86,7 +93,11 @@ def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, roo
         message=sarif.Message(text=finding.message),
         locations=[sarif.Location(physical_location=_physical(finding.location, columns, root))],
         related_locations=related or None,
-        properties={"occurrences": finding.occurrences, "target": finding.target},
+        partial_fingerprints=fingerprints,
+        suppressions=[sarif.Suppression(kind="inSource")] if finding.suppressed else None,
+        baseline_state="new" if against_baseline else None,
+        occurrence_count=finding.occurrences,
+        properties={"targets": list(finding.targets)},
     )
 
 

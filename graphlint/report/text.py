@@ -9,6 +9,7 @@ from graphlint.results import Report
 def render_text(report: Report) -> str:
     lines = [
         f"{display_path(f.location.path)}:{f.location.line}:{f.location.column}: {f.rule_id} {f.message}"
+        + (" (suppressed)" if f.suppressed else "")
         for f in report.findings
     ]
     lines.append(summary(report))
@@ -21,6 +22,11 @@ def summary(report: Report) -> str:
     failed = sum(1 for r in report.results if r.errors)
     found = f"Found {count} finding{_s(count)}" if count else "No findings"
     text = f"{found} in {targets} target{_s(targets)}"
+    suppressed, baselined = report.hidden()
+    hidden = [f"{suppressed} suppressed"] if suppressed else []
+    hidden += [f"{baselined} in the baseline"] if baselined else []
+    if hidden:
+        text += f" ({' and '.join(hidden)} not shown)"
     if failed:
         text += f"; {failed} target{_s(failed)} could not be linted"
     return text + "."

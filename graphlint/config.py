@@ -1,0 +1,114 @@
+"""The `[tool.graphlint]` table of pyproject.toml, checked, and the command-line options that override it.
+
+    [tool.graphlint]
+    targets = ["models/gpt.py:make_model"]
+    device = "auto"                      # auto, meta, cpu or cuda
+    select = ["GL1", "GL2"]              # rule IDs or prefixes; "ALL" for every rule (default: the default set)
+    extend-select = ["GL901"]            # added to select
+    ignore = ["GL203"]                   # removed from the selection
+    per-file-ignores = { "legacy/*.py" = ["GL101"] }
+    fail-on = "warning"                  # note, warning, error or never
+    [tool.graphlint.severity]
+    GL203 = "warning"                    # per-rule severity
+
+Every problem is one `UsageError` line that names the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from graphlint.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DEVICES = ("auto", "meta", "cpu", "cuda")
+SEVERITIES = ("note", "warning", "error")
+FAIL_ON = (*SEVERITIES, "never")
+
+
+@dataclass(frozen=True)
+class Config:
+    targets: tuple[str, ...] = ()
+    device: str = "auto"
+    select: tuple[str, ...] | None = None  # None: the rules enabled by default
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    severity: dict[str, str] = field(default_factory=dict)
+    fail_on: str = "warning"
+    source: Path | None = None  # the pyproject.toml it came from
+
+    def overridden(self, **options) -> Config:
+        """This configuration with the command line's options (those not None) taking precedence."""
+        return replace(self, **{key: value for key, value in options.items() if value is not None})
+
+
+def _strings(value, where: str, example: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UsageError(f"{where} must be a list of strings, like {example}")
+    return tuple(value)
+
+
+def _one_of(value, where: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"{where} must be one of {', '.join(allowed)}; got {value!r}")
+    return value
+
+
+def _per_file_ignores(value, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict):
+        raise UsageError(f'{where} must be a table of glob = [rule IDs], like {{ "legacy/*.py" = ["GL101"] }}')
+    return {glob: _strings(codes, f"{where}.{glob!r}", '["GL101"]') for glob, codes in value.items()}
+
+
+def _severity(value, where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise UsageError(f'{where} must be a table of rule ID = level, like {{ GL203 = "warning" }}')
+    return {code: _one_of(level, f"{where}.{code}", SEVERITIES) for code, level in value.items()}
+
+
+_KEYS = {
+    "targets": ("targets", lambda v, w: _strings(v, w, '["model.py:make_model"]')),
+    "device": ("device", lambda v, w: _one_of(v, w, DEVICES)),
+    "select": ("select", lambda v, w: _strings(v, w, '["GL1", "GL201"]')),
+    "extend-select": ("extend_select", lambda v, w: _strings(v, w, '["GL901"]')),
+    "ignore": ("ignore", lambda v, w: _strings(v, w, '["GL203"]')),
+    "per-file-ignores": ("per_file_ignores", _per_file_ignores),
+    "severity": ("severity", _severity),
+    "fail-on": ("fail_on", lambda v, w: _one_of(v, w, FAIL_ON)),
+}
+
+
+def read_config(pyproject: Path) -> Config:
+    """Read and check `[tool.graphlint]` of a pyproject.toml."""
+    try:
+        with open(pyproject, "rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{pyproject}: invalid TOML ({error}); fix the file") from error
+    except OSError as error:
+        raise UsageError(f"{pyproject}: cannot read it ({error.strerror})") from error
+    table = data.get("tool", {}).get("graphlint", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{pyproject}: tool.graphlint must be a table ([tool.graphlint])")
+    values = {}
+    for key, value in table.items():
+        if key not in _KEYS:
+            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{key}; the keys graphlint reads are "
+                             f"{', '.join(_KEYS)}")
+        attribute, check = _KEYS[key]
+        values[attribute] = check(value, f"{pyproject}: tool.graphlint.{key}")
+    return Config(source=pyproject, **values)
+
+
+def split_codes(text: str | None) -> tuple[str, ...] | None:
+    """`GL101,GL2` from the command line as a tuple; None when the option was not given."""
+    if text is None:
+        return None
+    return tuple(part.strip() for part in text.split(",") if part.strip())

@@ -1,0 +1,64 @@
+"""`--format json`: a stable shape for bots and scripts, documented in docs/json-format.md.
+
+The shape changes only with `version`. Paths are relative to the project root (forward slashes) when the
+file is inside it, absolute otherwise; lines and columns are 1-based and count code points.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import graphlint
+from graphlint.results import Location, Report
+
+VERSION = 1
+
+
+def render_json(report: Report) -> str:
+    root = report.project_root
+    document = {
+        "version": VERSION,
+        "tool": {"name": "graphlint", "version": graphlint.__version__},
+        "findings": [
+            {
+                "rule": f.rule_id,
+                "name": f.rule_name,
+                "severity": f.severity.value,
+                "message": f.message,
+                "location": _location(f.location, root),
+                "related": [{"message": r.message, "location": _location(r.location, root)} for r in f.related],
+                "occurrences": f.occurrences,
+                "targets": list(f.targets),
+                "fingerprint": f.fingerprint,
+                "suppressed": f.suppressed,
+            }
+            for f in report.findings
+        ],
+        "errors": [{"target": e.target, "message": e.message} for e in report.errors],
+        "notes": [{"target": r.target, "message": n} for r in report.results for n in r.notes],
+        "summary": _summary(report),
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def _location(location: Location, root: str) -> dict:
+    path = Path(location.path)
+    try:
+        shown = path.relative_to(root).as_posix()
+    except ValueError:
+        shown = path.as_posix()
+    return {"path": shown, "line": location.line, "column": location.column,
+            "end_line": location.end_line, "end_column": location.end_column}
+
+
+def _summary(report: Report) -> dict:
+    suppressed, baselined = report.hidden()
+    return {
+        "targets": len(report.results),
+        "failed_targets": sum(1 for r in report.results if r.errors),
+        "findings": len(report.findings),
+        "failing": len(report.failing),
+        "hidden_suppressed": suppressed,
+        "hidden_baselined": baselined,
+    }
