@@ -1,6 +1,7 @@
 """The command line.
 
     graphlint check [TARGET ...]     lint targets (default: [tool.graphlint] targets)
+    graphlint graph [TARGET]         report one target's autograd graph (text, JSON, DOT or SVG)
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
 
@@ -58,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
                        help="write today's findings to FILE as the baseline, and exit 0")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
+    graph = commands.add_parser("graph", help="report one target's autograd graph",
+                                description="Report one capture's autograd graph: node counts by category, fused "
+                                            "kernels, AccumulateGrad sinks and saved activation memory.")
+    graph.add_argument("target", nargs="?", metavar="TARGET", help="default: the one target in [tool.graphlint]")
+    graph.add_argument("--format", choices=("text", "json", "dot", "svg"), default="text",
+                       help="text (default), json, Graphviz dot, or svg (needs Graphviz's dot program)")
+    graph.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    graph.add_argument("--device", choices=DEVICES, default=None, help="as for check")
+    graph.add_argument("--vary", choices=("batch", "seq"),
+                       help="capture again with dimension 0 (batch) or 1 (seq) of every input doubled, and compare")
+    graph.add_argument("--depth", type=int, metavar="N", help="picture: one box per module path cut at depth N")
+    graph.add_argument("--no-collapse", action="store_true",
+                       help="picture: draw every layer, not identical sibling layers once")
+    graph.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+
     listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
     listing.add_argument("--format", choices=("text", "markdown"), default="text",
                          help="markdown writes the full rule reference (docs/rules.md)")
@@ -73,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return {"check": _check, "rules": _rules, "rule": _rule}[args.command](args)
+        return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule}[args.command](args)
     except UsageError as error:
         print(f"graphlint: error: {error}", file=sys.stderr)
         return EXIT_ERROR
@@ -124,6 +140,64 @@ def _check(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def _graph(args: argparse.Namespace) -> int:
+    import json
+
+    from graphlint.graph import describe, input_size, vary_inputs
+    from graphlint.graph.dot import render_dot, render_svg
+    from graphlint.graph.text import render_graph_text
+    from graphlint.locate import Locator
+    from graphlint.pipeline import capture_one
+
+    project = Project.discover()
+    config = project.config.overridden(device=args.device)
+    if args.target:
+        target, base = args.target, Path.cwd()
+    elif len(config.targets) == 1:
+        target, base = config.targets[0], project.root
+    else:
+        raise UsageError("graphlint graph takes one TARGET (path/to/file.py:NAME)"
+                         + (f"; [tool.graphlint] lists {len(config.targets)}" if config.targets else ""))
+    if args.depth is not None and args.depth < 1:
+        raise UsageError("--depth must be 1 or more")
+    locator = Locator(project)
+    result, capture = capture_one(target, base, locator, config.device, args.debug)
+    for note in result.notes:
+        print(f"graphlint: note: {target}: {note}", file=sys.stderr)
+    if capture is None:
+        for error in result.errors:
+            print(f"graphlint: error: {error.target}: {error.message}", file=sys.stderr)
+        return EXIT_ERROR
+    report = describe(capture, locator)
+    if args.vary:
+        # The same device as the first capture, so that only the input size differs.
+        varied, bigger = capture_one(target, base, locator, capture.device, args.debug, vary_inputs(args.vary))
+        if bigger is None:
+            for error in varied.errors:
+                print(f"graphlint: error: {error.target} with a larger {args.vary}: {error.message}", file=sys.stderr)
+            return EXIT_ERROR
+        other = describe(bigger, locator)
+        report.sizes = [(f"{args.vary} {input_size(capture, args.vary)}", report.total, report.saved_bytes),
+                        (f"{args.vary} {input_size(bigger, args.vary)}", other.total, other.saved_bytes)]
+    if args.format == "svg":
+        rendered = render_svg(render_dot(report, collapse=not args.no_collapse, depth=args.depth))
+    elif args.format == "dot":
+        rendered = render_dot(report, collapse=not args.no_collapse, depth=args.depth).encode()
+    elif args.format == "json":
+        rendered = (json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
+    else:
+        rendered = render_graph_text(report).encode()
+    if args.output:
+        try:
+            Path(args.output).write_bytes(rendered)
+        except OSError as error:
+            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
+    else:
+        sys.stdout.buffer.write(rendered)
+        sys.stdout.flush()
+    return EXIT_CLEAN
 
 
 def _rules(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphlint.baseline import read_baseline
-from graphlint.capture import capture_target
+from graphlint.capture import Capture, capture_target
 from graphlint.config import Config
 from graphlint.engine import run_rules, select_rules
 from graphlint.errors import GraphlintError, one_line
@@ -54,6 +54,16 @@ def check(
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, options: Options) -> TargetResult:
+    result, capture = capture_one(text, base, locator, device, options.debug)
+    if capture is not None:
+        result.findings, errors = run_rules(rules, capture, locator, options.debug)
+        result.errors.extend(errors)
+    return result
+
+
+def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
+                vary_inputs=None) -> tuple[TargetResult, Capture | None]:
+    """Load and capture one target; a failure is an error in the result (and no capture), never an exception."""
     result = TargetResult(target=text)
     try:
         spec = TargetSpec.parse(text, base)
@@ -62,22 +72,20 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         # The target's folder stays importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec), device)
+            capture = capture_target(load_factory(spec), device, vary_inputs)
     except GraphlintError as error:
         result.errors.append(TargetError(text, str(error)))
-        return result
+        return result, None
     except Exception as error:  # a bug in graphlint: still one line, and the other targets go on
-        if options.debug:
+        if debug:
             traceback.print_exc()
         result.errors.append(TargetError(text, f"internal error while capturing ({one_line(error)}); "
                                                "please report it with the output of --debug"))
-        return result
+        return result, None
     result.device = capture.device
     result.notes = list(capture.notes)
     result.files = tuple(sorted(f for f in capture.source_files if locator.project.is_first_party(f)))
-    result.findings, errors = run_rules(rules, capture, locator, options.debug)
-    result.errors.extend(errors)
-    return result
+    return result, capture
 
 
 @contextlib.contextmanager

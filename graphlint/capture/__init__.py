@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
-from graphlint.capture.forward import ForwardRecorder, recorded_ops
+from graphlint.capture.forward import ForwardRecorder, recorded_ops, storage_key
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.loss import choose_loss
@@ -103,7 +103,8 @@ def capture_model(
     ops = recorded_ops(recorder.graph)
     autograd = AutogradGraph()
     if loss is not None:
-        autograd = walk_autograd_graph(loss, saved, names, ops)
+        weights = frozenset(storage_key(t) for t in (*parameters.values(), *model.buffers()))
+        autograd = walk_autograd_graph(loss, saved, names, ops, weights)
         autograd.backward = run_backward(loss, parameters)
     saved.release()
     notes = []
@@ -127,18 +128,19 @@ def capture_model(
     )
 
 
-def capture_target(loaded: LoadedTarget, device: str = "auto") -> Capture:
-    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it."""
+def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None) -> Capture:
+    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
+    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary)."""
     if device != "auto":
         try:
-            return _capture_on(loaded, device)
+            return _capture_on(loaded, device, vary_inputs)
         except _NeedsRealValues as meta_failure:
             raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
                                 "use --device auto (the default) or --device cpu") from meta_failure
     try:
-        return _capture_on(loaded, "meta")
+        return _capture_on(loaded, "meta", vary_inputs)
     except _NeedsRealValues as meta_failure:
-        capture = _capture_on(loaded, "cpu")
+        capture = _capture_on(loaded, "cpu", vary_inputs)
         capture.notes.insert(0, f"captured on CPU because {meta_failure}")
         return capture
 
@@ -167,7 +169,7 @@ _REAL_VALUE_OPS = {
 }
 
 
-def _capture_on(loaded: LoadedTarget, device: str) -> Capture:
+def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None) -> Capture:
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
     with preserved_global_state():
@@ -187,6 +189,8 @@ def _capture_on(loaded: LoadedTarget, device: str) -> Capture:
             raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
         if device == "meta":
             _move_to_meta(made)
+        if vary_inputs is not None:
+            made.args, made.kwargs = vary_inputs(made.args, made.kwargs)
         try:
             with torch.device(device):
                 return capture_model(

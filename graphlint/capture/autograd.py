@@ -28,10 +28,12 @@ class SavedTensor:
     attribute: str  # the node attribute that holds it, e.g. "_saved_result"
     shape: tuple[int, ...]
     dtype: torch.dtype
-    nbytes: int
+    nbytes: int  # the tensor's own bytes
+    storage_nbytes: int  # the bytes its storage keeps alive (more than nbytes for a view of a larger tensor)
     storage: int | None
     version_saved: int  # version counter when saved
     version_after_forward: int  # version counter once the forward (and loss) finished
+    parameter: bool = False  # a parameter or buffer (a weight kept for backward), not an activation
 
     @property
     def modified_after_save(self) -> bool:
@@ -139,8 +141,10 @@ def walk_autograd_graph(
     recorder: SavedTensorRecorder,
     parameter_names: dict[int, str],
     forward_nodes: list[fx.Node],
+    weight_storages: frozenset[int] = frozenset(),
 ) -> AutogradGraph:
-    """Walk the grad_fn graph from the loss (before backward frees it) into an AutogradGraph."""
+    """Walk the grad_fn graph from the loss (before backward frees it) into an AutogradGraph.
+    `weight_storages` are the storages of parameters and buffers, to tell weights from activations."""
     graph = AutogradGraph()
     if loss.grad_fn is None:
         return graph
@@ -163,7 +167,7 @@ def walk_autograd_graph(
             index=index,
             name=name,
             next=tuple(index_of[n] for n, _ in fn.next_functions if n is not None),
-            saved=_saved_by(fn, recorder),
+            saved=_saved_by(fn, recorder, weight_storages),
         )
         if name == ACCUMULATE_GRAD:
             node.parameter = parameter_names.get(id(fn.variable), "<leaf tensor>")
@@ -175,7 +179,7 @@ def walk_autograd_graph(
     return graph
 
 
-def _saved_by(fn, recorder: SavedTensorRecorder) -> tuple[SavedTensor, ...]:
+def _saved_by(fn, recorder: SavedTensorRecorder, weight_storages: frozenset[int]) -> tuple[SavedTensor, ...]:
     saved = []
     for attribute in _saved_attribute_names(fn):
         start = len(recorder.unpacked)
@@ -192,12 +196,21 @@ def _saved_by(fn, recorder: SavedTensorRecorder) -> tuple[SavedTensor, ...]:
                     shape=tuple(tensor.shape),
                     dtype=tensor.dtype,
                     nbytes=tensor.numel() * tensor.element_size(),
+                    storage_nbytes=_storage_nbytes(tensor),
                     storage=record.storage,
                     version_saved=record.version,
                     version_after_forward=tensor._version,
+                    parameter=record.storage in weight_storages,
                 )
             )
     return tuple(saved)
+
+
+def _storage_nbytes(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().nbytes()
+    except Exception:  # tensors without a single storage: count the tensor itself
+        return tensor.numel() * tensor.element_size()
 
 
 class _ForwardLinker:

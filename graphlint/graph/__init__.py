@@ -1,0 +1,234 @@
+"""`graphlint graph`: one capture's autograd graph read the way the seeds read it.
+
+How many nodes, which are compute and which are metadata-only shape ops, which kernels are fused and which
+hand-written chains could be, how many AccumulateGrad sinks against trainable parameters, where the saved
+activation memory goes by source line, and what the capture device changes. Sizes come from the capture's
+shapes, so this works on the meta device for models that do not fit in memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from graphlint.capture import Capture
+from graphlint.engine import rule_by_id
+from graphlint.files import display_path
+from graphlint.graph.categories import CATEGORIES, categorize, is_fused
+from graphlint.locate import Locator, describe_where
+from graphlint.locate.sites import node_sites
+from graphlint.results import Finding, Location
+
+TOP_LINES = 10
+
+
+@dataclass
+class NodeView:
+    """One autograd node as the report and the picture show it."""
+
+    index: int
+    name: str
+    category: str
+    module_path: str
+    source: str  # `path:line` of the forward call that made it; "" when unknown
+    saved_bytes: int  # activation memory it keeps alive for backward (weights not counted)
+    next: tuple[int, ...]
+
+
+@dataclass
+class SavedLine:
+    """Saved activation memory attributed to one source line."""
+
+    location: str  # `path:line:column`
+    ops: list[str]
+    where: str  # module paths
+    bytes: int
+    tensors: int
+
+
+@dataclass
+class GraphReport:
+    target: str
+    device: str
+    nodes: list[NodeView]
+    categories: dict[str, dict[str, int]]  # category -> node name -> count, in CATEGORIES order
+    fused: dict[str, int]  # fused kernels' node names -> count
+    fused_calls: dict[str, int]  # fused functions the forward called -> count
+    could_fuse: list[Finding]  # GL101's hand-written attention chains
+    sinks: int
+    trainable: int
+    without_sink: list[str]
+    saved_bytes: int
+    saved_tensors: int
+    saved_by_line: list[SavedLine]
+    device_note: str
+    sizes: list[tuple[str, int, int]] = field(default_factory=list)  # (--vary label, nodes, saved bytes)
+
+    @property
+    def total(self) -> int:
+        return len(self.nodes)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["total"] = self.total
+        data["could_fuse"] = [
+            {"message": f.message, "path": display_path(f.location.path), "line": f.location.line,
+             "occurrences": f.occurrences} for f in self.could_fuse
+        ]
+        data["sizes"] = [{"label": label, "nodes": nodes, "saved_bytes": saved} for label, nodes, saved in self.sizes]
+        return data
+
+
+def describe(capture: Capture, locator: Locator) -> GraphReport:
+    """The graph report of one capture."""
+    autograd = capture.autograd
+    source_of: dict = {}
+    nodes = []
+    for node in autograd.nodes:
+        forward = node.forward_node
+        in_loss = forward is not None and forward.meta.get("phase") == "loss"
+        if node.parameter is not None:
+            module_path = node.parameter.rpartition(".")[0]
+        elif in_loss:
+            module_path = "(loss)"
+        else:
+            module_path = forward.meta.get("module_path", "") if forward is not None else ""
+        nodes.append(NodeView(
+            index=node.index,
+            name=node.name,
+            category=categorize(node.name, in_loss),
+            module_path=module_path,
+            source=_source(forward, capture, locator, source_of),
+            saved_bytes=sum(s.storage_nbytes for s in node.saved if not s.parameter),
+            next=node.next,
+        ))
+    categories = {category: Counter() for category in CATEGORIES}
+    for view in nodes:
+        categories[view.category][view.name] += 1
+    trainable = [name for name, info in capture.parameters.items() if info.requires_grad]
+    sinks = autograd.accumulate_grad
+    saved_bytes, saved_tensors, saved_by_line = _saved_memory(capture, locator)
+    return GraphReport(
+        target=capture.target,
+        device=capture.device,
+        nodes=nodes,
+        categories={c: dict(counts.most_common()) for c, counts in categories.items()},
+        fused=dict(Counter(v.name for v in nodes if is_fused(v.name)).most_common()),
+        fused_calls=dict(Counter(n.meta["op"] for n in capture.ops if n.meta.get("op") in _FUSED_CALLS).most_common()),
+        could_fuse=_hand_written_attention(capture, locator),
+        sinks=len(sinks),
+        trainable=len(trainable),
+        without_sink=[name for name in trainable if name not in sinks],
+        saved_bytes=saved_bytes,
+        saved_tensors=saved_tensors,
+        saved_by_line=saved_by_line,
+        device_note=_device_note(capture),
+    )
+
+
+_FUSED_CALLS = {"scaled_dot_product_attention", "multi_head_attention_forward", "layer_norm", "rms_norm",
+                "group_norm", "batch_norm"}
+
+
+def _source(forward, capture: Capture, locator: Locator, cache: dict) -> str:
+    if forward is None:
+        return ""
+    if forward not in cache:
+        primary, _ = node_sites(forward, locator.project, capture.factory)
+        cache[forward] = _show(locator.location(primary)) if primary is not None else ""
+    return cache[forward]
+
+
+def _show(location: Location) -> str:
+    return f"{display_path(location.path)}:{location.line}:{location.column}"
+
+
+def saved_activations(capture: Capture):
+    """(autograd node, saved tensor) for every activation kept for backward, each storage once (a tensor
+    saved by two ops, or views of one tensor, keep one storage alive); weights are left out."""
+    order = {node: index for index, node in enumerate(capture.forward.nodes)}
+    seen: set = set()
+    for node in sorted(capture.autograd.nodes, key=lambda n: order.get(n.forward_node, len(order))):
+        for saved in node.saved:
+            key = saved.storage if saved.storage is not None else ("tensor", saved.index)
+            if not saved.parameter and key not in seen:
+                seen.add(key)
+                yield node, saved
+
+
+def _saved_memory(capture: Capture, locator: Locator) -> tuple[int, int, list[SavedLine]]:
+    """Activation bytes kept for backward, in total and by the line of the op that saved them."""
+    lines: dict[str, SavedLine] = {}
+    paths: dict[str, list[str]] = {}
+    total = count = 0
+    for node, saved in saved_activations(capture):
+        total += saved.storage_nbytes
+        count += 1
+        forward = node.forward_node
+        where = "(unknown)"
+        if forward is not None:
+            primary, _ = node_sites(forward, locator.project, capture.factory)
+            where = _show(locator.location(primary)) if primary is not None else where
+        line = lines.setdefault(where, SavedLine(where, [], "", 0, 0))
+        line.bytes += saved.storage_nbytes
+        line.tensors += 1
+        op = forward.meta.get("op", node.name) if forward is not None else node.name
+        if op not in line.ops:
+            line.ops.append(op)
+        paths.setdefault(where, []).append(forward.meta.get("module_path", "") if forward is not None else "")
+    for where, line in lines.items():
+        line.where = describe_where(paths[where])
+    ranked = sorted(lines.values(), key=lambda line: -line.bytes)
+    return total, count, ranked[:TOP_LINES]
+
+
+def _hand_written_attention(capture: Capture, locator: Locator) -> list[Finding]:
+    rule = rule_by_id("GL101")
+    return locator.place(rule, rule().check(capture), capture) if rule is not None else []
+
+
+def _device_note(capture: Capture) -> str:
+    calls = sum(1 for n in capture.ops if n.meta.get("op") in ("scaled_dot_product_attention",
+                                                                "multi_head_attention_forward"))
+    if capture.device == "meta":
+        note = ("Captured on the meta device: nothing was allocated and sizes come from shapes, so the graph "
+                "has the same structure as on a real device.")
+        if calls:
+            note += (f" The forward called fused attention (scaled_dot_product_attention or nn.MultiheadAttention) "
+                     f"{calls} time(s); on meta it runs as its math decomposition (bmm and _safe_softmax), so "
+                     "those nodes look unfused here. --device cpu or cuda shows the fused kernel a real run uses.")
+        return note
+    if capture.device == "cpu":
+        return ("Captured on CPU: node names are the CPU kernels' (fused attention is "
+                "ScaledDotProductFlashAttentionForCpu, where CUDA runs Flash or memory-efficient attention; "
+                "inputs the CPU kernel does not take fall back to the math path).")
+    return f"Captured on {capture.device}."
+
+
+def vary_inputs(kind: str):
+    """An input transform for --vary: double dimension 0 (`batch`) or 1 (`seq`) of every input tensor, by
+    repeating the tensor along it (so ids stay valid ids and masks stay masks)."""
+    import torch
+
+    dim = {"batch": 0, "seq": 1}[kind]
+
+    def double(value):
+        if isinstance(value, torch.Tensor) and value.dim() > dim:
+            return torch.cat([value, value], dim=dim)
+        return value
+
+    def transform(args, kwargs):
+        return (tuple(torch.utils._pytree.tree_map(double, list(args))),
+                torch.utils._pytree.tree_map(double, kwargs))
+
+    return transform
+
+
+def input_size(capture: Capture, kind: str) -> int | None:
+    """The batch (or sequence) size the capture ran with: the first input tensor's dimension 0 (or 1)."""
+    dim = {"batch": 0, "seq": 1}[kind]
+    for node in capture.forward.nodes:
+        meta = node.meta.get("tensor_meta")
+        if node.op == "placeholder" and meta is not None and len(meta.shape) > dim:
+            return meta.shape[dim]
+    return None
