@@ -156,7 +156,7 @@ def test_a_parameter_without_a_sink_is_named():
 
 
 def test_on_meta_the_report_says_that_sdpa_appears_lowered(tmp_path):
-    path = write(tmp_path, "sdpa.py", BLOCK)
+    write(tmp_path, "sdpa.py", BLOCK)
     result = run_graphlint("graph", "sdpa.py:make", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "captured on meta" in result.stdout
