@@ -13,9 +13,11 @@ from graphlint.capture import capture_model
 from graphlint.capture.frames import Frame
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.engine import load_rules, run_rules
-from graphlint.locate import Locator
+from graphlint.locate.place import Locator
 from graphlint.project import Project
-from graphlint.results import Report, TargetResult
+from graphlint.policy import apply_policy
+from graphlint.results import Report, RuleInfo, TargetResult
+from graphlint.selection import select
 
 
 def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Callable | None = None) -> Report:
@@ -40,10 +42,14 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
             for name, b in model.named_buffers():
                 if name in buffers:
                     b.copy_(buffers[name])
-    findings, errors = run_rules(load_rules(), capture, Locator(project))
+    rules = select(project.config, load_rules())
+    findings, errors = run_rules(rules, capture, Locator(project))
     result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=list(capture.notes),
                           device=capture.device)
-    return Report(results=[result], project_root=str(project.root), rules=load_rules())
+    report = Report(results=[result], project_root=str(project.root), rules=tuple(RuleInfo.of(r) for r in rules),
+                    fail_on=project.config.fail_on)
+    apply_policy(report, project.config, project)
+    return report
 
 
 def _class_definition(model: torch.nn.Module) -> Frame | None:

@@ -57,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="report only findings that are not in this baseline file")
     check.add_argument("--write-baseline", metavar="FILE", type=Path,
                        help="write today's findings to FILE as the baseline, and exit 0")
+    check.add_argument("--no-cache", action="store_true", help="capture every target again, ignoring the result cache")
+    check.add_argument("--cache-dir", metavar="DIR",
+                       help="the result cache's folder (default: $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the "
+                            "project root)")
+    check.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                       help="lint N targets at once, each in its own process (default: 1, in this process)")
+    check.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="stop a target's capture after SECONDS (it then runs in its own process)")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -93,14 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"graphlint: error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except ImportError as error:
+        if not (error.name or "").startswith("torch"):
+            raise
+        print(f"graphlint: error: cannot import torch ({error}); install PyTorch in this environment "
+              "(pip install torch)", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def _check(args: argparse.Namespace) -> int:
-    # Imported here so that --help, --version and the rule listings answer without importing torch.
+    # Nothing on this path imports torch unless a target has to be captured: a cached run never does.
     from graphlint.baseline import write_baseline
-    from graphlint.pipeline import Options, check
+    from graphlint.cache import default_folder
     from graphlint.report import FORMATS as RENDER
     from graphlint.report.text import diagnostics, summary
+    from graphlint.run import Options, check
 
     project = Project.discover()
     config = project.config.overridden(
@@ -117,7 +132,16 @@ def _check(args: argparse.Namespace) -> int:
     else:
         raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
                          "of pyproject.toml")
-    options = Options(debug=args.debug, show_suppressed=args.show_suppressed, baseline=args.baseline)
+    if args.jobs < 1:
+        raise UsageError("--jobs must be 1 or more")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    show_progress = args.format == "text" and sys.stderr.isatty()
+    options = Options(
+        debug=args.debug, show_suppressed=args.show_suppressed, baseline=args.baseline,
+        cache=None if args.no_cache else default_folder(project, args.cache_dir),
+        jobs=args.jobs, timeout=args.timeout, progress=_Progress(sys.stderr) if show_progress else None,
+    )
     report = check(targets, project, config, options, base)
     for line in diagnostics(report):
         print(line, file=sys.stderr)
@@ -142,13 +166,31 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
 
 
+class _Progress:
+    """On a terminal, which target is being captured and how long it took; nothing otherwise."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __call__(self, target: str, event: str, result=None, seconds: float | None = None) -> None:
+        if event == "started":
+            self.stream.write(f"\r\033[Kcapturing {target} …")
+        elif event == "cached":
+            self.stream.write(f"\r\033[K{target}: unchanged since the last run (cached)\n")
+        elif result is not None and result.errors:
+            self.stream.write(f"\r\033[K{target}: failed after {seconds:.1f} s\n")
+        else:
+            self.stream.write(f"\r\033[K{target}: captured on {result.device} in {seconds:.1f} s\n")
+        self.stream.flush()
+
+
 def _graph(args: argparse.Namespace) -> int:
     import json
 
     from graphlint.graph import describe, input_size, vary_inputs
     from graphlint.graph.dot import render_dot, render_svg
     from graphlint.graph.text import render_graph_text
-    from graphlint.locate import Locator
+    from graphlint.locate.place import Locator
     from graphlint.pipeline import capture_one
 
     project = Project.discover()

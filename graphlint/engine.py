@@ -9,10 +9,11 @@ import traceback
 
 from graphlint.capture import Capture
 from graphlint.config import Config
-from graphlint.errors import UsageError, one_line
-from graphlint.locate import Locator
+from graphlint.errors import one_line
+from graphlint.locate.place import Locator
 from graphlint.results import Finding, TargetError
 from graphlint.rule import Rule, anatomy_problems
+from graphlint.selection import select
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,29 +40,8 @@ def rule_by_id(rule_id: str) -> type[Rule] | None:
 
 
 def select_rules(config: Config) -> tuple[type[Rule], ...]:
-    """The rules a configuration turns on: `select` (or the default set), plus `extend-select`, minus
-    `ignore`. A selector is `ALL`, a rule ID or an ID prefix (`GL1`, `GL20`)."""
-    rules = load_rules()
-    chosen = _expand(config.select, "select", rules) if config.select is not None else {
-        rule.id for rule in rules if rule.default_enabled}
-    chosen |= _expand(config.extend_select, "extend-select", rules)
-    chosen -= _expand(config.ignore, "ignore", rules)
-    for codes in config.per_file_ignores.values():
-        _expand(codes, "per-file-ignores", rules)  # checked, applied later per file
-    _expand(tuple(config.severity), "severity", rules)
-    return tuple(rule for rule in rules if rule.id in chosen)
-
-
-def _expand(selectors, option: str, rules) -> set[str]:
-    ids = set()
-    for selector in selectors:
-        key = selector.strip().upper()
-        matched = {rule.id for rule in rules if key == "ALL" or rule.id.startswith(key)}
-        if not matched:
-            known = ", ".join(rule.id for rule in rules)
-            raise UsageError(f"{option}: {selector!r} matches no rule; rule IDs are {known} (or a prefix, or ALL)")
-        ids |= matched
-    return ids
+    """The rule classes a configuration turns on (see graphlint.selection)."""
+    return select(config, load_rules())
 
 
 def run_rules(

@@ -1,62 +1,36 @@
-"""The pipeline, top to bottom: target → capture → rules → locate → policy → report.
+"""The pipeline for one target, top to bottom: target → capture → rules → locate.
 
-Each target is linted on its own: a target that fails to load or run becomes one error line in the report,
-and the other targets are still linted.
+`graphlint.run` calls it for the targets the cache cannot answer, in this process or, with `-j N` or
+`--timeout`, one worker process per target. A target that fails becomes one error line in its result, never
+an exception, and the other targets go on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
-from graphlint.baseline import read_baseline
 from graphlint.capture import Capture, capture_target
 from graphlint.config import Config
-from graphlint.engine import run_rules, select_rules
+from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, one_line
-from graphlint.locate import Locator
-from graphlint.policy import apply_policy
-from graphlint.project import Project
-from graphlint.results import Report, TargetError, TargetResult
+from graphlint.locate.place import Locator
+from graphlint.results import TargetError, TargetResult
 from graphlint.target import TargetSpec, load_factory
 
 
-@dataclass(frozen=True)
-class Options:
-    """How to run, beyond what the configuration says."""
-
-    debug: bool = False  # print tracebacks of internal errors
-    show_suppressed: bool = False
-    baseline: Path | None = None  # only findings not in this baseline file count
-
-
-def check(
-    targets: list[str],
-    project: Project,
-    config: Config | None = None,
-    options: Options = Options(),
-    base: Path | None = None,
-) -> Report:
-    """Lint every target string; relative paths are read from `base` (default: the working directory)."""
-    config = config if config is not None else project.config
-    rules = select_rules(config)
-    baseline = read_baseline(options.baseline) if options.baseline is not None else None
-    report = Report(project_root=str(project.root), rules=rules, show_suppressed=options.show_suppressed,
-                    fail_on=config.fail_on, baseline=str(options.baseline) if options.baseline else None)
-    locator = Locator(project)
-    for text in targets:
-        report.results.append(lint_target(text, base or Path.cwd(), locator, rules, config.device, options))
-    apply_policy(report, config, locator, baseline)
-    return report
-
-
-def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, options: Options) -> TargetResult:
-    result, capture = capture_one(text, base, locator, device, options.debug)
+def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False) -> TargetResult:
+    result, capture = capture_one(text, base, locator, device, debug)
     if capture is not None:
-        result.findings, errors = run_rules(rules, capture, locator, options.debug)
+        result.findings, errors = run_rules(rules, capture, locator, debug)
         result.errors.extend(errors)
     return result
 
@@ -82,9 +56,16 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         result.errors.append(TargetError(text, f"internal error while capturing ({one_line(error)}); "
                                                "please report it with the output of --debug"))
         return result, None
+    project = locator.project
     result.device = capture.device
     result.notes = list(capture.notes)
-    result.files = tuple(sorted(f for f in capture.source_files if locator.project.is_first_party(f)))
+    result.files = tuple(sorted(f for f in capture.source_files if project.is_first_party(f)))
+    # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
+    imported = {m.__file__ for m in list(sys.modules.values())
+                if isinstance(getattr(m, "__file__", None), str) and os.path.isabs(m.__file__)
+                and os.path.isfile(m.__file__)}
+    extra = {str(spec.file)} if spec.file is not None else set()
+    result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra))
     return result, capture
 
 
@@ -96,3 +77,55 @@ def _importable(folder: Path):
         yield
     finally:
         sys.path[:] = saved
+
+
+def lint_in_processes(
+    targets: list[str], base: Path, project, config: Config, rules: tuple[str, ...], jobs: int,
+    timeout: float | None, debug: bool = False, progress: Callable | None = None,
+) -> Iterator[tuple[str, TargetResult]]:
+    """Each target in its own worker process, at most `jobs` at a time; results as they finish."""
+    from graphlint.worker import request
+
+    waiting = list(targets)
+    running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
+    with tempfile.TemporaryDirectory(prefix="graphlint-") as scratch:
+        folder = Path(scratch)
+        while waiting or running:
+            while waiting and len(running) < max(jobs, 1):
+                text = waiting.pop(0)
+                number = len(targets) - len(waiting)
+                request_file, result_file = folder / f"{number}.request.json", folder / f"{number}.result.json"
+                request_file.write_text(json.dumps(request(text, base, project, config, rules, debug)), encoding="utf-8")
+                process = subprocess.Popen([sys.executable, "-m", "graphlint.worker", str(request_file), str(result_file)],
+                                           stdout=sys.stderr)
+                running[text] = (process, time.monotonic(), result_file)
+                if progress:
+                    progress(text, "started")
+            for text, (process, started, result_file) in list(running.items()):
+                elapsed = time.monotonic() - started
+                if process.poll() is None and timeout is not None and elapsed > timeout:
+                    process.kill()
+                    process.wait()
+                    del running[text]
+                    yield text, _failed(text, f"did not finish within {timeout:g} s (--timeout); "
+                                              "its forward may never return, or raise --timeout")
+                elif process.poll() is not None:
+                    del running[text]
+                    yield text, _read_result(text, process.returncode, result_file)
+            time.sleep(0.02)
+
+
+def _read_result(text: str, returncode: int, path: Path) -> TargetResult:
+    from graphlint.cache import result_from_dict
+
+    try:
+        return result_from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+        return _failed(text, f"the capture process crashed ({how}) before reporting; run this target alone "
+                             "with --debug to see why")
+
+
+def _failed(text: str, message: str) -> TargetResult:
+    return TargetResult(target=text, errors=[TargetError(text, message)])
+

@@ -15,29 +15,57 @@ from graphlint.baseline import mark_baselined
 from graphlint.config import Config
 from graphlint.files import read_source, split_lines
 from graphlint.fingerprint import finding_key, github_line_hashes, number_duplicates
-from graphlint.locate import Locator
+from graphlint.project import Project
 from graphlint.results import Finding, Location, Report, Severity
-from graphlint.suppress import apply_suppressions, suppressions_in
 
 
-def apply_policy(report: Report, config: Config, locator: Locator, baseline: Counter | None = None) -> None:
-    """Fill in `report.merged` and `report.severities` from the per-target findings."""
+def apply_policy(report: Report, config: Config, project: Project, baseline: Counter | None = None,
+                 spans=None) -> None:
+    """Fill in `report.merged` and `report.severities` from the per-target findings. `spans` is the run's
+    `SourceSpans` when it has one (files already parsed); without it, files are parsed only if needed."""
     ran = {rule.id for rule in report.rules}
+    sources = _Sources()
     report.severities = {code: Severity(level) for code, level in config.severity.items()}
     findings = _merge_across_targets(f for result in report.results for f in result.findings)
     findings = [replace(f, severity=report.severities.get(f.rule_id, f.severity)) for f in findings]
-    findings = [f for f in findings if not _ignored_for_file(f, config, locator)]
-    files = {file for result in report.results if not result.errors for file in result.files}
-    files |= {f.location.path for f in findings}
-    suppressions = [s for path in sorted(files) for s in suppressions_in(path, locator.spans)]
-    findings = apply_suppressions(findings, suppressions)
+    findings = [f for f in findings if not _ignored_for_file(f, config, project)]
     unused_rule = next((rule for rule in report.rules if rule.id == "GL901"), None)
+    files = {f.location.path for f in findings}
     if unused_rule is not None:
-        findings += _unused_suppressions(unused_rule, suppressions, ran - {"GL901"}, locator, report)
-    findings = _fingerprinted(sorted(findings, key=Finding.sort_key), locator)
+        files |= {file for result in report.results if not result.errors for file in result.files}
+    suppressions = _suppressions(sorted(files), spans, sources)
+    if suppressions:
+        from graphlint.suppress import apply_suppressions
+
+        findings = apply_suppressions(findings, suppressions)
+    if unused_rule is not None:
+        findings += _unused_suppressions(unused_rule, suppressions, ran - {"GL901"}, project, report)
+    findings = _fingerprinted(sorted(findings, key=Finding.sort_key), project, sources)
     if baseline is not None:
         findings = mark_baselined(findings, baseline)
     report.merged = findings
+
+
+class _Sources(dict):
+    """Each file's text, read once per run."""
+
+    def __missing__(self, path: str) -> str:
+        text = self[path] = read_source(path) or ""
+        return text
+
+
+def _suppressions(paths: list[str], spans, sources: _Sources) -> list:
+    """The suppression comments of these files; libcst parses only files that mention `graphlint:`."""
+    candidates = [path for path in paths if "graphlint:" in sources[path]]
+    if not candidates:
+        return []
+    from graphlint.suppress import suppressions_in
+
+    if spans is None:
+        from graphlint.locate.spans import SourceSpans
+
+        spans = SourceSpans()
+    return [s for path in candidates for s in suppressions_in(path, spans)]
 
 
 def _merge_across_targets(findings) -> list[Finding]:
@@ -54,9 +82,9 @@ def _merge_across_targets(findings) -> list[Finding]:
     return list(merged.values())
 
 
-def _ignored_for_file(finding: Finding, config: Config, locator: Locator) -> bool:
+def _ignored_for_file(finding: Finding, config: Config, project: Project) -> bool:
     path = finding.location.path
-    relative = locator.project.relative(path) or path
+    relative = project.relative(path) or path
     for pattern, codes in config.per_file_ignores.items():
         if fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(os.path.basename(path), pattern):
             if any(code.upper() == "ALL" or finding.rule_id.startswith(code.upper()) for code in codes):
@@ -64,7 +92,7 @@ def _ignored_for_file(finding: Finding, config: Config, locator: Locator) -> boo
     return False
 
 
-def _unused_suppressions(rule, suppressions, judged: set[str], locator: Locator, report: Report) -> list[Finding]:
+def _unused_suppressions(rule, suppressions, judged: set[str], project: Project, report: Report) -> list[Finding]:
     found = []
     for suppression in suppressions:
         unused = suppression.unused_codes(judged)
@@ -77,24 +105,23 @@ def _unused_suppressions(rule, suppressions, judged: set[str], locator: Locator,
             severity=report.severities.get(rule.id, rule.severity),
             message=f"{what} hides no finding of this run; remove it.",
             location=Location(suppression.path, suppression.line, suppression.column, suppression.line,
-                              suppression.end_column, first_party=locator.project.is_first_party(suppression.path)),
+                              suppression.end_column, first_party=project.is_first_party(suppression.path)),
             targets=tuple(result.target for result in report.results if suppression.path in result.files),
         ))
     return found
 
 
-def _fingerprinted(findings: list[Finding], locator: Locator) -> list[Finding]:
+def _fingerprinted(findings: list[Finding], project: Project, sources: _Sources) -> list[Finding]:
     texts: dict[str, list[str]] = {}
     hashes: dict[str, list[str]] = {}
     keys = []
     for finding in findings:
         path = finding.location.path
         if path not in texts:
-            source = read_source(path) or ""
-            texts[path], hashes[path] = split_lines(source), github_line_hashes(source)
+            texts[path], hashes[path] = split_lines(sources[path]), github_line_hashes(sources[path])
         lines = texts[path]
         line_text = lines[finding.location.line - 1] if finding.location.line <= len(lines) else ""
-        keys.append(finding_key(finding.rule_id, locator.project.relative(path) or path, line_text))
+        keys.append(finding_key(finding.rule_id, project.relative(path) or path, line_text))
     numbered = number_duplicates(keys)
     return [
         replace(f, fingerprint=key, line_hash=_at(hashes[f.location.path], f.location.line))

@@ -72,6 +72,33 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class RuleInfo:
+    """What reporters need to know about a rule, as plain data (a cached run has no rule classes)."""
+
+    id: str
+    name: str
+    severity: Severity
+    summary: str
+    description: str  # the first paragraph of "what it flags"
+    tags: tuple[str, ...]
+    precision: str
+    default_enabled: bool
+    help_uri: str
+    docs_text: str
+    docs_markdown: str
+
+    @classmethod
+    def of(cls, rule) -> RuleInfo:
+        """The info of a `graphlint.rule.Rule` class."""
+        return cls(
+            id=rule.id, name=rule.name, severity=rule.severity, summary=rule.summary,
+            description=" ".join(rule.what.strip().split("\n\n")[0].split()), tags=tuple(rule.tags),
+            precision=rule.precision, default_enabled=rule.default_enabled, help_uri=rule.help_uri(),
+            docs_text=rule.docs_text(), docs_markdown=rule.docs_markdown(),
+        )
+
+
+@dataclass(frozen=True)
 class TargetError:
     """Why a target could not be linted, in one line, with the fix where there is one."""
 
@@ -89,6 +116,7 @@ class TargetResult:
     notes: list[str] = field(default_factory=list)
     device: str | None = None  # where the capture ran: meta, cpu or cuda
     files: tuple[str, ...] = ()  # the project's own source files the capture ran
+    inputs: tuple[str, ...] = ()  # the project's files the result depends on (ran or imported), for the cache
 
 
 @dataclass
@@ -101,7 +129,7 @@ class Report:
 
     results: list[TargetResult] = field(default_factory=list)
     project_root: str = "."
-    rules: tuple = ()  # the rule classes that ran, for reporters that describe them
+    rules: tuple[RuleInfo, ...] = ()  # the rules that ran
     severities: dict[str, Severity] = field(default_factory=dict)  # each rule's level in this run
     merged: list[Finding] | None = None  # set by the policy stage: findings merged across targets
     show_suppressed: bool = False

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from graphlint.errors import TargetFailure, UsageError, one_line, raised_at
 from graphlint.files import display_path
 
@@ -128,6 +126,7 @@ def _import_error(what: str, error: BaseException) -> str:
 
 def normalize_factory_result(result: Any) -> Target:
     """Accept `(model, args)`, `(model, args, kwargs)` or a `Target`; anything else is a clear error."""
+    import torch  # here, not at the top: parsing target names must not need torch
     if isinstance(result, Target):
         made = result
     elif isinstance(result, tuple) and len(result) in (2, 3):

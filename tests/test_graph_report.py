@@ -17,7 +17,7 @@ from graphlint.capture import capture_model
 from graphlint.graph import describe
 from graphlint.graph.categories import CATEGORIES
 from graphlint.graph.dot import render_dot
-from graphlint.locate import Locator
+from graphlint.locate.place import Locator
 from graphlint.project import Project
 
 # The seeds' transformer block: LayerNorm, nn.MultiheadAttention, GELU MLP, residuals.

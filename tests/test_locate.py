@@ -6,7 +6,7 @@ import pytest
 
 from conftest import line_of, write
 from graphlint.capture.frames import Frame
-from graphlint.locate import Locator
+from graphlint.locate.place import Locator
 from graphlint.locate.sites import Site, node_sites
 from graphlint.project import Project
 from test_capture import SMALL, capture_file

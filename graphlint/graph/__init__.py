@@ -15,7 +15,7 @@ from graphlint.capture import Capture
 from graphlint.engine import rule_by_id
 from graphlint.files import display_path
 from graphlint.graph.categories import CATEGORIES, categorize, is_fused
-from graphlint.locate import Locator, describe_where
+from graphlint.locate.place import Locator, describe_where
 from graphlint.locate.sites import node_sites
 from graphlint.results import Finding, Location
 

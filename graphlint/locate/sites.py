@@ -11,11 +11,14 @@ DESIGN.md's rules, in order:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import fx
-
-from graphlint.capture.frames import Frame
 from graphlint.project import Project
+
+if TYPE_CHECKING:  # type names only: locating spans must not need torch (a cached run never imports it)
+    from torch import fx
+
+    from graphlint.capture.frames import Frame
 
 
 @dataclass(frozen=True)

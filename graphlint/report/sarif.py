@@ -16,7 +16,7 @@ import sarif_om as sarif
 
 import graphlint
 from graphlint.files import read_source, split_lines
-from graphlint.results import Finding, Location, Report
+from graphlint.results import Finding, Location, Report, RuleInfo
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://pypi.org/project/torch-graphlint/"
@@ -63,15 +63,14 @@ def build_log(report: Report) -> sarif.SarifLog:
     return sarif.SarifLog(version="2.1.0", schema_uri=SCHEMA_URI, runs=[run])
 
 
-def _rule(rule, level: str) -> sarif.ReportingDescriptor:
-    first_paragraph = " ".join(rule.what.strip().split("\n\n")[0].split())
+def _rule(rule: RuleInfo, level: str) -> sarif.ReportingDescriptor:
     return sarif.ReportingDescriptor(
         id=rule.id,
         name=rule.name,
         short_description=sarif.MultiformatMessageString(text=rule.summary[:1024]),
-        full_description=sarif.MultiformatMessageString(text=first_paragraph[:1024]),
-        help=sarif.MultiformatMessageString(text=rule.docs_text(), markdown=rule.docs_markdown()),
-        help_uri=rule.help_uri(),
+        full_description=sarif.MultiformatMessageString(text=rule.description[:1024]),
+        help=sarif.MultiformatMessageString(text=rule.docs_text, markdown=rule.docs_markdown),
+        help_uri=rule.help_uri,
         default_configuration=sarif.ReportingConfiguration(level=level),
         properties={"tags": list(rule.tags), "precision": rule.precision},
     )

@@ -1,0 +1,107 @@
+"""graphlint against the floor and against torch._dynamo.explain, whole processes, in one run.
+
+    python benchmarks/run.py              # both targets, 5 repeats
+    python benchmarks/run.py --repeat 9 --quick
+
+For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
+so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
+memory (per process, from wait4) are printed with the ratios graphlint/floor and graphlint/dynamo. A second
+table shows graphlint's time as the GPT-2 shape's batch and sequence grow, and a third the cached re-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = HERE / "models.py"
+PYTHON = sys.executable
+
+
+def measure(command: list[str], env: dict | None = None) -> tuple[float, float]:
+    """(wall seconds, peak resident MiB) of one whole process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) not in (0, 1):  # graphlint exits 1 on findings
+        raise SystemExit(f"{' '.join(command)} failed with exit status {os.waitstatus_to_exitcode(status)}")
+    return wall, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def floor(target: str) -> list[str]:
+    return [PYTHON, str(HERE / "floor.py"), target]
+
+
+def graphlint(target: str, cache: Path | None = None) -> list[str]:
+    command = [PYTHON, "-m", "graphlint", "check", target, "--format", "sarif", "--output", os.devnull]
+    return command + (["--cache-dir", str(cache)] if cache else ["--no-cache"])
+
+
+def dynamo(target: str) -> list[str]:
+    return [PYTHON, str(HERE / "dynamo_explain.py"), target]
+
+
+def run(commands: dict[str, list[str]], repeat: int) -> dict[str, tuple[float, float]]:
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            samples[name].append(measure(command))
+    return {name: (statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs))
+            for name, runs in samples.items()}
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="skip the 7B target and the size sweep")
+    options = parser.parse_args()
+    print(f"graphlint benchmark, {date.today()}, {platform.machine()} {platform.processor() or ''} "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}, median of {options.repeat}")
+    targets = {"gpt2-small (12 x 768, batch 2, seq 128)": "gpt2_small"}
+    if not options.quick:
+        targets["llama-7b (32 x 4096, batch 1, seq 128)"] = "llama_7b"
+    print("\ntarget                                    command      wall s   peak MiB   vs floor (time, mem)   vs dynamo")
+    for title, name in targets.items():
+        target = f"{MODELS}:{name}"
+        commands = {"floor": floor(target), "graphlint": graphlint(target)}
+        if name != "llama_7b":  # 27 GB of float32 weights: only the meta device can hold it here
+            commands["dynamo"] = dynamo(target)
+        medians = run(commands, options.repeat)
+        lint_wall, lint_mem = medians["graphlint"]
+        floor_wall, floor_mem = medians["floor"]
+        for command, (wall, memory) in medians.items():
+            versus_floor = f"{ratio(wall, floor_wall)}, {ratio(memory, floor_mem)}" if command == "graphlint" else ""
+            versus_dynamo = ratio(lint_wall, medians["dynamo"][0]) if command == "graphlint" and "dynamo" in medians else ""
+            print(f"{title:<41} {command:<10} {wall:>8.2f} {memory:>10.0f}   {versus_floor:<22} {versus_dynamo}")
+        if "dynamo" not in medians:
+            print(f"{title:<41} {'dynamo':<10}  skipped: the float32 weights do not fit in this machine's memory")
+    if not options.quick:
+        print("\ngraphlint on the GPT-2 shape as the input grows (cost should follow ops, not tensor sizes)")
+        sizes = {"batch 1, seq 128": "gpt2_small_batch1", "batch 2, seq 128": "gpt2_small",
+                 "batch 64, seq 128": "gpt2_small_batch64", "batch 2, seq 2048": "gpt2_small_seq2048"}
+        medians = run({label: graphlint(f"{MODELS}:{name}") for label, name in sizes.items()}, options.repeat)
+        for label, (wall, memory) in medians.items():
+            print(f"  {label:<20} {wall:>6.2f} s {memory:>8.0f} MiB")
+    with tempfile.TemporaryDirectory() as cache:
+        target = f"{MODELS}:gpt2_small"
+        measure(graphlint(target, Path(cache)))  # fills the cache
+        wall, memory = run({"cached": graphlint(target, Path(cache))}, options.repeat)["cached"]
+        print(f"\ngraphlint re-run with nothing changed (result cache): {wall:.2f} s, {memory:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

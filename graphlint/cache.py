@@ -1,0 +1,165 @@
+"""The result cache: a target whose inputs did not change is not captured again, and torch is not imported.
+
+    <cache dir>/.gitignore                 "*", so the folder is never committed
+    <cache dir>/v1/rules-<code>.json       the rules' metadata, for reports that need no rule classes
+    <cache dir>/v1/targets/<key>.json      one target's result and the files it depends on
+
+A target's key covers graphlint's version and code, torch's version, Python's version, the project root,
+the configuration and the target. The entry is used only when every first-party file the capture ran or
+imported still has the content hash recorded in it. Unreadable or corrupt cache files are ignored; writing
+the cache never fails a run. Files the model reads with open() are not tracked: use --no-cache after
+changing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import graphlint
+from graphlint.config import Config
+from graphlint.project import Project
+from graphlint.results import Finding, Location, Related, RuleInfo, Severity, TargetError, TargetResult
+
+VERSION = 1
+DEFAULT_FOLDER = ".graphlint_cache"
+
+
+def default_folder(project: Project, option: str | None) -> Path:
+    """--cache-dir, else $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the project root."""
+    chosen = option or os.environ.get("GRAPHLINT_CACHE_DIR")
+    return Path(chosen) if chosen else project.root / DEFAULT_FOLDER
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return _digest(handle.read())
+    except OSError:
+        return None
+
+
+def _code_digest() -> str:
+    """graphlint's own code and rules: a change to them (in a development install) invalidates results."""
+    folders = [Path(graphlint.__file__).parent]
+    spec = importlib.util.find_spec("graphlint.rules")
+    folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    digest = hashlib.sha256(graphlint.__version__.encode())
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")  # read from the installed metadata: no import
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+class ResultCache:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._code = _code_digest()
+
+    def key(self, target: str, base: Path, project: Project, config: Config) -> str:
+        fields = {
+            "graphlint": self._code,
+            "torch": _torch_version(),
+            "python": sys.version,
+            "root": str(project.root),
+            "base": str(base),
+            "target": target,
+            "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "source"},
+        }
+        return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
+
+    # -- targets --------------------------------------------------------------------------------------------
+
+    def load(self, key: str) -> TargetResult | None:
+        entry = self._read(self.folder / f"v{VERSION}" / "targets" / f"{key}.json")
+        try:
+            if entry is None or any(file_digest(path) != digest for path, digest in entry["inputs"].items()):
+                return None
+            return result_from_dict(entry["result"])
+        except (KeyError, TypeError, ValueError):
+            return None  # a corrupt entry is a miss
+
+    def store(self, key: str, result: TargetResult) -> None:
+        inputs = {path: file_digest(path) for path in result.inputs}
+        if any(digest is None for digest in inputs.values()):
+            return  # an input vanished: nothing reliable to store
+        self._write(self.folder / f"v{VERSION}" / "targets" / f"{key}.json",
+                    {"inputs": inputs, "result": dataclasses.asdict(result)})
+
+    # -- rules ----------------------------------------------------------------------------------------------
+
+    def rule_infos(self) -> tuple[RuleInfo, ...] | None:
+        data = self._read(self.folder / f"v{VERSION}" / f"rules-{self._code}.json")
+        try:
+            return None if data is None else tuple(
+                RuleInfo(**{**info, "severity": Severity(info["severity"]), "tags": tuple(info["tags"])})
+                for info in data)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def store_rule_infos(self, infos: tuple[RuleInfo, ...]) -> None:
+        self._write(self.folder / f"v{VERSION}" / f"rules-{self._code}.json", [dataclasses.asdict(i) for i in infos])
+
+    # -- files ----------------------------------------------------------------------------------------------
+
+    def _read(self, path: Path):
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+
+    def _write(self, path: Path, data) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ignore = self.folder / ".gitignore"
+            if not ignore.exists():
+                ignore.write_text("# graphlint's result cache; safe to delete\n*\n", encoding="utf-8")
+            handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                json.dump(data, stream, default=str)
+            os.replace(temporary, path)  # readers never see half a file
+        except OSError:
+            pass  # a cache that cannot be written is only a slower next run
+
+
+def _location(data: dict) -> Location:
+    return Location(**data)
+
+
+def _finding_from_dict(data: dict) -> Finding:
+    return Finding(**{
+        **data,
+        "severity": Severity(data["severity"]),
+        "location": _location(data["location"]),
+        "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
+        "targets": tuple(data["targets"]),
+    })
+
+
+def result_from_dict(data: dict) -> TargetResult:
+    return TargetResult(**{
+        **data,
+        "findings": [_finding_from_dict(f) for f in data["findings"]],
+        "errors": [TargetError(**e) for e in data["errors"]],
+        "files": tuple(data["files"]),
+        "inputs": tuple(data["inputs"]),
+    })

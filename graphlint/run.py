@@ -1,0 +1,130 @@
+"""A run over several targets: answered from the result cache where nothing changed, linted otherwise (in
+this process, or one worker process per target with `-j N` or `--timeout`), then the policy stage across
+targets. Nothing here imports torch, so a run that the cache answers in full never does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from graphlint.baseline import read_baseline
+from graphlint.cache import ResultCache
+from graphlint.config import Config
+from graphlint.errors import GraphlintError
+from graphlint.policy import apply_policy
+from graphlint.project import Project
+from graphlint.results import Report, RuleInfo, TargetResult
+from graphlint.selection import select
+from graphlint.target import TargetSpec
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run, beyond what the configuration says."""
+
+    debug: bool = False  # print tracebacks of internal errors
+    show_suppressed: bool = False
+    baseline: Path | None = None  # only findings not in this baseline file count
+    cache: Path | None = None  # the result cache's folder; None: no cache
+    jobs: int = 1  # targets linted at once, each in its own process when more than 1
+    timeout: float | None = None  # seconds per target, in its own process; None: no limit
+    progress: Callable[..., None] | None = None  # progress(target, event, **details)
+
+
+def check(
+    targets: list[str],
+    project: Project,
+    config: Config | None = None,
+    options: Options = Options(),
+    base: Path | None = None,
+) -> Report:
+    """Lint every target string; relative paths are read from `base` (default: the working directory)."""
+    config = config if config is not None else project.config
+    base = base or Path.cwd()
+    for text in targets:  # every target's folder is first-party from the start, for every target
+        try:
+            spec = TargetSpec.parse(text, base)
+        except GraphlintError:
+            continue  # reported as that target's error when it is linted
+        if spec.file is not None:
+            project.add_first_party(spec.file.parent)
+    cache = ResultCache(options.cache) if options.cache is not None else None
+    rules = select(config, _rule_infos(cache))
+    baseline = read_baseline(options.baseline) if options.baseline is not None else None
+    results: dict[str, TargetResult] = {}
+    keys: dict[str, str] = {}
+    pending = []
+    for text in dict.fromkeys(targets):
+        if cache is not None:
+            keys[text] = cache.key(text, base, project, config)
+            cached = cache.load(keys[text])
+            if cached is not None:
+                results[text] = cached
+                _tell(options, text, "cached", result=cached)
+                continue
+        pending.append(text)
+    spans = None
+    if pending:
+        linted, spans = _lint(pending, base, project, config, tuple(r.id for r in rules), options)
+        for text, result, seconds in linted:
+            results[text] = result
+            if cache is not None and not result.errors:
+                cache.store(keys[text], result)
+            _tell(options, text, "done", result=result, seconds=seconds)
+    report = Report(results=[results[t] for t in dict.fromkeys(targets)], project_root=str(project.root),
+                    rules=rules, show_suppressed=options.show_suppressed, fail_on=config.fail_on,
+                    baseline=str(options.baseline) if options.baseline is not None else None)
+    apply_policy(report, config, project, baseline, spans)
+    return report
+
+
+def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
+    infos = cache.rule_infos() if cache is not None else None
+    if infos is None:
+        from graphlint.engine import load_rules  # imports the rules, and torch with them
+
+        infos = tuple(RuleInfo.of(rule) for rule in load_rules())
+        if cache is not None:
+            cache.store_rule_infos(infos)
+    return infos
+
+
+def _lint(pending: list[str], base: Path, project: Project, config: Config, rule_ids: tuple[str, ...],
+          options: Options):
+    """(an iterator of (target, result, seconds), the run's SourceSpans or None)."""
+    if options.jobs > 1 or options.timeout is not None:
+        from graphlint.pipeline import lint_in_processes
+
+        started: dict[str, float] = {}
+
+        def progress(text: str, event: str) -> None:
+            started[text] = time.monotonic()
+            _tell(options, text, event)
+
+        results = lint_in_processes(pending, base, project, config, rule_ids, options.jobs, options.timeout,
+                                    options.debug, progress)
+        return ((text, result, time.monotonic() - started.get(text, time.monotonic())) for text, result in results), None
+
+    from graphlint.engine import load_rules
+    from graphlint.locate.place import Locator
+    from graphlint.pipeline import lint_target
+
+    locator = Locator(project)
+    rules = tuple(rule for rule in load_rules() if rule.id in set(rule_ids))
+
+    def in_process() -> Iterator[tuple[str, TargetResult, float]]:
+        for text in pending:
+            _tell(options, text, "started")
+            start = time.monotonic()
+            result = lint_target(text, base, locator, rules, config.device, options.debug)
+            yield text, result, time.monotonic() - start
+
+    return list(in_process()), locator.spans_if_used
+
+
+def _tell(options: Options, text: str, event: str, **details) -> None:
+    if options.progress is not None:
+        options.progress(text, event, **details)
