@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 from pathlib import Path
@@ -9,47 +10,96 @@ from typing import Callable
 
 import torch
 
-from graphlint.capture import capture_model
+from graphlint.capture import Capture, capture_model
 from graphlint.capture.frames import Frame
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.engine import load_rules, run_rules
+from graphlint.errors import TargetFailure
 from graphlint.locate.place import Locator
-from graphlint.project import Project
 from graphlint.policy import apply_policy
+from graphlint.project import Project
 from graphlint.results import Report, RuleInfo, TargetResult
 from graphlint.selection import select
 
 
-def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Callable | None = None) -> Report:
+def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Callable | None = None,
+         *, device: str = "auto") -> Report:
     """Capture one forward and backward of `model(*args, **kwargs)` and return the findings.
 
-    The model runs where it is (its own device and mode). Its parameters' `.grad`s and its buffers (BatchNorm
-    statistics) are left as they were; errors in the forward propagate as exceptions.
+    With `device="auto"` (the default) the capture runs on a copy of the model, so the model, its
+    parameters, buffers and `.grad`s are never touched: a meta-device copy (nothing allocated), or, when the
+    forward needs real values, a full copy. Only a model that cannot be copied runs as it is, with its
+    buffers (BatchNorm statistics) and `.grad`s restored afterwards; `device="model"` always runs it as it
+    is. The random state is always restored. An error in the forward propagates as
+    `graphlint.errors.TargetFailure`.
     """
+    if device not in ("auto", "model"):
+        raise ValueError(f"device must be 'auto' or 'model'; got {device!r}")
     if not isinstance(args, (tuple, list)):
         args = (args,)
     project = Project.discover()
     factory = _class_definition(model)
     if factory is not None:
         project.add_first_party(Path(factory.file).parent)
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
-        with preserved_global_state():
-            capture = capture_model(model, tuple(args), dict(kwargs or {}), loss, target=type(model).__name__,
-                                    factory=factory)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name in buffers:
-                    b.copy_(buffers[name])
+    target = type(model).__name__
+    capture = None
+    notes = []
+    inputs = (tuple(args), dict(kwargs or {}), loss, target, factory)
+    if device == "auto":
+        try:
+            capture = _capture_meta_copy(model, *inputs)
+        except (TargetFailure, RuntimeError, TypeError, NotImplementedError, copy.Error) as error:
+            try:
+                copied = copy.deepcopy(model)
+            except (TypeError, RuntimeError, copy.Error, AttributeError):
+                notes.append("captured on the model itself: it cannot be copied")
+            else:
+                notes.append(f"captured on a full copy of the model: the forward needs real values "
+                             f"({type(error).__name__} on the meta device)")
+                with preserved_global_state():
+                    capture = capture_model(copied, *inputs[:3], target=target, factory=factory)
+    if capture is None:
+        capture = _capture_in_place(model, *inputs)
     rules = select(project.config, load_rules())
     findings, errors = run_rules(rules, capture, Locator(project))
-    result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=list(capture.notes),
+    result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=notes + capture.notes,
                           device=capture.device)
     report = Report(results=[result], project_root=str(project.root), rules=tuple(RuleInfo.of(r) for r in rules),
                     fail_on=project.config.fail_on)
     apply_policy(report, project.config, project)
     return report
+
+
+def _capture_meta_copy(model, args, kwargs, loss, target, factory) -> Capture:
+    """Capture a copy whose parameters and buffers are meta tensors (shapes only)."""
+    memo = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        meta = tensor.detach().to("meta")
+        memo[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else meta
+    copied = copy.deepcopy(model, memo)
+    args = tuple(torch.utils._pytree.tree_map(_to_meta, list(args)))
+    kwargs = torch.utils._pytree.tree_map(_to_meta, kwargs)
+    with preserved_global_state(), torch.device("meta"):
+        return capture_model(copied, args, kwargs, loss, target=target, device="meta", factory=factory)
+
+
+def _to_meta(value):
+    return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+
+def _capture_in_place(model, args, kwargs, loss, target, factory) -> Capture:
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    try:
+        with preserved_global_state():
+            return capture_model(model, args, kwargs, loss, target=target, factory=factory)
+    finally:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name in buffers:
+                    buffer.copy_(buffers[name])
+            for name, parameter in model.named_parameters():
+                parameter.grad = grads.get(name)
 
 
 def _class_definition(model: torch.nn.Module) -> Frame | None:

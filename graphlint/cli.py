@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                        help="lint N targets at once, each in its own process (default: 1, in this process)")
     check.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help="stop a target's capture after SECONDS (it then runs in its own process)")
+                       help="give up on a target after SECONDS (default: 600, or timeout in [tool.graphlint]; 0: no "
+                            "limit); with -j the target's process is killed, so even a hang inside C is stopped")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -124,6 +125,7 @@ def _check(args: argparse.Namespace) -> int:
         extend_select=split_codes(args.extend_select),
         ignore=split_codes(args.ignore),
         fail_on=args.fail_on,
+        timeout=args.timeout,
     )
     if args.targets:
         targets, base = list(args.targets), Path.cwd()
@@ -134,13 +136,13 @@ def _check(args: argparse.Namespace) -> int:
                          "of pyproject.toml")
     if args.jobs < 1:
         raise UsageError("--jobs must be 1 or more")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of seconds")
+    if args.timeout is not None and args.timeout < 0:
+        raise UsageError("--timeout must be a number of seconds (0 for no limit)")
     show_progress = args.format == "text" and sys.stderr.isatty()
     options = Options(
         debug=args.debug, show_suppressed=args.show_suppressed, baseline=args.baseline,
         cache=None if args.no_cache else default_folder(project, args.cache_dir),
-        jobs=args.jobs, timeout=args.timeout, progress=_Progress(sys.stderr) if show_progress else None,
+        jobs=args.jobs, timeout=config.timeout or None, progress=_Progress(sys.stderr) if show_progress else None,
     )
     report = check(targets, project, config, options, base)
     for line in diagnostics(report):

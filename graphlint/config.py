@@ -8,6 +8,7 @@
     ignore = ["GL203"]                   # removed from the selection
     per-file-ignores = { "legacy/*.py" = ["GL101"] }
     fail-on = "warning"                  # note, warning, error or never
+    timeout = 600                        # seconds per target; 0 for no limit
     [tool.graphlint.severity]
     GL203 = "warning"                    # per-rule severity
 
@@ -42,6 +43,7 @@ class Config:
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     severity: dict[str, str] = field(default_factory=dict)
     fail_on: str = "warning"
+    timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     source: Path | None = None  # the pyproject.toml it came from
 
     def overridden(self, **options) -> Config:
@@ -67,6 +69,12 @@ def _per_file_ignores(value, where: str) -> dict[str, tuple[str, ...]]:
     return {glob: _strings(codes, f"{where}.{glob!r}", '["GL101"]') for glob, codes in value.items()}
 
 
+def _seconds(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UsageError(f"{where} must be a number of seconds (0 for no limit); got {value!r}")
+    return float(value)
+
+
 def _severity(value, where: str) -> dict[str, str]:
     if not isinstance(value, dict):
         raise UsageError(f'{where} must be a table of rule ID = level, like {{ GL203 = "warning" }}')
@@ -82,6 +90,7 @@ _KEYS = {
     "per-file-ignores": ("per_file_ignores", _per_file_ignores),
     "severity": ("severity", _severity),
     "fail-on": ("fail_on", lambda v, w: _one_of(v, w, FAIL_ON)),
+    "timeout": ("timeout", _seconds),
 }
 
 

@@ -20,6 +20,11 @@ class TargetFailure(GraphlintError):
     """A target that cannot be linted: it does not load, its factory raises, its forward raises..."""
 
 
+class TargetTimeout(BaseException):
+    """A target's time is up. A BaseException, like KeyboardInterrupt, so that no `except Exception` (in the
+    user's code, or in the capture's meta-then-CPU fallback) mistakes it for the forward failing."""
+
+
 def one_line(error: BaseException) -> str:
     """An exception as `Type: first line of its message`."""
     lines = str(error).strip().splitlines()

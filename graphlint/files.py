@@ -64,8 +64,12 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines as Python numbers them (only CR, LF and CRLF end a line, unlike str.splitlines)."""
-    return _NEWLINE.split(text)
+    """Lines as Python numbers them (only CR, LF and CRLF end a line, unlike str.splitlines); a final line
+    break ends the last line rather than starting an empty one."""
+    lines = _NEWLINE.split(text)
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def read_source(path: str) -> str | None:

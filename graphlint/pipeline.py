@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -21,18 +23,50 @@ from typing import Callable, Iterator
 from graphlint.capture import Capture, capture_target
 from graphlint.config import Config
 from graphlint.engine import run_rules
-from graphlint.errors import GraphlintError, one_line
+from graphlint.errors import GraphlintError, TargetTimeout, one_line
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.target import TargetSpec, load_factory
 
 
-def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False) -> TargetResult:
-    result, capture = capture_one(text, base, locator, device, debug)
-    if capture is not None:
-        result.findings, errors = run_rules(rules, capture, locator, debug)
-        result.errors.extend(errors)
+def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
+                timeout: float | None = None) -> TargetResult:
+    try:
+        with time_limit(timeout):
+            result, capture = capture_one(text, base, locator, device, debug)
+            if capture is not None:
+                result.findings, errors = run_rules(rules, capture, locator, debug)
+                result.errors.extend(errors)
+    except TargetTimeout:
+        return _failed(text, _timed_out(timeout))
     return result
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise TargetTimeout in this thread after `seconds`, with SIGALRM: it interrupts Python code (a forward
+    that loops), not a call stuck inside C, which only -j's worker processes can stop. A no-op without
+    SIGALRM (Windows) or outside the main thread."""
+    usable = seconds and hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TargetTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _timed_out(seconds: float | None) -> str:
+    return (f"did not finish within {seconds:g} s (--timeout); its forward may never return, "
+            "or raise --timeout (0 for no limit)")
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
@@ -107,8 +141,7 @@ def lint_in_processes(
                     process.kill()
                     process.wait()
                     del running[text]
-                    yield text, _failed(text, f"did not finish within {timeout:g} s (--timeout); "
-                                              "its forward may never return, or raise --timeout")
+                    yield text, _failed(text, _timed_out(timeout))
                 elif process.poll() is not None:
                     del running[text]
                     yield text, _read_result(text, process.returncode, result_file)

@@ -30,7 +30,7 @@ class Options:
     baseline: Path | None = None  # only findings not in this baseline file count
     cache: Path | None = None  # the result cache's folder; None: no cache
     jobs: int = 1  # targets linted at once, each in its own process when more than 1
-    timeout: float | None = None  # seconds per target, in its own process; None: no limit
+    timeout: float | None = None  # seconds per target; None or 0: no limit
     progress: Callable[..., None] | None = None  # progress(target, event, **details)
 
 
@@ -95,7 +95,7 @@ def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
 def _lint(pending: list[str], base: Path, project: Project, config: Config, rule_ids: tuple[str, ...],
           options: Options):
     """(an iterator of (target, result, seconds), the run's SourceSpans or None)."""
-    if options.jobs > 1 or options.timeout is not None:
+    if options.jobs > 1:
         from graphlint.pipeline import lint_in_processes
 
         started: dict[str, float] = {}
@@ -119,7 +119,7 @@ def _lint(pending: list[str], base: Path, project: Project, config: Config, rule
         for text in pending:
             _tell(options, text, "started")
             start = time.monotonic()
-            result = lint_target(text, base, locator, rules, config.device, options.debug)
+            result = lint_target(text, base, locator, rules, config.device, options.debug, options.timeout)
             yield text, result, time.monotonic() - start
 
     return list(in_process()), locator.spans_if_used

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from graphlint.errors import TargetFailure, UsageError, one_line, raised_at
+from graphlint.errors import TargetFailure, TargetTimeout, UsageError, one_line, raised_at
 from graphlint.files import display_path
 
 
@@ -77,7 +77,7 @@ def load_factory(spec: TargetSpec) -> LoadedTarget:
     if factory is None:
         raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns (model, args)")
     if not callable(factory):
-        raise TargetFailure(f"{_where(spec)}: {spec.name!r} is a {type(factory).__name__}, not a function; "
+        raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {_describe(factory)}, not a function; "
                             "make it a function that returns (model, args)")
     return LoadedTarget(spec, factory)
 
@@ -119,7 +119,7 @@ def _import_error(what: str, error: BaseException) -> str:
         return f"cannot import {what}: syntax error at {display_path(error.filename or '?')}:{error.lineno}: {error.msg}"
     if isinstance(error, ModuleNotFoundError):
         return f"cannot import {what}: {error}; install it in this environment or fix the import"
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+    if isinstance(error, (KeyboardInterrupt, SystemExit, TargetTimeout)):
         raise error
     return f"importing {what} raised {one_line(error)}{raised_at(error)}"
 
@@ -153,6 +153,9 @@ def normalize_factory_result(result: Any) -> Target:
 
 
 def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
-    return f"a {type(value).__name__}" if value is not None else "None"
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"

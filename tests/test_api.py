@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 from torch import nn
 
@@ -33,19 +34,49 @@ def test_lint_returns_the_findings_of_one_capture():
     assert isinstance(finding, graphlint.Finding)
     assert finding.rule_id == "GL101" and finding.severity is graphlint.Severity.WARNING
     assert finding.location.path == __file__ and finding.location.line == SOFTMAX_LINE
-    assert report.results[0].device == "cpu"
+    assert report.results[0].device == "meta"  # a meta copy: nothing allocated
 
 
-def test_lint_leaves_gradients_buffers_and_random_state_as_they_were():
-    model = HandWrittenAttention()
-    statistics = model.norm.running_mean.clone(), model.norm.num_batches_tracked.clone()
-    x = torch.randn(2, 8, 16)
+class WritesItsWeights(torch.nn.Module):
+    """A forward that changes its own parameter and needs real values (a data-dependent branch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.fc.weight.mul_(0.5)
+        y = self.norm(self.fc(x))
+        return y * 2 if y.sum() > 0 else y
+
+
+@pytest.mark.parametrize("model_type", [HandWrittenAttention, WritesItsWeights])
+@pytest.mark.parametrize("device", ["auto", "model"])
+def test_lint_leaves_the_model_gradients_buffers_and_random_state_as_they_were(model_type, device):
+    model = model_type()
+    x = torch.randn(2, 8, 16) if model_type is HandWrittenAttention else torch.randn(3, 4)
+    model(x).sum().backward()  # the user's own gradients, which lint must not touch
+    before = {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     random_state = torch.get_rng_state()
-    graphlint.lint(model, (x,), loss=lambda out: out.mean())
-    assert all(p.grad is None for p in model.parameters())
-    assert torch.equal(model.norm.running_mean, statistics[0])
-    assert torch.equal(model.norm.num_batches_tracked, statistics[1])
+    report = graphlint.lint(model, (x,), loss=lambda out: out.mean(), device=device)
+    assert report.errors == []
+    after = dict([*model.named_parameters(), *model.named_buffers()])
+    changed = [name for name, value in before.items() if not torch.equal(after[name].detach(), value)]
+    if device == "model" and model_type is WritesItsWeights:
+        assert changed == ["fc.weight"]  # the forward itself wrote to it, on the model it was given
+    else:
+        assert changed == []
+    assert all(torch.equal(p.grad, grads[name]) for name, p in model.named_parameters())
     assert torch.equal(torch.get_rng_state(), random_state)
+
+
+def test_a_forward_that_needs_real_values_runs_on_a_full_copy_and_says_so():
+    report = graphlint.lint(WritesItsWeights(), torch.randn(3, 4))
+    assert report.results[0].device == "cpu"
+    assert report.results[0].notes[0].startswith("captured on a full copy of the model: the forward needs real values")
 
 
 def test_lint_of_a_model_without_problems_is_empty():

@@ -1,26 +1,61 @@
-"""Global state a capture may change, saved before and restored after, so one target cannot affect the next."""
+"""Global state a capture may change, saved before and restored after, so one target cannot affect the next:
+torch's default dtype and device, grad and anomaly modes, global flags (deterministic algorithms, matmul
+precision, cuDNN and TF32 switches, threads), every random state (torch's CPU and CUDA generators, Python's,
+NumPy's), and `sys.path`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
 
 import torch
 
 
+def _flags():
+    """(name, read, write) for torch's process-wide switches."""
+    backends = torch.backends
+    return [
+        ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
+        ("default device", torch.get_default_device, torch.set_default_device),
+        ("grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
+        ("anomaly mode", torch.is_anomaly_enabled, torch.set_anomaly_enabled),
+        ("deterministic algorithms",
+         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+         lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1])),
+        ("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        ("threads", torch.get_num_threads, torch.set_num_threads),
+        ("cudnn", lambda: (backends.cudnn.enabled, backends.cudnn.benchmark, backends.cudnn.deterministic),
+         lambda v: (setattr(backends.cudnn, "enabled", v[0]), setattr(backends.cudnn, "benchmark", v[1]),
+                    setattr(backends.cudnn, "deterministic", v[2]))),
+        ("tf32", lambda: (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32),
+         lambda v: (setattr(backends.cuda.matmul, "allow_tf32", v[0]), setattr(backends.cudnn, "allow_tf32", v[1]))),
+    ]
+
+
+def _random_states():
+    """(read, write) for every random generator a factory or forward may seed or draw from."""
+    states = [(torch.get_rng_state, torch.set_rng_state), (random.getstate, random.setstate)]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append((torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states.append((numpy.random.get_state, numpy.random.set_state))
+    return states
+
+
 @contextlib.contextmanager
 def preserved_global_state():
-    """Restore torch's default dtype, grad mode, anomaly mode, CPU random state and `sys.path` on exit."""
-    dtype = torch.get_default_dtype()
-    grad = torch.is_grad_enabled()
-    anomaly = torch.is_anomaly_enabled()
-    rng = torch.get_rng_state()
+    """Restore all of the module docstring's state on exit, whatever happened inside."""
+    saved = [(write, read()) for _, read, write in _flags()]
+    randoms = [(write, read()) for read, write in _random_states()]
     path = list(sys.path)
     try:
         yield
     finally:
-        torch.set_default_dtype(dtype)
-        torch.set_grad_enabled(grad)
-        torch.set_anomaly_enabled(anomaly)
-        torch.set_rng_state(rng)
+        for write, value in saved:
+            write(value)
+        for write, value in randoms:
+            write(value)
         sys.path[:] = path
