@@ -18,7 +18,7 @@ from pathlib import Path
 
 import graphlint
 from graphlint.config import DEVICES, FAIL_ON, split_codes
-from graphlint.errors import UsageError
+from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule}[args.command](args)
     except UsageError as error:
-        print(f"graphlint: error: {error}", file=sys.stderr)
+        print(single_line(f"graphlint: error: {error}"), file=sys.stderr)
         return EXIT_ERROR
     except ImportError as error:
         if not (error.name or "").startswith("torch"):
@@ -162,7 +162,9 @@ def _check(args: argparse.Namespace) -> int:
         if args.format != "text":
             print(summary(report), file=sys.stderr)
     else:
-        sys.stdout.write(rendered)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(rendered.encode("utf-8"))  # UTF-8 whatever the terminal's locale says
+        sys.stdout.flush()
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
@@ -209,10 +211,10 @@ def _graph(args: argparse.Namespace) -> int:
     locator = Locator(project)
     result, capture = capture_one(target, base, locator, config.device, args.debug)
     for note in result.notes:
-        print(f"graphlint: note: {target}: {note}", file=sys.stderr)
+        print(single_line(f"graphlint: note: {target}: {note}"), file=sys.stderr)
     if capture is None:
         for error in result.errors:
-            print(f"graphlint: error: {error.target}: {error.message}", file=sys.stderr)
+            print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
         return EXIT_ERROR
     report = describe(capture, locator)
     if args.vary:
@@ -220,7 +222,8 @@ def _graph(args: argparse.Namespace) -> int:
         varied, bigger = capture_one(target, base, locator, capture.device, args.debug, vary_inputs(args.vary))
         if bigger is None:
             for error in varied.errors:
-                print(f"graphlint: error: {error.target} with a larger {args.vary}: {error.message}", file=sys.stderr)
+                print(single_line(f"graphlint: error: {error.target} with a larger {args.vary}: {error.message}"),
+                      file=sys.stderr)
             return EXIT_ERROR
         other = describe(bigger, locator)
         report.sizes = [(f"{args.vary} {input_size(capture, args.vary)}", report.total, report.saved_bytes),

@@ -103,13 +103,17 @@ def read_config(pyproject: Path) -> Config:
         raise UsageError(f"{pyproject}: invalid TOML ({error}); fix the file") from error
     except OSError as error:
         raise UsageError(f"{pyproject}: cannot read it ({error.strerror})") from error
-    table = data.get("tool", {}).get("graphlint", {})
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise UsageError(f"{pyproject}: tool must be a table ([tool.graphlint]); got {type(tool).__name__}")
+    table = tool.get("graphlint", {})
     if not isinstance(table, dict):
         raise UsageError(f"{pyproject}: tool.graphlint must be a table ([tool.graphlint])")
     values = {}
     for key, value in table.items():
         if key not in _KEYS:
-            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{key}; the keys graphlint reads are "
+            shown = key if key.isidentifier() or key.replace("-", "_").isidentifier() else repr(key)
+            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{shown}; the keys graphlint reads are "
                              f"{', '.join(_KEYS)}")
         attribute, check = _KEYS[key]
         values[attribute] = check(value, f"{pyproject}: tool.graphlint.{key}")

@@ -25,6 +25,11 @@ class TargetTimeout(BaseException):
     user's code, or in the capture's meta-then-CPU fallback) mistakes it for the forward failing."""
 
 
+def single_line(text: str) -> str:
+    """Text made one line, for messages that quote user input (a key, a path, an exception's message)."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip()) if "\n" in text or "\r" in text else text
+
+
 def one_line(error: BaseException) -> str:
     """An exception as `Type: first line of its message`."""
     lines = str(error).strip().splitlines()

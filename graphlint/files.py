@@ -84,3 +84,9 @@ def read_source(path: str) -> str | None:
         return data.decode(encoding)
     except (SyntaxError, LookupError, UnicodeDecodeError):
         return data.decode("utf-8", "replace")
+
+
+def writable(text: str) -> str:
+    """Text that can be written as UTF-8: lone surrogates (from undecodable file names or bytes in an
+    exception's message) become "?" instead of failing the write."""
+    return text.encode("utf-8", "replace").decode("utf-8")

@@ -67,3 +67,12 @@ def test_an_unknown_rule_is_a_clear_error():
 def test_rule_listings_do_not_need_a_target_or_a_project(tmp_path):
     result = run_graphlint("rules", cwd=tmp_path)
     assert result.returncode == 0 and "GL101" in result.stdout
+
+
+def test_troubleshooting_covers_the_common_failures_in_their_own_words():
+    section = README.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    for words in ("does not exist", "has no ':NAME'", "No module named", "syntax error at", "the factory raised",
+                  "args is a Tensor, not a tuple", "the forward raised", "loss function returned a tensor of shape",
+                  "captured on CPU because the forward needs real values", "backward raised",
+                  "did not finish within", "cannot import torch", "needs Graphviz's dot program", "unknown key"):
+        assert words in section, words

@@ -11,6 +11,28 @@ import random
 import sys
 
 import torch
+import torch.utils._device
+
+
+def _device_and_modes():
+    """The default device as torch keeps it: the global device context, the current device, and the stack
+    of torch-function modes that holds it. set_default_device cannot restore this: setting even "cpu"
+    installs a mode, and a context entered inside another one remembers it and pushes it back on exit."""
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    return (getattr(holder, "device_context", None), torch.utils._device.CURRENT_DEVICE,
+            torch.overrides._get_current_function_mode_stack())
+
+
+def _restore_device_and_modes(state) -> None:
+    context, current, modes = state
+    while torch.overrides._len_torch_function_stack():
+        torch.overrides._pop_mode()
+    for mode in modes:
+        torch.overrides._push_mode(mode)
+    holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if holder is not None:
+        holder.device_context = context
+    torch.utils._device.CURRENT_DEVICE = current
 
 
 def _flags():
@@ -18,7 +40,7 @@ def _flags():
     backends = torch.backends
     return [
         ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
-        ("default device", torch.get_default_device, torch.set_default_device),
+        ("default device", _device_and_modes, _restore_device_and_modes),
         ("grad mode", torch.is_grad_enabled, torch.set_grad_enabled),
         ("anomaly mode", torch.is_anomaly_enabled, torch.set_anomaly_enabled),
         ("deterministic algorithms",

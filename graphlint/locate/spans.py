@@ -112,8 +112,8 @@ class SourceSpans:
                     parsed.by_line.setdefault(where.start.line, []).append(node)
             for nodes in parsed.by_line.values():
                 nodes.sort(key=lambda n: (positions[n].start.column, -positions[n].end.line, -positions[n].end.column))
-        except (OSError, cst.ParserSyntaxError, UnicodeDecodeError, ValueError):
-            parsed = None  # unreadable or not Python any more (changed on disk): whole lines will do
+        except Exception:  # unreadable, undecodable, or not Python any more (changed on disk): whole lines will do
+            parsed = None
         self._files[path] = parsed
         return parsed
 

@@ -7,7 +7,7 @@ GitHub shows at most 10 annotations of each kind per step (50 per job); the summ
 
 from __future__ import annotations
 
-from graphlint.files import display_path
+from graphlint.files import display_path, writable
 from graphlint.report.text import summary
 from graphlint.results import Report
 
@@ -43,4 +43,4 @@ def render_github(report: Report) -> str:
         for error in result.errors:
             lines.append(f"::error title=graphlint::{escape_message(f'{error.target}: {error.message}')}")
     lines.append(summary(report))
-    return "\n".join(lines) + "\n"
+    return writable("\n".join(lines) + "\n")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import graphlint
+from graphlint.files import writable
 from graphlint.results import Location, Report
 
 VERSION = 1
@@ -39,7 +40,7 @@ def render_json(report: Report) -> str:
         "notes": [{"target": r.target, "message": n} for r in report.results for n in r.notes],
         "summary": _summary(report),
     }
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    return writable(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 
 
 def _location(location: Location, root: str) -> dict:

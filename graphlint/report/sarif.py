@@ -15,7 +15,7 @@ import attr
 import sarif_om as sarif
 
 import graphlint
-from graphlint.files import read_source, split_lines
+from graphlint.files import read_source, split_lines, writable
 from graphlint.results import Finding, Location, Report, RuleInfo
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -28,7 +28,7 @@ _ALWAYS_WRITTEN = {"level"}  # written even when equal to sarif-om's default
 def render_sarif(report: Report) -> str:
     log = _to_json(build_log(report))
     ordered = {"$schema": log.pop("$schema"), "version": log.pop("version"), **log}  # the usual reading order
-    return json.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
+    return writable(json.dumps(ordered, indent=2, ensure_ascii=False) + "\n")
 
 
 def build_log(report: Report) -> sarif.SarifLog:

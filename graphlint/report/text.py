@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from graphlint.files import display_path
+from graphlint.errors import single_line
+from graphlint.files import display_path, writable
 from graphlint.results import Report
 
 
@@ -13,7 +14,7 @@ def render_text(report: Report) -> str:
         for f in report.findings
     ]
     lines.append(summary(report))
-    return "\n".join(lines) + "\n"
+    return writable("\n".join(lines) + "\n")
 
 
 def summary(report: Report) -> str:
@@ -36,8 +37,8 @@ def diagnostics(report: Report) -> list[str]:
     """Errors and notes, one line each, for stderr: `graphlint: error: TARGET: what went wrong; what to do`."""
     lines = []
     for result in report.results:
-        lines += [f"graphlint: note: {result.target}: {note}" for note in result.notes]
-        lines += [f"graphlint: error: {error.target}: {error.message}" for error in result.errors]
+        lines += [single_line(f"graphlint: note: {result.target}: {note}") for note in result.notes]
+        lines += [single_line(f"graphlint: error: {error.target}: {error.message}") for error in result.errors]
     return lines
 
 
