@@ -73,7 +73,7 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
 def _capture_meta_copy(model, args, kwargs, loss, target, factory) -> Capture:
     """Capture a copy whose parameters and buffers are meta tensors (shapes only)."""
     memo = {}
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+    for tensor in [*model.parameters(), *model.buffers()]:
         meta = tensor.detach().to("meta")
         memo[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else meta
     copied = copy.deepcopy(model, memo)
