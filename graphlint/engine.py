@@ -8,12 +8,10 @@ import pkgutil
 import traceback
 
 from graphlint.capture import Capture
-from graphlint.config import Config
 from graphlint.errors import one_line
 from graphlint.locate.place import Locator
 from graphlint.results import Finding, TargetError
 from graphlint.rule import Rule, anatomy_problems
-from graphlint.selection import select
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,11 +35,6 @@ def load_rules() -> tuple[type[Rule], ...]:
 
 def rule_by_id(rule_id: str) -> type[Rule] | None:
     return next((rule for rule in load_rules() if rule.id == rule_id.upper()), None)
-
-
-def select_rules(config: Config) -> tuple[type[Rule], ...]:
-    """The rule classes a configuration turns on (see graphlint.selection)."""
-    return select(config, load_rules())
 
 
 def run_rules(

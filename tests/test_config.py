@@ -8,9 +8,14 @@ import pytest
 
 from conftest import lint_file, run_graphlint, write
 from graphlint.config import Config, read_config
-from graphlint.engine import select_rules
+from graphlint.engine import load_rules
 from graphlint.errors import UsageError
+from graphlint.selection import select
 from test_several_problems import MESSY
+
+
+def select_rules(config: Config):
+    return select(config, load_rules())
 
 
 def ids(config: Config) -> list[str]:

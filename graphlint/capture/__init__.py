@@ -7,6 +7,7 @@ that already exists. The resulting `Capture` is read-only data for the rules.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -25,6 +26,7 @@ from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, Modu
 from graphlint.errors import TargetFailure, one_line, raised_at
 from graphlint.files import display_path
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
+
 
 @dataclass(frozen=True)
 class ParameterInfo:
@@ -52,9 +54,9 @@ class Capture:
     factory: Frame | None = None  # the target factory's definition, the last resort for locations
     notes: list[str] = field(default_factory=list)
 
-    @property
+    @functools.cached_property
     def ops(self) -> list[fx.Node]:
-        """The recorded calls in execution order."""
+        """The recorded calls in execution order (computed once; every rule reads them)."""
         return recorded_ops(self.forward)
 
     @property

@@ -52,10 +52,6 @@ class AutogradNode:
     sequence_nr: int | None = None
     forward_node: fx.Node | None = None  # the forward call that created it
 
-    @property
-    def is_accumulate_grad(self) -> bool:
-        return self.name == ACCUMULATE_GRAD
-
 
 @dataclass(frozen=True)
 class BackwardOutcome:
