@@ -9,6 +9,7 @@ import pytest
 from conftest import lint_file, write
 from graphlint.fingerprint import github_line_hashes
 from graphlint.report.sarif import render_sarif
+from test_cli import ATTENTION
 
 # The vectors GitHub publishes with its upload action (codeql-action, src/fingerprints.test.ts).
 GITHUB_VECTORS = [
@@ -39,26 +40,6 @@ GITHUB_VECTORS = [
 @pytest.mark.parametrize(("text", "expected"), GITHUB_VECTORS, ids=range(len(GITHUB_VECTORS)))
 def test_line_hashes_match_githubs_published_vectors(text, expected):
     assert github_line_hashes(text) == expected
-
-
-ATTENTION = '''
-import torch
-from torch import nn
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(16, 48)
-
-    def forward(self, x):
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
-
-
-def make():
-    return Attention(), (torch.randn(2, 8, 16),)
-'''
 
 
 def sarif_result(path):
