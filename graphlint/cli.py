@@ -191,7 +191,7 @@ class _Progress:
 def _graph(args: argparse.Namespace) -> int:
     import json
 
-    from graphlint.graph import describe, input_size, vary_inputs
+    from graphlint.graph import describe, input_size, saved_activations, vary_inputs
     from graphlint.graph.dot import render_dot, render_svg
     from graphlint.graph.text import render_graph_text
     from graphlint.locate.place import Locator
@@ -225,9 +225,9 @@ def _graph(args: argparse.Namespace) -> int:
                 print(single_line(f"graphlint: error: {error.target} with a larger {args.vary}: {error.message}"),
                       file=sys.stderr)
             return EXIT_ERROR
-        other = describe(bigger, locator)
+        bigger_saved = sum(saved.storage_nbytes for _, saved in saved_activations(bigger))
         report.sizes = [(f"{args.vary} {input_size(capture, args.vary)}", report.total, report.saved_bytes),
-                        (f"{args.vary} {input_size(bigger, args.vary)}", other.total, other.saved_bytes)]
+                        (f"{args.vary} {input_size(bigger, args.vary)}", len(bigger.autograd.nodes), bigger_saved)]
     if args.format == "svg":
         rendered = render_svg(render_dot(report, collapse=not args.no_collapse, depth=args.depth))
     elif args.format == "dot":
