@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from graphlint.capture import Capture, capture_model
+from graphlint.capture import Capture, capture_model, inputs_to_meta
 from graphlint.capture.frames import Frame
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.engine import load_rules, run_rules
@@ -77,14 +77,9 @@ def _capture_meta_copy(model, args, kwargs, loss, target, factory) -> Capture:
         meta = tensor.detach().to("meta")
         memo[id(tensor)] = torch.nn.Parameter(meta, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else meta
     copied = copy.deepcopy(model, memo)
-    args = tuple(torch.utils._pytree.tree_map(_to_meta, list(args)))
-    kwargs = torch.utils._pytree.tree_map(_to_meta, kwargs)
+    args, kwargs = inputs_to_meta(args, kwargs)
     with preserved_global_state(), torch.device("meta"):
         return capture_model(copied, args, kwargs, loss, target=target, device="meta", factory=factory)
-
-
-def _to_meta(value):
-    return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
 def _capture_in_place(model, args, kwargs, loss, target, factory) -> Capture:

@@ -218,8 +218,13 @@ def _move_to_meta(made: Target) -> None:
     model = made.model
     if any(t.device.type != "meta" for t in _model_tensors(model)):
         model.to("meta")
-    made.args = tuple(torch.utils._pytree.tree_map(_to_meta, list(made.args)))
-    made.kwargs = torch.utils._pytree.tree_map(_to_meta, made.kwargs)
+    made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
+
+
+def inputs_to_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A forward's inputs with every tensor in them (nested in lists, dicts...) moved to the meta device."""
+    return (tuple(torch.utils._pytree.tree_map(_to_meta, list(args))),
+            torch.utils._pytree.tree_map(_to_meta, kwargs))
 
 
 def _to_meta(value: Any) -> Any:

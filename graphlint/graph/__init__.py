@@ -107,7 +107,7 @@ def describe(capture: Capture, locator: Locator) -> GraphReport:
         categories[view.category][view.name] += 1
     trainable = [name for name, info in capture.parameters.items() if info.requires_grad]
     sinks = autograd.accumulate_grad
-    saved_bytes, saved_tensors, saved_by_line = _saved_memory(capture, locator)
+    saved_bytes, saved_tensors, saved_by_line = _saved_memory(capture, locator, source_of)
     return GraphReport(
         target=capture.target,
         device=capture.device,
@@ -156,7 +156,7 @@ def saved_activations(capture: Capture):
                 yield node, saved
 
 
-def _saved_memory(capture: Capture, locator: Locator) -> tuple[int, int, list[SavedLine]]:
+def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[int, int, list[SavedLine]]:
     """Activation bytes kept for backward, in total and by the line of the op that saved them."""
     lines: dict[str, SavedLine] = {}
     paths: dict[str, list[str]] = {}
@@ -165,10 +165,7 @@ def _saved_memory(capture: Capture, locator: Locator) -> tuple[int, int, list[Sa
         total += saved.storage_nbytes
         count += 1
         forward = node.forward_node
-        where = "(unknown)"
-        if forward is not None:
-            primary, _ = node_sites(forward, locator.project, capture.factory)
-            where = _show(locator.location(primary)) if primary is not None else where
+        where = _source(forward, capture, locator, source_of) or "(unknown)"
         line = lines.setdefault(where, SavedLine(where, [], "", 0, 0))
         line.bytes += saved.storage_nbytes
         line.tensors += 1
