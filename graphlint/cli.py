@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         help="where to build and run the model; auto (default) uses the meta device and rebuilds on CPU "
              "when the forward needs real values",
     )
-    check.add_argument("--select", metavar="CODES", help="rules to run, comma-separated IDs or prefixes (replaces the configuration's)")
+    check.add_argument("--select", metavar="CODES",
+                       help="rules to run, comma-separated IDs or prefixes (replaces the configuration's selection)")
     check.add_argument("--extend-select", metavar="CODES", help="rules to run in addition")
     check.add_argument("--ignore", metavar="CODES", help="rules not to run")
     check.add_argument("--fail-on", choices=FAIL_ON, default=None,

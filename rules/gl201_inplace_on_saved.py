@@ -172,7 +172,7 @@ def _problem(writer: fx.Node, victims: list[tuple[AutogradNode, SavedTensor]]) -
     else:
         consequence = "backward will fail with “modified by an inplace operation”"
     related = tuple(
-        (a.forward_node, f"{_producer_name(a)} saved {'its output' if s.attribute == '_saved_result' else 'this input'} for backward")
+        (a.forward_node, f"{_producer_name(a)} saved {_what_was_saved(s)} for backward")
         for a, s in victims if a.forward_node is not None
     )
     return Problem(
@@ -231,3 +231,7 @@ def _advice(writer: fx.Node, silent: bool) -> str:
         symbol = _OPERATORS[name]
         return f"write y = y {symbol} … rather than y {symbol}= … or y.{name}(…)"
     return f"use the out-of-place {name.rstrip('_')}() instead"
+
+
+def _what_was_saved(saved) -> str:
+    return "its output" if saved.attribute == "_saved_result" else "this input"

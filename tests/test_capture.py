@@ -186,7 +186,8 @@ def test_forcing_meta_on_a_data_dependent_forward_is_a_clear_failure(tmp_path):
         def make():
             return Itemy(), (torch.ones(2, 4),)
     ''')
-    message = r"cannot capture on the meta device: the forward needs real values \(\.item\(\) at .*itemy.py:11\); use --device auto"
+    message = (r"cannot capture on the meta device: the forward needs real values \(\.item\(\) at .*itemy.py:11\); "
+               r"use --device auto")
     with pytest.raises(TargetFailure, match=message):
         capture_file(path, device="meta")
 

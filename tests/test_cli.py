@@ -11,6 +11,8 @@ import pytest
 
 from conftest import REPO, line_of, run_graphlint, validate_sarif, write
 
+pytestmark = pytest.mark.cli  # CI runs these against the installed wheel too
+
 EXAMPLE = REPO / "examples" / "attention" / "model.py"
 CLEAN = '''
 import torch
@@ -60,6 +62,22 @@ def test_the_console_script_and_python_m_are_the_same_command():
     via_module = run_graphlint("--version", cwd=REPO)
     assert via_script.returncode == via_module.returncode == 0
     assert via_script.stdout == via_module.stdout and via_module.stdout.startswith("graphlint ")
+
+
+def test_the_command_runs_the_graphlint_under_test():
+    """CI runs these tests a second time against the installed wheel (GRAPHLINT_INSTALLED=1); then the command
+    must import that install, never the source tree beside it."""
+    import os
+    import subprocess
+
+    probe = "import graphlint, graphlint.rules; print(graphlint.__file__); print(graphlint.rules.__file__)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    package, rules = (Path(line) for line in result.stdout.splitlines())
+    if os.environ.get("GRAPHLINT_INSTALLED"):
+        assert REPO not in package.parents and REPO not in rules.parents
+        assert package.parent == rules.parent.parent  # graphlint/rules/ inside the installed package
+    else:
+        assert package == REPO / "graphlint" / "__init__.py" and rules == REPO / "rules" / "__init__.py"
 
 
 def test_a_clean_model_exits_zero(project_dir):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import REPO, run_graphlint
 from graphlint.config import tomllib
 from graphlint.engine import load_rules
@@ -39,6 +41,7 @@ def test_the_readme_links_the_references_and_ci_runs_its_test_command():
     assert "pip install -c constraints.txt" in commands[0] and "pip install --quiet -c constraints.txt" in ci
 
 
+@pytest.mark.cli
 def test_graphlint_rules_lists_every_rule_with_its_severity():
     result = run_graphlint("rules", cwd=REPO)
     assert result.returncode == 0
@@ -48,6 +51,7 @@ def test_graphlint_rules_lists_every_rule_with_its_severity():
     assert lines[-1].endswith("(opt-in)")
 
 
+@pytest.mark.cli
 def test_graphlint_rule_prints_the_docs_and_the_example_models():
     result = run_graphlint("rule", "gl201", cwd=REPO)
     assert result.returncode == 0
@@ -58,12 +62,14 @@ def test_graphlint_rule_prints_the_docs_and_the_example_models():
     assert "```" not in result.stdout
 
 
+@pytest.mark.cli
 def test_an_unknown_rule_is_a_clear_error():
     result = run_graphlint("rule", "GL999", cwd=REPO)
     assert result.returncode == 2
     assert result.stderr.startswith("graphlint: error: no rule 'GL999'; the rules are GL101")
 
 
+@pytest.mark.cli
 def test_rule_listings_do_not_need_a_target_or_a_project(tmp_path):
     result = run_graphlint("rules", cwd=tmp_path)
     assert result.returncode == 0 and "GL101" in result.stdout

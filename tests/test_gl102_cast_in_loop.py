@@ -124,9 +124,11 @@ def test_a_round_trip_around_matrix_work_in_every_layer_is_flagged(case, tmp_pat
 
 SENSITIVE = {
     "float32 softmax": "return torch.softmax(x.float(), dim=-1).half()",
-    "float32 layer norm after a Linear": "h = self.fc(x.transpose(1, 2).float())\nreturn torch.nn.functional.layer_norm(h, (16,)).half().transpose(1, 2)",
+    "float32 layer norm after a Linear": ("h = self.fc(x.transpose(1, 2).float())\n"
+                                          "return torch.nn.functional.layer_norm(h, (16,)).half().transpose(1, 2)"),
     "float32 variance": "v = x.float().pow(2).mean(-1, keepdim=True)\nreturn (x * torch.rsqrt(v + 1e-6).half())",
-    "float32 log-sum-exp of matrix work": "return x + torch.logsumexp(self.fc(x.transpose(1, 2).float()), -1, keepdim=True).half().transpose(1, 2)",
+    "float32 log-sum-exp of matrix work": ("return x + torch.logsumexp(self.fc(x.transpose(1, 2).float()), -1, "
+                                           "keepdim=True).half().transpose(1, 2)"),
 }
 
 

@@ -132,6 +132,7 @@ def test_the_node_count_does_not_depend_on_batch_or_sequence_length(block_file, 
     assert varied.saved_bytes != base.saved_bytes
 
 
+@pytest.mark.cli
 def test_the_command_shows_the_graph_size_against_the_batch_size(block_file):
     result = run_graphlint("graph", "block.py:make", "--device", "cpu", "--vary", "batch", cwd=block_file.parent)
     assert result.returncode == 0, result.stderr
@@ -155,6 +156,7 @@ def test_a_parameter_without_a_sink_is_named():
     assert report.without_sink == ["cut.weight", "cut.bias"]
 
 
+@pytest.mark.cli
 def test_on_meta_the_report_says_that_sdpa_appears_lowered(tmp_path):
     write(tmp_path, "sdpa.py", BLOCK)
     result = run_graphlint("graph", "sdpa.py:make", cwd=tmp_path)
@@ -164,6 +166,7 @@ def test_on_meta_the_report_says_that_sdpa_appears_lowered(tmp_path):
     assert "fused attention           0" in result.stdout
 
 
+@pytest.mark.cli
 def test_json_gives_the_same_numbers(block_file):
     result = run_graphlint("graph", "block.py:make", "--device", "cpu", "--format", "json", cwd=block_file.parent)
     data = json.loads(result.stdout)
@@ -214,7 +217,10 @@ def test_a_twelve_layer_picture_draws_identical_layers_once(tmp_path):
     collapsed = render_dot(report)
     full = render_dot(report, collapse=False)
     assert 'label="layers.0 … layers.11 (×12 identical layers)"' in collapsed
-    count = lambda dot: sum(1 for line in dot.splitlines() if line.strip().startswith("n") and "[label=" in line)
+
+    def count(dot: str) -> int:
+        return sum(1 for line in dot.splitlines() if line.strip().startswith("n") and "[label=" in line)
+
     assert count(full) == report.total
     per_layer = (report.total - count(collapsed)) // 11
     assert count(collapsed) == report.total - 11 * per_layer and per_layer > 0
@@ -225,6 +231,7 @@ def test_a_twelve_layer_picture_draws_identical_layers_once(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (CI installs it)")
+@pytest.mark.cli
 def test_svg_is_rendered_by_graphviz(tmp_path):
     write(tmp_path, "stack.py", STACK)
     result = run_graphlint("graph", "stack.py:make", "--format", "svg", "--output", "stack.svg", cwd=tmp_path)
@@ -234,6 +241,7 @@ def test_svg_is_rendered_by_graphviz(tmp_path):
     assert "layers.0 … layers.11 (×12 identical layers)" in svg
 
 
+@pytest.mark.cli
 def test_without_graphviz_svg_says_how_to_get_it(tmp_path):
     write(tmp_path, "stack.py", STACK)
     bare_path = os.path.dirname(sys.executable)  # python only: no dot on this PATH
