@@ -34,6 +34,15 @@ FAIL_ON = (*SEVERITIES, "never")
 
 
 @dataclass(frozen=True)
+class RuleSelection:
+    """One layer of rule selection (the pyproject's, or the command line's); see graphlint.selection."""
+
+    select: tuple[str, ...] | None = None  # None: this layer does not restart the selection
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     targets: tuple[str, ...] = ()
     device: str = "auto"
@@ -45,10 +54,20 @@ class Config:
     fail_on: str = "warning"
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     source: Path | None = None  # the pyproject.toml it came from
+    command_line: RuleSelection | None = None  # --select/--extend-select/--ignore, a layer above the file's
 
-    def overridden(self, **options) -> Config:
-        """This configuration with the command line's options (those not None) taking precedence."""
-        return replace(self, **{key: value for key, value in options.items() if value is not None})
+    @property
+    def file_selection(self) -> RuleSelection:
+        return RuleSelection(self.select, self.extend_select, self.ignore)
+
+    def overridden(self, select=None, extend_select=None, ignore=None, **options) -> Config:
+        """This configuration with the command line's options (those not None) taking precedence. The rule
+        options form their own layer, resolved with ruff's semantics by graphlint.selection."""
+        layer = None
+        if select is not None or extend_select is not None or ignore is not None:
+            layer = RuleSelection(select, extend_select or (), ignore or ())
+        return replace(self, command_line=layer or self.command_line,
+                       **{key: value for key, value in options.items() if value is not None})
 
 
 def _strings(value, where: str, example: str) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from graphlint.config import Config
+from graphlint.config import Config, RuleSelection
 from graphlint.project import Project
 
 
@@ -37,7 +37,15 @@ def _config(data: dict) -> Config:
         "extend_select": tuple(data["extend_select"]),
         "ignore": tuple(data["ignore"]),
         "per_file_ignores": {glob: tuple(codes) for glob, codes in data["per_file_ignores"].items()},
+        "command_line": _selection(data["command_line"]),
     })
+
+
+def _selection(data: dict | None) -> RuleSelection | None:
+    if data is None:
+        return None
+    return RuleSelection(tuple(data["select"]) if data["select"] is not None else None,
+                         tuple(data["extend_select"]), tuple(data["ignore"]))
 
 
 def main(request_path: str, result_path: str) -> int:

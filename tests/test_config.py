@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,8 +15,8 @@ from graphlint.selection import select
 from test_several_problems import MESSY
 
 
-def select_rules(config: Config):
-    return select(config, load_rules())
+def select_rules(config: Config, rules=None):
+    return select(config, load_rules() if rules is None else rules)
 
 
 def ids(config: Config) -> list[str]:
@@ -143,3 +144,47 @@ def test_the_command_line_overrides_the_configuration(tmp_path):
                                "--fail-on", "error", cwd=tmp_path)
     assert overridden.returncode == 1
     assert {f["rule"] for f in json.loads(overridden.stdout)["findings"]} == {"GL201", "GL202"}
+
+
+# ruff's selection semantics, on a fixed set of rules so that new rules do not change the expectations.
+_FAKE_RULES = tuple(
+    SimpleNamespace(id=rule_id, default_enabled=rule_id != "GL901")
+    for rule_id in ("GL101", "GL102", "GL201", "GL202", "GL901")
+)
+
+
+def _resolved(config: Config) -> list[str]:
+    return [rule.id for rule in select_rules(config, _FAKE_RULES)]
+
+
+@pytest.mark.parametrize(
+    ("file", "command_line", "expected"),
+    [
+        # The command line's select starts the resolution: the file's ignore is dropped.
+        ({"ignore": ("GL101",)}, {"select": ("GL101",)}, ["GL101"]),
+        ({"select": ("GL2",), "extend_select": ("GL901",)}, {"select": ("GL1",)}, ["GL101", "GL102"]),
+        # Without a select of its own, the command line adjusts what the file chose.
+        ({"select": ("GL1",)}, {"extend_select": ("GL201",)}, ["GL101", "GL102", "GL201"]),
+        ({"ignore": ("GL101",)}, {"extend_select": ("GL101",)}, ["GL101", "GL102", "GL201", "GL202"]),
+        ({"select": ("ALL",), "ignore": ("GL2",)}, {"ignore": ("GL101",)}, ["GL102", "GL901"]),
+        # Within one layer the more specific selector wins; at equal specificity the ignore does.
+        ({"select": ("GL1",), "ignore": ("GL101",)}, None, ["GL102"]),
+        ({"select": ("GL201",), "ignore": ("ALL",)}, None, ["GL201"]),
+        ({"select": ("GL2",), "ignore": ("GL2",)}, None, []),
+        (None, {"select": ("GL1", "GL901"), "ignore": ("GL10",)}, ["GL901"]),
+    ],
+)
+def test_selection_follows_ruffs_layers(file, command_line, expected):
+    config = Config(**(file or {}))
+    if command_line is not None:
+        config = config.overridden(**command_line)
+    assert _resolved(config) == expected
+
+
+def test_a_command_line_select_runs_a_rule_the_pyproject_ignores(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.graphlint]\ntargets = ["messy.py:make"]\nignore = ["GL101"]\n')
+    write(tmp_path, "messy.py", MESSY.code)
+    ignored = run_graphlint("check", "--format", "json", cwd=tmp_path)
+    assert "GL101" not in {f["rule"] for f in json.loads(ignored.stdout)["findings"]}
+    selected = run_graphlint("check", "--format", "json", "--select", "GL101", cwd=tmp_path)
+    assert {f["rule"] for f in json.loads(selected.stdout)["findings"]} == {"GL101"}
