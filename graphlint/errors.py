@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import traceback
 
-from graphlint.files import display_path, is_hidden_file
+from graphlint.files import display_path, is_graphlint_file, is_hidden_file, is_torch_or_standard_library_file
 
 
 class GraphlintError(Exception):
@@ -42,3 +42,27 @@ def raised_at(error: BaseException) -> str:
     if not frames:
         return ""
     return f" (at {display_path(frames[-1].filename)}:{frames[-1].lineno})"
+
+
+def call_user_code(function, /, *args, **kwargs):
+    """Run the user's code, or a torch op the user called, from inside graphlint's own code (the recorder,
+    the module-construction wrapper): an exception raised in there is the user's, not graphlint's."""
+    return function(*args, **kwargs)
+
+
+def raised_by_graphlint(error: BaseException) -> bool:
+    """Whether graphlint's own code raised `error` rather than the user's (or a library they called): the
+    innermost frame outside torch and the standard library is graphlint's, and not one of its calls into the
+    user's code."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for code in reversed(frames):
+        path = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else code.co_filename
+        if is_torch_or_standard_library_file(path):
+            continue
+        return is_graphlint_file(path) and code is not call_user_code.__code__
+    return False
+

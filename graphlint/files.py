@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import os
@@ -33,6 +34,21 @@ def is_hidden_file(filename: str) -> bool:
         # site-packages sits inside the standard library folder when no virtual environment is used.
         return not is_installed_file(filename)
     return False
+
+
+def is_graphlint_file(filename: str) -> bool:
+    """graphlint's own code: the package and its rules (a separate folder in a development install)."""
+    return filename.startswith((_GRAPHLINT_DIR, _rules_dir()))
+
+
+def is_torch_or_standard_library_file(filename: str) -> bool:
+    """Code that runs on behalf of whoever called it: torch, the standard library, and `<frozen ...>` modules."""
+    return filename.startswith(("<", _TORCH_DIR)) or (filename.startswith(_STDLIB_DIRS) and not is_installed_file(filename))
+
+
+@functools.lru_cache(maxsize=1)
+def _rules_dir() -> str:
+    return _package_dir("graphlint.rules")
 
 
 def is_installed_file(filename: str) -> bool:

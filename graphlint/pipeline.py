@@ -87,7 +87,7 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     except Exception as error:  # a bug in graphlint: still one line, and the other targets go on
         if debug:
             traceback.print_exc()
-        result.errors.append(TargetError(text, f"internal error while capturing ({one_line(error)}); "
+        result.errors.append(TargetError(text, f"internal error in graphlint while capturing ({one_line(error)}); "
                                                "please report it with the output of --debug"))
         return result, None
     project = locator.project

@@ -23,7 +23,7 @@ from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, ModuleInfo, describe_modules
-from graphlint.errors import TargetFailure, one_line, raised_at
+from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.files import display_path
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
 
@@ -94,13 +94,15 @@ def capture_model(
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     try:
         with torch.enable_grad(), saved, tracker, recorder:
-            output = model(*args, **kwargs)
+            output = call_user_code(model, *args, **kwargs)
             recorder.phase = "loss"
             loss = choose_loss(output, loss_fn)
             recorder.add_output(output)
     except TargetFailure:
         raise
     except Exception as error:
+        if raised_by_graphlint(error):
+            raise  # graphlint's own bug: reported as one, never as the user's forward failing
         raise ForwardFailure(f"the forward raised {one_line(error)}{raised_at(error)}", recorder.failed_op) from error
     ops = recorded_ops(recorder.graph)
     autograd = AutogradGraph()
@@ -182,10 +184,12 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
         stacks.boundary = sys._getframe()
         try:
             with torch.device(device), build_sites:
-                made = normalize_factory_result(loaded.factory())
+                made = normalize_factory_result(call_user_code(loaded.factory))
         except TargetFailure:
             raise
         except Exception as error:
+            if raised_by_graphlint(error):
+                raise  # no CPU retry for graphlint's own bug
             if device == "meta":
                 raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
             raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error

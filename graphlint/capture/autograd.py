@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from graphlint.capture.forward import storage_key
-from graphlint.errors import one_line
+from graphlint.errors import call_user_code, one_line, raised_by_graphlint
 
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
 
@@ -231,8 +231,10 @@ def run_backward(loss: torch.Tensor, parameters: dict[str, torch.Tensor]) -> Bac
     if loss.grad_fn is None or not trainable:
         return BackwardOutcome(ran=False)
     try:
-        grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+        grads = call_user_code(torch.autograd.grad, loss, [p for _, p in trainable], allow_unused=True)
     except Exception as error:  # the capture keeps everything seen so far; rules still run
+        if raised_by_graphlint(error):
+            raise  # a bug in graphlint's hooks is not the model's backward failing
         return BackwardOutcome(ran=True, error=one_line(error))
     reached = frozenset(name for (name, _), grad in zip(trainable, grads, strict=True) if grad is not None)
     return BackwardOutcome(ran=True, reached=reached)

@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from graphlint.capture.frames import Frame, StackRecorder, format_stack
+from graphlint.errors import call_user_code
 from graphlint.capture.modules import ModuleCallTracker
 
 # Calls that return no tensor but are still worth a node: the model's values leave torch here.
@@ -179,7 +180,7 @@ class ForwardRecorder(TorchFunctionMode):
         versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs) if not t.is_inference()]
         saved_start = self._saved_count()
         try:
-            out = func(*args, **kwargs)
+            out = call_user_code(func, *args, **kwargs)
         except Exception:
             if self.failed_op is None:
                 self.failed_op = (op_name(func), self._stacks.user_stack(sys._getframe(1)))

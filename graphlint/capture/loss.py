@@ -7,15 +7,17 @@ from typing import Any, Callable
 
 import torch
 
-from graphlint.errors import TargetFailure, one_line
+from graphlint.errors import TargetFailure, call_user_code, one_line, raised_by_graphlint
 
 
 def choose_loss(output: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     """The loss for the backward pass, or None when the output carries nothing to differentiate."""
     if loss_fn is not None:
         try:
-            loss = loss_fn(output)
+            loss = call_user_code(loss_fn, output)
         except Exception as error:
+            if raised_by_graphlint(error):
+                raise
             raise TargetFailure(f"the target's loss function raised {one_line(error)}") from error
         if not isinstance(loss, torch.Tensor):
             raise TargetFailure(f"the target's loss function returned {type(loss).__name__}; return a scalar tensor")

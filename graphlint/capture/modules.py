@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.errors import call_user_code
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class BuildSiteRecorder:
             if id(module) not in recorder._sites:
                 caller = _outside_own_init(sys._getframe(1), module)
                 recorder._sites[id(module)] = (weakref.ref(module), recorder._stacks.user_stack(caller))
-            original(module, *args, **kwargs)
+            call_user_code(original, module, *args, **kwargs)
 
         def parameter_registered(module, name, parameter):
             if parameter is not None and id(parameter) not in recorder._sites:
