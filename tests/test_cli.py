@@ -74,7 +74,7 @@ def test_the_command_runs_the_graphlint_under_test():
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     package, rules = (Path(line) for line in result.stdout.splitlines())
     if os.environ.get("GRAPHLINT_INSTALLED"):
-        assert REPO not in package.parents and REPO not in rules.parents
+        assert "site-packages" in package.parts and package != REPO / "graphlint" / "__init__.py"
         assert package.parent == rules.parent.parent  # graphlint/rules/ inside the installed package
     else:
         assert package == REPO / "graphlint" / "__init__.py" and rules == REPO / "rules" / "__init__.py"
