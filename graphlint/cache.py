@@ -5,10 +5,13 @@
     <cache dir>/v1/targets/<key>.json      one target's result and the files it depends on
 
 A target's key covers graphlint's version and code, torch's version, Python's version, the project root,
-the configuration and the target. The entry is used only when every first-party file the capture ran or
-imported still has the content hash recorded in it. Unreadable or corrupt cache files are ignored; writing
-the cache never fails a run. Files the model reads with open() are not tracked: use --no-cache after
-changing them.
+the target, and the settings that change what a capture finds: the device and the rules that run. Settings
+applied after the capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it:
+changing them re-reports the cached findings. The entry is used only when every file the capture ran or
+imported from the project (or from a library installed from a local path) still has the content hash recorded
+in it, and every installed distribution it loaded is still installed at the recorded version
+(graphlint.libraries). Unreadable or corrupt cache files are ignored; writing the cache never fails a run.
+Files the model reads with open() are not tracked: use --no-cache after changing them.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import tempfile
 from pathlib import Path
 
 import graphlint
-from graphlint.config import Config
+from graphlint.libraries import installed_version
 from graphlint.project import Project
 from graphlint.results import Finding, Location, Related, RuleInfo, Severity, TargetError, TargetResult
 
-VERSION = 1
+VERSION = 2
 DEFAULT_FOLDER = ".graphlint_cache"
 
 
@@ -75,7 +78,8 @@ class ResultCache:
         self.folder = folder
         self._code = _code_digest()
 
-    def key(self, target: str, base: Path, project: Project, config: Config) -> str:
+    def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...]) -> str:
+        """The key of one target's entry; `rules` are the IDs of the rules that run on its capture."""
         fields = {
             "graphlint": self._code,
             "torch": _torch_version(),
@@ -83,7 +87,8 @@ class ResultCache:
             "root": str(project.root),
             "base": str(base),
             "target": target,
-            "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "source"},
+            "device": device,
+            "rules": sorted(rules),
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 
@@ -94,6 +99,8 @@ class ResultCache:
         try:
             if entry is None or any(file_digest(path) != digest for path, digest in entry["inputs"].items()):
                 return None
+            if any(installed_version(name) != version for name, version in entry["libraries"].items()):
+                return None  # a library was upgraded, downgraded or removed since
             return result_from_dict(entry["result"])
         except (KeyError, TypeError, ValueError):
             return None  # a corrupt entry is a miss
@@ -103,7 +110,7 @@ class ResultCache:
         if any(digest is None for digest in inputs.values()):
             return  # an input vanished: nothing reliable to store
         self._write(self.folder / f"v{VERSION}" / "targets" / f"{key}.json",
-                    {"inputs": inputs, "result": dataclasses.asdict(result)})
+                    {"inputs": inputs, "libraries": result.libraries, "result": dataclasses.asdict(result)})
 
     # -- rules ----------------------------------------------------------------------------------------------
 

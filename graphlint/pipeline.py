@@ -24,6 +24,7 @@ from graphlint.capture import Capture, capture_target
 from graphlint.config import Config
 from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, TargetTimeout, one_line
+from graphlint.libraries import loaded_libraries
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.target import TargetSpec, load_factory
@@ -99,7 +100,9 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
                 if isinstance(getattr(m, "__file__", None), str) and os.path.isabs(m.__file__)
                 and os.path.isfile(m.__file__)}
     extra = {str(spec.file)} if spec.file is not None else set()
-    result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra))
+    result.libraries, local_library_files = loaded_libraries()
+    result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra
+                                 | set(local_library_files)))
     return result, capture
 
 

@@ -116,7 +116,8 @@ class TargetResult:
     notes: list[str] = field(default_factory=list)
     device: str | None = None  # where the capture ran: meta, cpu or cuda
     files: tuple[str, ...] = ()  # the project's own source files the capture ran
-    inputs: tuple[str, ...] = ()  # the project's files the result depends on (ran or imported), for the cache
+    inputs: tuple[str, ...] = ()  # the files the result depends on (ran or imported), tracked by content
+    libraries: dict[str, str] = field(default_factory=dict)  # installed distributions it ran, with versions
 
 
 @dataclass

@@ -59,7 +59,7 @@ def check(
     pending = []
     for text in dict.fromkeys(targets):
         if cache is not None:
-            keys[text] = cache.key(text, base, project, config)
+            keys[text] = cache.key(text, base, project, config.device, tuple(rule.id for rule in rules))
             cached = cache.load(keys[text])
             if cached is not None:
                 results[text] = cached

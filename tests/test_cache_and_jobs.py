@@ -43,8 +43,75 @@ def test_editing_an_imported_file_or_the_configuration_lints_again(project_dir):
     assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode != 1  # needs a capture
     assert run_graphlint("check", "model.py:make", cwd=project_dir).returncode == 0  # the new code is clean
 
-    write(project_dir, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\nfail-on = "note"\n')
-    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode != 0  # new configuration
+    write(project_dir, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\nselect = ["GL2"]\n')
+    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode == 2  # other rules: capture again
+
+
+def test_settings_applied_after_the_capture_answer_from_the_cache(project_dir):
+    write(project_dir, "model.py", ATTENTION)
+    assert run_graphlint("check", "model.py:make", cwd=project_dir).returncode == 1
+    pyproject = '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\n'
+    write(project_dir, "pyproject.toml", pyproject + '[tool.graphlint.severity]\nGL101 = "note"\n')
+    as_note = run_without_torch("check", "model.py:make", cwd=project_dir)
+    assert as_note.returncode == 0 and "GL101" in as_note.stdout, as_note.stderr
+    write(project_dir, "pyproject.toml", pyproject + 'fail-on = "error"\nper-file-ignores = { "model.py" = ["GL101"] }\n')
+    ignored = run_without_torch("check", "model.py:make", cwd=project_dir)
+    assert ignored.returncode == 0 and "GL101" not in ignored.stdout, ignored.stderr
+    write(project_dir, "pyproject.toml", pyproject)
+    run_graphlint("check", "model.py:make", "--write-baseline", "baseline.json", cwd=project_dir)
+    baselined = run_without_torch("check", "model.py:make", "--baseline", "baseline.json", cwd=project_dir)
+    assert baselined.returncode == 0 and "GL101" not in baselined.stdout, baselined.stderr
+
+
+HAND_WRITTEN = "torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v"
+FUSED = "torch.nn.functional.scaled_dot_product_attention(q, k, v)"
+
+
+def _install(site, name: str, version: str, attention: str, direct_url: str | None = None) -> None:
+    """A distribution as pip leaves it in site-packages: the package and its .dist-info metadata."""
+    for old in site.glob(f"{name}-*.dist-info"):
+        for file in old.iterdir():
+            file.unlink()
+        old.rmdir()
+    write(site, f"{name}/__init__.py", ATTENTION.replace("def make():", "def unused():").replace(HAND_WRITTEN, attention))
+    info = site / f"{name}-{version}.dist-info"
+    write(info, "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    write(info, "top_level.txt", f"{name}\n")
+    write(info, "RECORD", "")
+    if direct_url is not None:
+        write(info, "direct_url.json", direct_url)
+
+
+def _run_with_site(site, *args, cwd, torch: bool = True):
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "graphlint"] if torch else [sys.executable, "-c", WITHOUT_TORCH]
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_upgrading_an_installed_library_lints_again(project_dir, tmp_path_factory):
+    site = tmp_path_factory.mktemp("env") / "site-packages"
+    _install(site, "attnlib", "1.0", HAND_WRITTEN)
+    write(project_dir, "model.py", "import torch\nfrom attnlib import Attention\n\n\n"
+                                   "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
+    first = _run_with_site(site, "check", "model.py:make", cwd=project_dir)
+    assert first.returncode == 1 and "GL101" in first.stdout, first.stderr
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 1  # cached
+    _install(site, "attnlib", "2.0", FUSED)
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 2  # a miss
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 0
+
+
+def test_a_library_installed_from_a_local_path_is_tracked_by_content(project_dir, tmp_path_factory):
+    site = tmp_path_factory.mktemp("env") / "site-packages"
+    from_path = '{"url": "file:///src/attnlib", "dir_info": {}}'
+    _install(site, "attnlib", "1.0", HAND_WRITTEN, from_path)
+    write(project_dir, "model.py", "import torch\nfrom attnlib import Attention\n\n\n"
+                                   "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 1
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 1  # cached
+    _install(site, "attnlib", "1.0", FUSED, from_path)  # reinstalled from the edited source: same version
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 2  # a miss
+    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 0
 
 
 def test_no_cache_always_captures(project_dir):

@@ -1,0 +1,75 @@
+"""The installed libraries a capture ran, so that the result cache notices when one is upgraded.
+
+After a capture, every module then loaded is traced to the distribution that installed it
+(`importlib.metadata`, no imports). The cache keeps each distribution's version and answers again only while
+every one of them is still installed at that version. Distributions installed from a local path (editable or
+not) can change without a new version: their imported files are tracked by content, like the project's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+import sys
+
+# graphlint's own code is covered by its code digest in the cache key.
+_OWN_DISTRIBUTIONS = frozenset({"torch-graphlint"})
+
+
+def loaded_libraries() -> tuple[dict[str, str], tuple[str, ...]]:
+    """(version by distribution name for every installed distribution with a module loaded now, the files of
+    the loaded modules that come from distributions installed from a local path)."""
+    owners = _owners()
+    files_by_top: dict[str, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and os.path.isabs(path):
+            files_by_top.setdefault(name.partition(".")[0], []).append(path)
+        else:
+            files_by_top.setdefault(name.partition(".")[0], [])
+    versions: dict[str, str] = {}
+    local_files: set[str] = set()
+    for top, files in files_by_top.items():
+        for distribution_name in owners.get(top, ()):
+            if distribution_name.lower() in _OWN_DISTRIBUTIONS or distribution_name in versions:
+                continue
+            distribution = _distribution(distribution_name)
+            if distribution is None:
+                continue
+            versions[distribution_name] = distribution.version
+            if _installed_from_a_local_path(distribution):
+                local_files.update(f for f in files if os.path.isfile(f))
+    return dict(sorted(versions.items())), tuple(sorted(local_files))
+
+
+@functools.lru_cache(maxsize=1)
+def _owners() -> dict[str, list[str]]:
+    """Top-level module name → the distributions that install it; read once per process (about 0.07 s)."""
+    return importlib.metadata.packages_distributions()
+
+
+@functools.lru_cache(maxsize=None)
+def _distribution(name: str):
+    try:
+        return importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _installed_from_a_local_path(distribution) -> bool:
+    """pip records `file://` sources (`pip install ./lib`, `pip install -e ./lib`) in direct_url.json."""
+    try:
+        recorded = json.loads(distribution.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return str(recorded.get("url", "")).startswith("file:")
+
+
+def installed_version(name: str) -> str | None:
+    """The version of the distribution installed now, or None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
