@@ -22,7 +22,7 @@ from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-FORMATS = ("text", "json", "sarif", "github")
+FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ import os
 import re
 import sysconfig
 import tokenize
+from pathlib import Path
 
 
 def _package_dir(name: str) -> str:
@@ -65,6 +66,14 @@ def display_path(path: str) -> str:
     if relative.startswith(".."):
         return path
     return relative.replace(os.sep, "/")
+
+
+def path_in_project(path: str, root: str) -> str:
+    """`path` relative to the project root with forward slashes when it is inside it; absolute otherwise."""
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return Path(path).as_posix()
 
 
 def library_name(path: str) -> str:

@@ -4,7 +4,7 @@
   computes it: a rolling hash (base 37, 64-bit wraparound) over the next 100 characters from the start of
   each line, skipping spaces and tabs, with CR and CRLF read as LF, written `hex:occurrence`. A wrong value
   makes the upload warn and can duplicate alerts, so it is tested against GitHub's published vectors.
-- `finding_fingerprint`: graphlint's own key (rule, file, the flagged line's text without indentation,
+- `finding_key` (numbered by `number_duplicates`): graphlint's own key (rule, file, the flagged line's text without indentation,
   and which of identical such keys it is), used for `partialFingerprints["graphlint/v1"]` and baselines.
   Moving code up or down keeps it; editing the flagged line changes it.
 """

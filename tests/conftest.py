@@ -32,6 +32,12 @@ def lint_file(path: Path, name: str = "make", device: str = "auto", **settings):
     return check([f"{path}:{name}"], project, Config(device=device, **settings))
 
 
+def check_targets(folder: Path, targets: list[str], **settings):
+    """Lint several target files of one folder in one run, in-process, with the folder as the project root."""
+    project = Project(root=folder, first_party_folders=[folder])
+    return check([str(folder / target) for target in targets], project, Config(**settings))
+
+
 def backward_in_plain_pytorch(path: Path, name: str = "make"):
     """Build the target and run forward and backward with nothing of graphlint's; returns the model, so a test
     can check that a model really has the problem a rule reports (PyTorch raises, or a .grad stays None)."""

@@ -63,3 +63,59 @@ def test_json_has_the_documented_shape(tmp_path):
     documented = (REPO / "docs" / "json-format.md").read_text()
     for key in [*document, *finding, *document["summary"]]:
         assert f"`{key}`" in documented, f"{key} is not documented in docs/json-format.md"
+
+
+GITLAB_SEVERITIES = {"info", "minor", "major", "critical", "blocker"}
+
+
+def test_gitlab_code_quality_has_the_fields_gitlab_reads(tmp_path):
+    report = lint_file(write(tmp_path, "messy.py", MESSY.code))
+    issues = json.loads(FORMATS["gitlab"](report))
+    assert len(issues) == len(report.findings) == 6
+    for issue, finding in zip(issues, report.findings, strict=True):
+        assert issue["check_name"].startswith(finding.rule_id + " ")
+        assert issue["description"] == f"{finding.rule_id} {finding.message}"
+        assert issue["severity"] in GITLAB_SEVERITIES
+        assert issue["location"]["path"] == "messy.py"
+        assert issue["location"]["lines"]["begin"] == finding.location.line
+        assert re.fullmatch(r"[0-9a-f]{32}", issue["fingerprint"])
+    assert len({issue["fingerprint"] for issue in issues}) == len(issues)  # GitLab needs them unique
+    by_level = {f.severity.value: i["severity"] for f, i in zip(report.findings, issues, strict=True)}
+    assert by_level == {"note": "info", "warning": "major", "error": "critical"}
+
+
+def test_gitlab_fingerprints_survive_moving_the_code(tmp_path):
+    first = json.loads(FORMATS["gitlab"](lint_file(write(tmp_path / "a", "messy.py", MESSY.code))))
+    three_lines_down = "# moved\n# down\n# three lines\n" + MESSY.code
+    moved = json.loads(FORMATS["gitlab"](lint_file(write(tmp_path / "b", "messy.py", three_lines_down))))
+    assert [i["fingerprint"] for i in first] == [i["fingerprint"] for i in moved]
+    assert [i["location"]["lines"]["begin"] + 3 for i in first] == [i["location"]["lines"]["begin"] for i in moved]
+
+
+def _junit(report) -> "ElementTree.Element":
+    import xml.etree.ElementTree as ElementTree
+
+    return ElementTree.fromstring(FORMATS["junit"](report).encode("utf-8"))
+
+
+def test_junit_has_a_test_case_per_target_and_a_failure_per_finding(tmp_path):
+    from conftest import check_targets
+
+    write(tmp_path, "messy.py", MESSY.code)
+    write(tmp_path, "clean.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(4, 4), (torch.randn(2, 4),)\n")
+    write(tmp_path, "broken.py", "def make():\n    raise ValueError('no data\\x01here')\n")
+    report = check_targets(tmp_path, ["messy.py:make", "clean.py:make", "broken.py:make"])
+    suites = _junit(report)
+    [suite] = suites.findall("testsuite")
+    cases = {case.get("name"): case for case in suite.findall("testcase")}
+    assert list(cases) == [r.target for r in report.results]
+    messy, clean, broken = cases.values()
+    failures = messy.findall("failure")
+    assert [f.get("type") for f in failures] == [f.rule_id for f in report.failing]
+    assert all(f.get("message").startswith(f.get("type") + " ") for f in failures)
+    below = [f for f in report.findings if f not in report.failing]  # the GL203 note
+    assert below and all(f.rule_id in messy.find("system-out").text for f in below)
+    assert not list(clean)  # a clean target passes
+    [error] = broken.findall("error")
+    assert "the factory raised ValueError: no data?here" in error.get("message")  # XML cannot hold \x01
+    assert suite.get("tests") == "3" and suite.get("failures") == str(len(failures)) and suite.get("errors") == "1"

@@ -7,10 +7,9 @@ file is inside it, absolute otherwise; lines and columns are 1-based and count c
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import graphlint
-from graphlint.files import writable
+from graphlint.files import path_in_project, writable
 from graphlint.results import Location, Report
 
 VERSION = 1
@@ -44,12 +43,7 @@ def render_json(report: Report) -> str:
 
 
 def _location(location: Location, root: str) -> dict:
-    path = Path(location.path)
-    try:
-        shown = path.relative_to(root).as_posix()
-    except ValueError:
-        shown = path.as_posix()
-    return {"path": shown, "line": location.line, "column": location.column,
+    return {"path": path_in_project(location.path, root), "line": location.line, "column": location.column,
             "end_line": location.end_line, "end_column": location.end_column}
 
 
