@@ -50,7 +50,7 @@ def _owners() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _distribution(name: str):
     try:
         return importlib.metadata.distribution(name)

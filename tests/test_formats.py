@@ -92,7 +92,7 @@ def test_gitlab_fingerprints_survive_moving_the_code(tmp_path):
     assert [i["location"]["lines"]["begin"] + 3 for i in first] == [i["location"]["lines"]["begin"] for i in moved]
 
 
-def _junit(report) -> "ElementTree.Element":
+def _junit(report):
     import xml.etree.ElementTree as ElementTree
 
     return ElementTree.fromstring(FORMATS["junit"](report).encode("utf-8"))
