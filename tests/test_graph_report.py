@@ -66,6 +66,13 @@ def plain_walk(loss: torch.Tensor):
     return seen
 
 
+def plain_node_count(block_file, batch=2, seq=128) -> int:
+    """The number of autograd nodes of the block's graph on CPU, walked with nothing of graphlint's."""
+    torch.manual_seed(0)
+    model, (x,) = load(block_file)(batch, seq)
+    return len(plain_walk(model(x).float().sum()))
+
+
 def saved_activation_bytes(functions, model) -> int:
     """Bytes of tensors the nodes saved, read through their `_saved_*` attributes, each storage once,
     weights left out."""
@@ -101,7 +108,7 @@ def test_node_counts_agree_with_a_plain_walk_of_grad_fn(block_file):
     torch.manual_seed(0)
     functions = plain_walk(model(x).float().sum())
     names = Counter(fn.name() for fn in functions)
-    assert report.total == len(functions) == 57
+    assert report.total == len(functions) > 40  # the number depends on the torch version; the walk is the truth
     assert Counter(view.name for view in report.nodes) == names
     assert sum(sum(c.values()) for c in report.categories.values()) == report.total
     assert report.sinks == names["torch::autograd::AccumulateGrad"] == len(list(model.parameters())) == 12
@@ -136,8 +143,9 @@ def test_the_node_count_does_not_depend_on_batch_or_sequence_length(block_file, 
 def test_the_command_shows_the_graph_size_against_the_batch_size(block_file):
     result = run_graphlint("graph", "block.py:make", "--device", "cpu", "--vary", "batch", cwd=block_file.parent)
     assert result.returncode == 0, result.stderr
-    assert "Nodes: 57" in result.stdout
-    assert "  batch 2: 57 nodes" in result.stdout and "  batch 4: 57 nodes" in result.stdout
+    at_2, at_4 = plain_node_count(block_file, batch=2), plain_node_count(block_file, batch=4)
+    assert f"Nodes: {at_2}" in result.stdout
+    assert f"  batch 2: {at_2} nodes" in result.stdout and f"  batch 4: {at_4} nodes" in result.stdout
     assert "The number of nodes does not depend on the input size" in result.stdout
 
 
@@ -170,7 +178,8 @@ def test_on_meta_the_report_says_that_sdpa_appears_lowered(tmp_path):
 def test_json_gives_the_same_numbers(block_file):
     result = run_graphlint("graph", "block.py:make", "--device", "cpu", "--format", "json", cwd=block_file.parent)
     data = json.loads(result.stdout)
-    assert data["total"] == 57 and len(data["nodes"]) == 57
+    expected = plain_node_count(block_file)
+    assert data["total"] == expected and len(data["nodes"]) == expected
     assert list(data["categories"]) == list(CATEGORIES)
     assert data["sinks"] == 12 and data["device"] == "cpu"
     edges = sum(len(node["next"]) for node in data["nodes"])

@@ -9,6 +9,7 @@ reported as a finding instead of a traceback.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -107,10 +108,25 @@ class SavedTensorRecorder:
 
     def __enter__(self) -> SavedTensorRecorder:
         self._hooks.__enter__()
+        self._disable = torch.autograd.graph.disable_saved_tensors_hooks
+        torch.autograd.graph.disable_saved_tensors_hooks = self._stepping_aside
         return self
 
     def __exit__(self, *exc) -> None:
+        torch.autograd.graph.disable_saved_tensors_hooks = self._disable
         self._hooks.__exit__(*exc)
+
+    @contextlib.contextmanager
+    def _stepping_aside(self, error_message: str):
+        """torch.func's grad, vjp and jacrev (and vmap before torch 2.5) refuse to run while any saved-tensor
+        hook is set: graphlint's hooks step aside for them (their internals are not the model's autograd
+        graph) and return after."""
+        self._hooks.__exit__(None, None, None)
+        try:
+            with self._disable(error_message):
+                yield
+        finally:
+            self._hooks.__enter__()
 
     def release(self) -> None:
         """Drop the tensors once backward is done, so the capture holds no activation memory."""

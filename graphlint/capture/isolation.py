@@ -14,12 +14,15 @@ import torch
 import torch.utils._device
 
 
+_ABSENT = object()  # an attribute that was not set, as opposed to one set to None
+
+
 def _device_and_modes():
     """The default device as torch keeps it: the global device context, the current device, and the stack
     of torch-function modes that holds it. set_default_device cannot restore this: setting even "cpu"
     installs a mode, and a context entered inside another one remembers it and pushes it back on exit."""
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-    return (getattr(holder, "device_context", None), torch.utils._device.CURRENT_DEVICE,
+    return (getattr(holder, "device_context", _ABSENT), getattr(torch.utils._device, "CURRENT_DEVICE", _ABSENT),
             torch.overrides._get_current_function_mode_stack())
 
 
@@ -30,9 +33,20 @@ def _restore_device_and_modes(state) -> None:
     for mode in modes:
         torch.overrides._push_mode(mode)
     holder = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
-    if holder is not None:
-        holder.device_context = context
-    torch.utils._device.CURRENT_DEVICE = current
+    # Before torch 2.10, get_default_device reads `.device_context.device` whenever the attribute exists, so
+    # an attribute that was absent must be absent again, never None.
+    _restore_attribute(holder, "device_context", context)
+    _restore_attribute(torch.utils._device, "CURRENT_DEVICE", current)
+
+
+def _restore_attribute(owner, name: str, value) -> None:
+    if owner is None:
+        return
+    if value is _ABSENT:
+        if hasattr(owner, name):
+            delattr(owner, name)
+    else:
+        setattr(owner, name, value)
 
 
 def _flags():
