@@ -20,7 +20,7 @@ from graphlint.graph.dot import render_dot
 from graphlint.locate.place import Locator
 from graphlint.project import Project
 
-# The seeds' transformer block: LayerNorm, nn.MultiheadAttention, GELU MLP, residuals.
+# A transformer block: LayerNorm, nn.MultiheadAttention, GELU MLP, residuals.
 BLOCK = '''
 import torch
 from torch import nn

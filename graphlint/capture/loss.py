@@ -1,4 +1,4 @@
-"""Which scalar the autograd capture differentiates (DESIGN.md: Target.loss, else `.loss`, else a sum)."""
+"""Which scalar the autograd capture differentiates: `Target.loss(output)`, else the output's `.loss`, else a sum."""
 
 from __future__ import annotations
 

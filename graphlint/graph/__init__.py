@@ -1,4 +1,4 @@
-"""`graphlint graph`: one capture's autograd graph read the way the seeds read it.
+"""`graphlint graph`: one capture's autograd graph, read as one would by hand with `grad_fn.next_functions`.
 
 How many nodes, which are compute and which are metadata-only shape ops, which kernels are fused and which
 hand-written chains could be, how many AccumulateGrad sinks against trainable parameters, where the saved

@@ -1,4 +1,4 @@
-"""What each autograd node is, by its name: the categories the seeds use to read a graph.
+"""What each autograd node is, by its name: compute (by family), shape/metadata, copies, sinks or loss.
 
 Names depend on the device (`ScaledDotProductFlashAttentionForCpuBackward0` on CPU, `...Efficient...` on CUDA;
 on meta, attention is lowered to bmm and `_safe_softmax`), so families are matched on the name without its

@@ -1,6 +1,6 @@
 """Which source line a forward-graph node belongs to, before its exact span is found.
 
-DESIGN.md's rules, in order:
+The rules, in order:
 - an op inside a torch.nn module goes where the user called it, or, for a module inside a container such as
   `nn.Sequential(...)` (or when the rule asks for it), where the user built it;
 - otherwise the innermost first-party frame; when the op itself ran in a library (a `transformers` model),
