@@ -6,7 +6,7 @@ import copy
 import inspect
 import os
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

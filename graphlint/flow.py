@@ -4,7 +4,7 @@ parameters get no gradient, and where a parameter's influence stops."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from torch import fx
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import ClassVar, Iterable
+from typing import ClassVar
+from collections.abc import Iterable
 
 from torch import fx
 

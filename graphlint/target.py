@@ -13,7 +13,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from graphlint.errors import TargetFailure, TargetTimeout, UsageError, one_line, raised_at
 from graphlint.files import display_path

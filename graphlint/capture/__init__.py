@@ -12,7 +12,8 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import fx

@@ -22,7 +22,8 @@ from __future__ import annotations
 import operator
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import fx
