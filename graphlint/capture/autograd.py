@@ -89,6 +89,7 @@ class SavedTensorRecorder:
         self.records: list[_Packed] = []
         self.unpacked: list[_Packed] = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._aside = 0  # how many torch.func transforms graphlint's hooks currently step aside for
 
     def count(self) -> int:
         return len(self.records)
@@ -120,13 +121,18 @@ class SavedTensorRecorder:
     def _stepping_aside(self, error_message: str):
         """torch.func's grad, vjp and jacrev (and vmap before torch 2.5) refuse to run while any saved-tensor
         hook is set: graphlint's hooks step aside for them (their internals are not the model's autograd
-        graph) and return after."""
-        self._hooks.__exit__(None, None, None)
+        graph) and return after. Nested transforms (`vmap(grad(f))`) step aside once, at the outermost."""
+        outermost = self._aside == 0
+        if outermost:
+            self._hooks.__exit__(None, None, None)
+        self._aside += 1
         try:
             with self._disable(error_message):
                 yield
         finally:
-            self._hooks.__enter__()
+            self._aside -= 1
+            if outermost:
+                self._hooks.__enter__()
 
     def release(self) -> None:
         """Drop the tensors once backward is done, so the capture holds no activation memory."""
