@@ -32,12 +32,14 @@ def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
 
 
 def trainable_without_gradient(capture: Capture) -> list[str]:
-    """Trainable parameters with no AccumulateGrad node in the graph of the loss: they get no gradient.
-    Empty when there was no loss to differentiate, since then nothing can be said."""
+    """Trainable parameters that get no gradient: those the real backward did not reach, or, when the backward
+    failed, those with no AccumulateGrad node in the graph of the loss (a reentrant checkpoint hides its
+    block's parameters from that graph, but not from the backward). Empty when there was no loss."""
     if capture.autograd.root is None:
         return []
-    sinks = capture.autograd.accumulate_grad
-    return [name for name, info in capture.parameters.items() if info.requires_grad and name not in sinks]
+    backward = capture.autograd.backward
+    reached = backward.reached if backward.ran and backward.error is None else capture.autograd.accumulate_grad
+    return [name for name, info in capture.parameters.items() if info.requires_grad and name not in reached]
 
 
 def first_stops(start: fx.Node, is_stop: Callable[[fx.Node], bool]) -> list[fx.Node]:
@@ -68,6 +70,9 @@ def cut_kind(node: fx.Node) -> str | None:
         return "data"
     if name in HOST_OPS:
         return "host"
+    region = node.meta.get("grad_region")
+    if region is not None and region.checkpoint:
+        return None  # the checkpoint's backward recomputes this with grad on
     mode = node.meta.get("grad_mode", "enabled")
     return mode if mode != "enabled" else None
 

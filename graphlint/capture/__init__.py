@@ -110,7 +110,7 @@ def capture_model(
     if loss is not None:
         weights = frozenset(storage_key(t) for t in (*parameters.values(), *model.buffers()))
         autograd = walk_autograd_graph(loss, saved, names, ops, weights)
-        autograd.backward = run_backward(loss, parameters)
+        autograd.backward = run_backward(loss, parameters, autograd)
     saved.release()
     notes = []
     if loss is None:

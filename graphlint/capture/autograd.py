@@ -247,16 +247,56 @@ class _ForwardLinker:
         return self._nodes[position] if position < len(self._nodes) else None
 
 
-def run_backward(loss: torch.Tensor, parameters: dict[str, torch.Tensor]) -> BackwardOutcome:
-    """One real backward into the trainable parameters, without touching their `.grad`."""
+# Reentrant activation checkpointing (torch.utils.checkpoint with use_reentrant=True) hides its block behind
+# this node and refuses torch.autograd.grad: only a plain .backward() reaches the parameters inside.
+REENTRANT_CHECKPOINT = "CheckpointFunctionBackward"
+
+
+def run_backward(loss: torch.Tensor, parameters: dict[str, torch.Tensor],
+                 graph: AutogradGraph | None = None) -> BackwardOutcome:
+    """One real backward into the trainable parameters, leaving every `.grad` as it was."""
     trainable = [(name, p) for name, p in parameters.items() if p.requires_grad]
     if loss.grad_fn is None or not trainable:
         return BackwardOutcome(ran=False)
+    reentrant = graph is not None and any(node.name == REENTRANT_CHECKPOINT for node in graph.nodes)
     try:
-        grads = call_user_code(torch.autograd.grad, loss, [p for _, p in trainable], allow_unused=True)
+        if reentrant:
+            reached = _backward_into_grads(loss, trainable)
+        else:
+            grads = call_user_code(torch.autograd.grad, loss, [p for _, p in trainable], allow_unused=True)
+            reached = frozenset(name for (name, _), grad in zip(trainable, grads, strict=True) if grad is not None)
     except Exception as error:  # the capture keeps everything seen so far; rules still run
         if raised_by_graphlint(error):
             raise  # a bug in graphlint's hooks is not the model's backward failing
         return BackwardOutcome(ran=True, error=one_line(error))
-    reached = frozenset(name for (name, _), grad in zip(trainable, grads, strict=True) if grad is not None)
     return BackwardOutcome(ran=True, reached=reached)
+
+
+def _backward_into_grads(loss: torch.Tensor, trainable: list[tuple[str, torch.Tensor]]) -> frozenset[str]:
+    """`.backward()`, reading which parameters got a `.grad`; every leaf's `.grad` is put back afterwards
+    (the inputs' too: a leaf input that requires grad accumulates one as well)."""
+    leaves = {id(p): p for _, p in trainable}
+    for node in _graph_nodes(loss.grad_fn):
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.setdefault(id(variable), variable)
+    before = {key: leaf.grad for key, leaf in leaves.items()}
+    try:
+        for leaf in leaves.values():
+            leaf.grad = None
+        call_user_code(torch.autograd.backward, loss)
+        return frozenset(name for name, p in trainable if p.grad is not None)
+    finally:
+        for key, leaf in leaves.items():
+            leaf.grad = before[key]
+
+
+def _graph_nodes(root):
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        yield node
+        stack.extend(next_node for next_node, _ in node.next_functions)

@@ -20,7 +20,9 @@ Each node's `meta` carries:
 from __future__ import annotations
 
 import operator
+import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
@@ -77,6 +79,9 @@ class GradDisabledRegion:
     mode: str  # "no_grad" or "inference_mode"
     entered_at: tuple[Frame, ...] = ()  # the `with` statement's user stack; torch does not show inference_mode's
     common: tuple[Frame, ...] | None = None  # the stack prefix, by function, that all its ops share
+    # torch.utils.checkpoint's own no_grad (reentrant mode): its backward recomputes the block with grad on,
+    # so nothing inside is cut by it.
+    checkpoint: bool = False
 
     def include(self, stack: tuple[Frame, ...]) -> None:
         if self.common is None:
@@ -151,6 +156,8 @@ class ForwardRecorder(TorchFunctionMode):
         self._constants = 0
         self._first_call: fx.Node | None = None
         self._grad_region: GradDisabledRegion | None = None
+        # One entry per grad-mode context entered and not yet left: its region (None where grad is on).
+        self._grad_contexts: list[GradDisabledRegion | None] = []
 
     # -- graph inputs ---------------------------------------------------------------------------------------
 
@@ -193,12 +200,27 @@ class ForwardRecorder(TorchFunctionMode):
         )  # inference tensors have no version counter: writes to them cannot break a backward
         name = op_name(func)
         if name == "_set_grad_enabled":  # entering or leaving `with torch.no_grad():`
-            self._grad_region = None
-            if not torch.is_grad_enabled():
-                self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(sys._getframe(1)))
+            self._grad_mode_switched(sys._getframe(1))
         if mutated or name in HOST_OPS or _has_tensor(out):
             self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
         return out
+
+    def _grad_mode_switched(self, caller: types.FrameType) -> None:
+        """Leaving a grad-mode context returns to the region it interrupted (a user's no_grad inside a
+        checkpointed block returns to the checkpoint's); entering one starts a region, owned by the checkpoint
+        when torch.utils.checkpoint entered it."""
+        owner, leaving = _grad_switch_owner(caller)
+        if leaving and self._grad_contexts:
+            self._grad_contexts.pop()
+            self._grad_region = self._grad_contexts[-1] if self._grad_contexts else None
+            if not torch.is_grad_enabled() and self._grad_region is None:
+                self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller))
+            return
+        self._grad_region = None
+        if not torch.is_grad_enabled():
+            self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller),
+                                                   checkpoint=owner == "checkpoint")
+        self._grad_contexts.append(self._grad_region)
 
     def _record(self, func, name, args, kwargs, out, mutated, saved_range) -> None:
         kind, target = _fx_call(func, name)
@@ -292,6 +314,21 @@ class ForwardRecorder(TorchFunctionMode):
             self._node_of[tensor] = node
         return node
 
+
+
+_GRAD_MODE_FILE = os.path.join("torch", "autograd", "grad_mode.py")
+_CHECKPOINT_FILE = os.path.join("torch", "utils", "checkpoint.py")
+
+
+def _grad_switch_owner(frame: types.FrameType | None) -> tuple[str, bool]:
+    """Who switched grad mode ("checkpoint" for torch.utils.checkpoint, else "user"), and whether it was a
+    context being left: read from the frames above torch's grad-mode context managers."""
+    leaving = False
+    while frame is not None and frame.f_code.co_filename.endswith(_GRAD_MODE_FILE):
+        leaving = leaving or frame.f_code.co_name == "__exit__"
+        frame = frame.f_back
+    owner = "checkpoint" if frame is not None and frame.f_code.co_filename.endswith(_CHECKPOINT_FILE) else "user"
+    return owner, leaving
 
 
 def _grad_mode() -> str:
