@@ -13,11 +13,15 @@ from graphlint.capture.forward import HOST_OPS
 from graphlint.ops import op
 
 
-def reaches_output(graph: fx.Graph) -> set[fx.Node]:
-    """Every node whose value flows into the model's output (and so into the default loss)."""
-    output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
+def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
+    """Every node whose value flows into the loss the backward differentiated (a `Target.loss` may use only
+    part of the output); the model's output when the loss is not in the graph."""
+    roots = [n for n in graph.nodes if n.meta.get("loss")]
+    if not roots:
+        output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
+        roots = list(output.all_input_nodes) if output is not None else []
     live: set[fx.Node] = set()
-    queue = deque(output.all_input_nodes if output is not None else ())
+    queue = deque(roots)
     while queue:
         node = queue.popleft()
         if node not in live:
@@ -79,11 +83,11 @@ def cut_kind(node: fx.Node) -> str | None:
 
 def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     """For every trainable parameter that the forward read but that gets no gradient: the cuts that matter on
-    its way to the output. A cut matters when what it passes on reaches the output; a value that left torch
-    (`.item()`) cannot be followed, so that cut always counts. An empty list: used, but its results never
-    reach the output."""
+    its way to the loss. A cut matters when what it passes on reaches the loss (a detach inside a term the
+    loss drops cuts nothing); a value that left torch (`.item()`) cannot be followed, so that cut always
+    counts. An empty list: used, but its results never reach the loss."""
     reads = parameter_nodes(capture.forward)
-    live = reaches_output(capture.forward)
+    live = reaches_loss(capture.forward)
 
     def matters(node: fx.Node) -> bool:
         kind = cut_kind(node)

@@ -173,3 +173,50 @@ def test_an_untaken_data_dependent_branch_is_mentioned(tmp_path):
     [finding] = findings_of(report, "GL203")
     assert f"branched on a tensor value at {path}:{line_of(path, 'if x.norm()')}, and a branch" in finding.message
     assert "large.weight, large.bias" in finding.message
+
+
+VQ = '''
+import torch
+from torch import nn
+
+import graphlint
+
+
+class VectorQuantised(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(8, 8)
+        self.codebook = nn.Linear(8, 8)
+        self.decoder = nn.Linear(8, 8)
+
+    def forward(self, x):
+        z = self.encoder(x)
+        reconstruction = self.decoder(z.detach())  # the cut
+        commitment = (z.detach() - self.codebook(z)).pow(2).mean()  # dropped by the loss
+        return reconstruction, commitment
+
+
+def make():
+    return graphlint.Target(VectorQuantised(), (torch.randn(4, 8),), loss=lambda out: out[0].sum())
+
+
+def plain():
+    model, (x,) = VectorQuantised(), (torch.randn(4, 8),)
+    model(x)[0].sum().backward()
+    return model
+'''
+
+
+def test_a_detach_in_a_term_the_loss_drops_is_not_a_cut(tmp_path):
+    import importlib.util
+
+    path = write(tmp_path, "vq.py", VQ)
+    spec = importlib.util.spec_from_file_location("vq_plain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.plain()
+    assert model.encoder.weight.grad is None and model.decoder.weight.grad is not None  # plain PyTorch
+    [cut] = findings_of(lint_file(path), "GL202")
+    assert cut.location.line == line_of(path, "# the cut")
+    assert cut.occurrences == 1  # the commitment term's detach reaches no loss: it cuts nothing
+    assert "encoder.weight" in cut.message

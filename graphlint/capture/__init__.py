@@ -99,6 +99,7 @@ def capture_model(
             recorder.phase = "loss"
             loss = choose_loss(output, loss_fn)
             recorder.add_output(output)
+            recorder.mark_loss(loss)
     except TargetFailure:
         raise
     except Exception as error:

@@ -11,7 +11,8 @@ Each node's `meta` carries:
 - `module_stack`: the running modules (`ModuleInfo`), outermost first; `module_path`: the innermost one's path.
 - `tensor_meta`: `torch.fx.passes.shape_prop.TensorMetadata` of the output (a tuple for several outputs).
 - `grad_mode`: `"enabled"`, `"no_grad"` or `"inference_mode"`; `grad_region`: while disabled, the
-  `GradDisabledRegion` (one entry of a `with torch.no_grad():` block); `phase`: `"forward"` or `"loss"`.
+  `GradDisabledRegion` (one entry of a `with torch.no_grad():` block); `phase`: `"forward"` or `"loss"`;
+  `loss`: True on the node that computed the loss the backward differentiates.
 - `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
 - `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
 - `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
@@ -180,6 +181,12 @@ class ForwardRecorder(TorchFunctionMode):
         leaves, _ = torch.utils._pytree.tree_flatten(value)
         nodes = tuple(self._node_of[t] for t in leaves if isinstance(t, torch.Tensor) and t in self._node_of)
         self.graph.output(nodes)
+
+    def mark_loss(self, loss: Any) -> None:
+        """Mark the node that computed the loss (`meta["loss"]`), so that data flow can ask what reaches it."""
+        node = self._node_of.get(loss) if isinstance(loss, torch.Tensor) else None
+        if node is not None:
+            node.meta["loss"] = True
 
     # -- recording ------------------------------------------------------------------------------------------
 
