@@ -126,3 +126,55 @@ def test_installed_packages_are_not_first_party_even_inside_the_project(tmp_path
     assert project.is_first_party(str(tmp_path / "model.py"))
     assert not project.is_first_party(str(tmp_path / ".venv/lib/python3.11/site-packages/transformers/x.py"))
     assert not project.is_first_party("/elsewhere/model.py")
+
+
+LIBRARY_ATTENTION = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+'''
+
+
+def test_library_locations_come_from_frame_positions_without_parsing_the_library(tmp_path, monkeypatch):
+    import sys
+
+    from conftest import lint_file
+    from graphlint.locate.spans import SourceSpans
+
+    site = tmp_path / "env" / "site-packages"
+    library = write(site, "attnlib/__init__.py", LIBRARY_ATTENTION)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "attnlib", raising=False)
+    parsed = []
+    original = SourceSpans._parse
+    monkeypatch.setattr(SourceSpans, "_parse", lambda self, path: parsed.append(path) or original(self, path))
+    user = write(tmp_path / "project", "model.py", '''
+        import torch
+        from attnlib import Attention
+
+
+        def make():
+            return Attention(), (torch.randn(2, 8, 16),)
+    ''')
+    [finding] = lint_file(user).findings
+    assert finding.rule_id == "GL101" and finding.location.path == str(user)
+    softmax_line = line_of(library, "torch.softmax(")
+    spans = {r.message: r.location for r in finding.related if r.location.path == str(library)}
+    text = library.read_text().splitlines()[softmax_line - 1]
+    assert all(where.line == softmax_line and not where.first_party for where in spans.values())
+
+    def shown(where):
+        return text[where.column - 1:where.end_column - 1]
+
+    assert shown(spans["softmax in attnlib"]) == "torch.softmax(q @ k.transpose(-2, -1), dim=-1)"
+    assert shown(spans["attention scores: matmul"]) == "q @ k.transpose(-2, -1)"
+    assert str(library) not in parsed  # libcst never parsed the library file

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from graphlint.capture import Capture
 from graphlint.files import library_name
+from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
 from graphlint.results import Finding, Location, Related
@@ -45,6 +46,7 @@ class Locator:
     def __init__(self, project: Project) -> None:
         self.project = project
         self._spans: SourceSpans | None = None
+        self._library_spans = LineSpans()
 
     @property
     def spans(self) -> SourceSpans:
@@ -61,9 +63,12 @@ class Locator:
         return self._spans
 
     def location(self, site: Site) -> Location:
-        line, column, end_line, end_column = self.spans.span(site)
         file = site.frame.file
-        return Location(file, line, column, end_line, end_column, first_party=self.project.is_first_party(file))
+        first_party = self.project.is_first_party(file)
+        # Library files are never parsed: users do not edit them, and they can be thousands of lines long.
+        span = self.spans.span(site) if first_party else self._library_spans.span(site.frame)
+        line, column, end_line, end_column = span
+        return Location(file, line, column, end_line, end_column, first_party=first_party)
 
     def place(self, rule: type[Rule], problems: Iterable[Problem], capture: Capture) -> list[Finding]:
         groups: dict[Location, _Group] = {}

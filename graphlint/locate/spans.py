@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphlint.files import read_source, split_lines
+from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
 
 # Ops that users write as operators rather than calls.
@@ -28,8 +29,6 @@ _AUGMENTED = {
 }
 # When several libcst nodes have the same extent, the one users think of as "the expression".
 _PREFERENCE = (cst.Assign, cst.AugAssign, cst.Call, cst.BinaryOperation, cst.Subscript, cst.Attribute)
-
-Span = tuple[int, int, int, int]  # 1-based line, column, end line, end column (exclusive); code points
 
 
 @dataclass
@@ -65,8 +64,8 @@ class SourceSpans:
         frame = site.frame
         parsed = self._parse(frame.file)
         if parsed is None:
-            lines = _read_lines(frame.file)
-            return _line_extent(lines, frame.line) if lines else (max(frame.line, 1), 1, max(frame.line, 1), 1)
+            lines = read_lines(frame.file)
+            return line_extent(lines, frame.line) if lines else (max(frame.line, 1), 1, max(frame.line, 1), 1)
         node = None
         if site.style == "def":
             node = self._definition(parsed, frame.line)
@@ -75,7 +74,7 @@ class SourceSpans:
         if node is None:
             node = self._by_name(parsed, frame.line, site)
         if node is None:
-            return _line_extent(parsed.lines, frame.line)
+            return line_extent(parsed.lines, frame.line)
         return self._present(parsed, node, site)
 
     def comments(self, path: str) -> list[tuple[int, int, int, str, bool]]:
@@ -122,8 +121,8 @@ class SourceSpans:
     def _at_position(self, parsed: _ParsedFile, frame) -> cst.CSTNode | None:
         if not 1 <= frame.line <= len(parsed.lines) or not 1 <= frame.end_line <= len(parsed.lines):
             return None
-        start = (frame.line, _chars(parsed.lines[frame.line - 1], frame.col))
-        end = (frame.end_line, _chars(parsed.lines[frame.end_line - 1], frame.end_col))
+        start = (frame.line, chars(parsed.lines[frame.line - 1], frame.col))
+        end = (frame.end_line, chars(parsed.lines[frame.end_line - 1], frame.end_col))
         exact = [n for n in parsed.by_start.get(start, ()) if _end(parsed, n) == end]
         if exact:
             return min(exact, key=_preference)
@@ -211,22 +210,6 @@ def _end(parsed: _ParsedFile, node) -> tuple[int, int]:
     return (where.end.line, where.end.column)
 
 
-def _chars(line: str, byte_offset: int) -> int:
-    """CPython's column (a UTF-8 byte offset) as a code-point offset."""
-    return len(line.encode("utf-8")[:byte_offset].decode("utf-8", "ignore"))
-
-
-def _read_lines(path: str) -> list[str] | None:
+def read_lines(path: str) -> list[str] | None:
     text = read_source(path)
     return split_lines(text) if text is not None else None
-
-
-def _line_extent(lines: list[str], line: int) -> Span:
-    """The line without its indentation and trailing space, clamped into the file."""
-    line = min(max(line, 1), max(len(lines), 1))
-    text = lines[line - 1] if lines else ""
-    stripped = text.strip()
-    if not stripped:
-        return (line, 1, line, len(text) + 1)
-    first = len(text) - len(text.lstrip()) + 1
-    return (line, first, line, first + len(stripped))
