@@ -6,7 +6,8 @@
 For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
 so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
 memory (per process, from wait4) are printed with the ratios graphlint/floor and graphlint/dynamo. A second
-table shows graphlint's time as the GPT-2 shape's batch and sequence grow, and a third the cached re-run.
+table shows graphlint's time as the GPT-2 shape's batch and sequence grow, then a target whose findings point
+into a library file of about 6,000 lines against the same target without findings, and the cached re-run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from library_file import write_scenario  # noqa: E402  (beside this script)
+
 MODELS = HERE / "models.py"
 PYTHON = sys.executable
 
@@ -51,11 +55,11 @@ def dynamo(target: str) -> list[str]:
     return [PYTHON, str(HERE / "dynamo_explain.py"), target]
 
 
-def run(commands: dict[str, list[str]], repeat: int) -> dict[str, tuple[float, float]]:
+def run(commands: dict[str, list[str]], repeat: int, env: dict | None = None) -> dict[str, tuple[float, float]]:
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(repeat):
         for name, command in commands.items():
-            samples[name].append(measure(command))
+            samples[name].append(measure(command, env))
     return {name: (statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs))
             for name, runs in samples.items()}
 
@@ -96,6 +100,15 @@ def main() -> None:
         medians = run({label: graphlint(f"{MODELS}:{name}") for label, name in sizes.items()}, options.repeat)
         for label, (wall, memory) in medians.items():
             print(f"  {label:<20} {wall:>6.2f} s {memory:>8.0f} MiB")
+    with tempfile.TemporaryDirectory() as folder:
+        site, with_findings, without_findings = write_scenario(Path(folder))
+        env = {**os.environ, "PYTHONPATH": str(site)}
+        medians = run({"findings": graphlint(with_findings), "none": graphlint(without_findings)}, options.repeat, env)
+        print("\nfindings inside a 6,000-line library file (8 layers of hand-written attention) against the same "
+              "model with fused attention")
+        for label, (wall, memory) in medians.items():
+            print(f"  {label:<10} {wall:>6.2f} s {memory:>8.0f} MiB")
+        print(f"  ratio      {ratio(medians['findings'][0], medians['none'][0])} time")
     with tempfile.TemporaryDirectory() as cache:
         target = f"{MODELS}:gpt2_small"
         measure(graphlint(target, Path(cache)))  # fills the cache
