@@ -1,13 +1,19 @@
 """graphlint against the floor and against torch._dynamo.explain, whole processes, in one run.
 
-    python benchmarks/run.py              # both targets, 5 repeats
+    python benchmarks/run.py              # every scenario, 5 repeats
     python benchmarks/run.py --repeat 9 --quick
+    python benchmarks/run.py --only many  # the many-targets scenario alone
 
 For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
 so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
 memory (per process, from wait4) are printed with the ratios graphlint/floor and graphlint/dynamo. A second
 table shows graphlint's time as the GPT-2 shape's batch and sequence grow, then a target whose findings point
 into a library file of about 6,000 lines against the same target without findings, and the cached re-run.
+
+The many-targets scenario measures whole runs over 12 small targets (each in its own folder with its own
+`layers.py`) at -j 1 and -j 2, and over 6 `transformers` models, against one cold target of each kind in the
+same run. Its memory is the peak of the whole process tree's proportional set size (PSS, sampled every 20 ms):
+pages a forked child shares with the warm parent count once, split between them, not once per process.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from library_file import write_scenario  # noqa: E402  (beside this script)
+from many_targets import write_small_targets, write_transformers_targets  # noqa: E402
 
 MODELS = HERE / "models.py"
 PYTHON = sys.executable
@@ -40,6 +47,77 @@ def measure(command: list[str], env: dict | None = None) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) not in (0, 1):  # graphlint exits 1 on findings
         raise SystemExit(f"{' '.join(command)} failed with exit status {os.waitstatus_to_exitcode(status)}")
     return wall, usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+
+
+def measure_tree(command: list[str], env: dict | None = None) -> tuple[float, float]:
+    """(wall seconds, peak MiB of the summed PSS of the process and all its descendants) of one run."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, sum(_pss_kib(pid) for pid in _tree(process.pid)))
+        time.sleep(0.02)
+    wall = time.perf_counter() - start
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed with exit status {process.returncode}")
+    return wall, peak / 1024
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_tree(commands: dict[str, list[str]], repeat: int) -> dict[str, tuple[float, float]]:
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            samples[name].append(measure_tree(command))
+    return {name: (statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs))
+            for name, runs in samples.items()}
+
+
+def many_targets(repeat: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        small = write_small_targets(Path(folder) / "small")
+        hf = write_transformers_targets(Path(folder))
+
+        def check(targets: list[str], jobs: int = 1) -> list[str]:
+            return [PYTHON, "-m", "graphlint", "check", *targets, "-j", str(jobs), "--no-cache", "--format", "sarif",
+                    "--output", os.devnull]
+
+        medians = run_tree({"one small target": check(small[:1]), "12 small, -j 1": check(small),
+                            "12 small, -j 2": check(small, 2), "one transformers": check(hf[:1]),
+                            "6 transformers, -j 1": check(hf), "6 transformers, -j 2": check(hf, 2)}, repeat)
+    print("\nmany targets, each in its own child of a warm parent (peak memory: PSS of the whole process tree)")
+    base_small, base_hf = medians["one small target"], medians["one transformers"]
+    for label, (wall, memory) in medians.items():
+        base = base_hf if "transformers" in label else base_small
+        print(f"  {label:<22} {wall:>6.2f} s {memory:>8.0f} MiB   {ratio(wall, base[0])} time, {ratio(memory, base[1])} memory")
 
 
 def floor(target: str) -> list[str]:
@@ -72,9 +150,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the 7B target and the size sweep")
+    parser.add_argument("--only", choices=("many",), help="run only this scenario")
     options = parser.parse_args()
     print(f"graphlint benchmark, {date.today()}, {platform.machine()} {platform.processor() or ''} "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, median of {options.repeat}")
+    if options.only == "many":
+        many_targets(options.repeat)
+        return
     targets = {"gpt2-small (12 x 768, batch 2, seq 128)": "gpt2_small"}
     if not options.quick:
         targets["llama-7b (32 x 4096, batch 1, seq 128)"] = "llama_7b"
@@ -114,6 +196,7 @@ def main() -> None:
         measure(graphlint(target, Path(cache)))  # fills the cache
         wall, memory = run({"cached": graphlint(target, Path(cache))}, options.repeat)["cached"]
         print(f"\ngraphlint re-run with nothing changed (result cache): {wall:.2f} s, {memory:.0f} MiB")
+    many_targets(options.repeat)
 
 
 if __name__ == "__main__":

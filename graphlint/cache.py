@@ -29,7 +29,7 @@ from pathlib import Path
 import graphlint
 from graphlint.libraries import installed_version
 from graphlint.project import Project
-from graphlint.results import Finding, Location, Related, RuleInfo, Severity, TargetError, TargetResult
+from graphlint.results import RuleInfo, Severity, TargetResult, from_wire, to_wire
 
 VERSION = 2
 DEFAULT_FOLDER = ".graphlint_cache"
@@ -101,7 +101,7 @@ class ResultCache:
                 return None
             if any(installed_version(name) != version for name, version in entry["libraries"].items()):
                 return None  # a library was upgraded, downgraded or removed since
-            return result_from_dict(entry["result"])
+            return from_wire(entry["result"])
         except (KeyError, TypeError, ValueError):
             return None  # a corrupt entry is a miss
 
@@ -110,7 +110,7 @@ class ResultCache:
         if any(digest is None for digest in inputs.values()):
             return  # an input vanished: nothing reliable to store
         self._write(self.folder / f"v{VERSION}" / "targets" / f"{key}.json",
-                    {"inputs": inputs, "libraries": result.libraries, "result": dataclasses.asdict(result)})
+                    {"inputs": inputs, "libraries": result.libraries, "result": to_wire(result)})
 
     # -- rules ----------------------------------------------------------------------------------------------
 
@@ -146,27 +146,3 @@ class ResultCache:
             os.replace(temporary, path)  # readers never see half a file
         except OSError:
             pass  # a cache that cannot be written is only a slower next run
-
-
-def _location(data: dict) -> Location:
-    return Location(**data)
-
-
-def _finding_from_dict(data: dict) -> Finding:
-    return Finding(**{
-        **data,
-        "severity": Severity(data["severity"]),
-        "location": _location(data["location"]),
-        "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
-        "targets": tuple(data["targets"]),
-    })
-
-
-def result_from_dict(data: dict) -> TargetResult:
-    return TargetResult(**{
-        **data,
-        "findings": [_finding_from_dict(f) for f in data["findings"]],
-        "errors": [TargetError(**e) for e in data["errors"]],
-        "files": tuple(data["files"]),
-        "inputs": tuple(data["inputs"]),
-    })

@@ -63,10 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the result cache's folder (default: $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the "
                             "project root)")
     check.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                       help="lint N targets at once, each in its own process (default: 1, in this process)")
+                       help="lint N targets at once (default: 1); every target runs in its own process either way")
     check.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help="give up on a target after SECONDS (default: 600, or timeout in [tool.graphlint]; 0: no "
-                            "limit); with -j the target's process is killed, so even a hang inside C is stopped")
+                       help="stop a target's process after SECONDS, even inside native code (default: 600, or "
+                            "timeout in [tool.graphlint]; 0: no limit)")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",

@@ -20,11 +20,6 @@ class TargetFailure(GraphlintError):
     """A target that cannot be linted: it does not load, its factory raises, its forward raises..."""
 
 
-class TargetTimeout(BaseException):
-    """A target's time is up. A BaseException, like KeyboardInterrupt, so that no `except Exception` (in the
-    user's code, or in the capture's meta-then-CPU fallback) mistakes it for the forward failing."""
-
-
 def single_line(text: str) -> str:
     """Text made one line, for messages that quote user input (a key, a path, an exception's message)."""
     return " ".join(part.strip() for part in text.splitlines() if part.strip()) if "\n" in text or "\r" in text else text

@@ -2,10 +2,15 @@
 
 Everything here is plain data (paths, numbers, strings): reporters are functions of these objects and never
 see torch.
+
+The wire format: a `TargetResult` travels from the child process that linted it to the run, and into the
+result cache, as `to_wire(result)`, a JSON-ready dict that mirrors the dataclasses field by field (enums as
+their values, tuples as lists); `from_wire` rebuilds it. Nothing else writes or reads results.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -171,3 +176,46 @@ class Report:
 
     def __len__(self) -> int:
         return len(self.findings)
+
+
+def to_wire(result: TargetResult) -> dict:
+    """A target's result as JSON-ready data (see the module docstring)."""
+    return json_ready(dataclasses.asdict(result))
+
+
+def json_ready(value):
+    """Plain data with enums as their values and tuples as lists, as JSON would give it back."""
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def from_wire(data: dict) -> TargetResult:
+    """The `TargetResult` that `to_wire` made; KeyError, TypeError or ValueError when `data` is not one."""
+    return TargetResult(**{
+        **data,
+        "findings": [_finding(f) for f in data["findings"]],
+        "errors": [TargetError(**e) for e in data["errors"]],
+        "notes": list(data["notes"]),
+        "files": tuple(data["files"]),
+        "inputs": tuple(data["inputs"]),
+        "libraries": dict(data["libraries"]),
+    })
+
+
+def _location(data: dict) -> Location:
+    return Location(**data)
+
+
+def _finding(data: dict) -> Finding:
+    return Finding(**{
+        **data,
+        "severity": Severity(data["severity"]),
+        "location": _location(data["location"]),
+        "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
+        "targets": tuple(data["targets"]),
+    })

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from graphlint.errors import TargetFailure, TargetTimeout, UsageError, one_line, raised_at
+from graphlint.errors import TargetFailure, UsageError, one_line, raised_at
 from graphlint.files import display_path
 
 
@@ -120,7 +120,7 @@ def _import_error(what: str, error: BaseException) -> str:
         return f"cannot import {what}: syntax error at {display_path(error.filename or '?')}:{error.lineno}: {error.msg}"
     if isinstance(error, ModuleNotFoundError):
         return f"cannot import {what}: {error}; install it in this environment or fix the import"
-    if isinstance(error, (KeyboardInterrupt, SystemExit, TargetTimeout)):
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
         raise error
     return f"importing {what} raised {one_line(error)}{raised_at(error)}"
 

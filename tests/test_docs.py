@@ -80,5 +80,6 @@ def test_troubleshooting_covers_the_common_failures_in_their_own_words():
     for words in ("does not exist", "has no ':NAME'", "No module named", "syntax error at", "the factory raised",
                   "args is a Tensor, not a tuple", "the forward raised", "loss function returned a tensor of shape",
                   "captured on CPU because the forward needs real values", "backward raised",
-                  "did not finish within", "cannot import torch", "needs Graphviz's dot program", "unknown key"):
+                  "did not finish within", "cannot import torch", "needs Graphviz's dot program", "unknown key",
+                  "the target called sys.exit(", "its process crashed with SIGSEGV", "internal error in graphlint"):
         assert words in section, words

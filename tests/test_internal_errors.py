@@ -30,17 +30,19 @@ def _fault_in(owner: type):
 
 
 @pytest.fixture
-def devices_tried(monkeypatch):
-    """The devices the capture was attempted on, in order."""
-    tried = []
+def devices_tried(monkeypatch, tmp_path):
+    """The devices the capture was attempted on, in order (written to a file: the target's own process makes
+    the attempts)."""
+    log = tmp_path / "devices.log"
     original = graphlint.capture._capture_on
 
     def counting(loaded, device, *rest):
-        tried.append(device)
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(device + "\n")
         return original(loaded, device, *rest)
 
     monkeypatch.setattr(graphlint.capture, "_capture_on", counting)
-    return tried
+    return lambda: log.read_text(encoding="utf-8").split() if log.exists() else []
 
 
 @pytest.mark.parametrize(
@@ -59,7 +61,7 @@ def test_a_fault_in_graphlints_recorder_is_an_internal_error_and_not_retried(tmp
     assert error.message.startswith("internal error in graphlint while capturing (RuntimeError: injected fault)")
     assert "please report it with the output of --debug" in error.message
     assert "forward raised" not in error.message and "backward raised" not in error.message
-    assert devices_tried == ["meta"]
+    assert devices_tried() == ["meta"]
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from graphlint.capture.loss import choose_loss
 from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, ModuleInfo, describe_modules
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.files import display_path
+from graphlint.stages import reached
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
 
 
@@ -94,6 +95,7 @@ def capture_model(
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     try:
+        reached("forward")
         with torch.enable_grad(), saved, tracker, recorder:
             output = call_user_code(model, *args, **kwargs)
             recorder.phase = "loss"
@@ -109,6 +111,7 @@ def capture_model(
     ops = recorded_ops(recorder.graph)
     autograd = AutogradGraph()
     if loss is not None:
+        reached("backward")
         weights = frozenset(storage_key(t) for t in (*parameters.values(), *model.buffers()))
         autograd = walk_autograd_graph(loss, saved, names, ops, weights)
         autograd.backward = run_backward(loss, parameters, autograd)
@@ -184,6 +187,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
         stacks = StackRecorder()
         build_sites = BuildSiteRecorder(stacks)
         stacks.boundary = sys._getframe()
+        reached("factory")
         try:
             with torch.device(device), build_sites:
                 made = normalize_factory_result(call_user_code(loaded.factory))

@@ -1,6 +1,7 @@
-"""A run over several targets: answered from the result cache where nothing changed, linted otherwise (in
-this process, or one worker process per target with `-j N` or `--timeout`), then the policy stage across
-targets. Nothing here imports torch, so a run that the cache answers in full never does.
+"""A run over several targets: answered from the result cache where nothing changed, linted otherwise, each
+target in its own child process of a warm parent (`scheduler.py`, `parent.py`, `child.py`), then the policy
+stage across targets. Nothing on the cached path imports torch, so a run that the cache answers in full never
+does; the parent imports torch (and warms up) only when a target has to be captured.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Options:
     show_suppressed: bool = False
     baseline: Path | None = None  # only findings not in this baseline file count
     cache: Path | None = None  # the result cache's folder; None: no cache
-    jobs: int = 1  # targets linted at once, each in its own process when more than 1
-    timeout: float | None = None  # seconds per target; None or 0: no limit
+    jobs: int = 1  # targets linted at once, each always in its own child process
+    timeout: float | None = None  # seconds per target, after which its process is killed; None or 0: no limit
     progress: Callable[..., None] | None = None  # progress(target, event, **details)
 
 
@@ -66,10 +67,8 @@ def check(
                 _tell(options, text, "cached", result=cached)
                 continue
         pending.append(text)
-    spans = None
     if pending:
-        linted, spans = _lint(pending, base, project, config, tuple(r.id for r in rules), options)
-        for text, result, seconds in linted:
+        for text, result, seconds in _lint(pending, base, project, config, tuple(r.id for r in rules), options):
             results[text] = result
             if cache is not None and not result.errors:
                 cache.store(keys[text], result)
@@ -77,7 +76,7 @@ def check(
     report = Report(results=[results[t] for t in dict.fromkeys(targets)], project_root=str(project.root),
                     rules=rules, show_suppressed=options.show_suppressed, fail_on=config.fail_on,
                     baseline=str(options.baseline) if options.baseline is not None else None)
-    apply_policy(report, config, project, baseline, spans)
+    apply_policy(report, config, project, baseline)
     return report
 
 
@@ -93,36 +92,22 @@ def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
 
 
 def _lint(pending: list[str], base: Path, project: Project, config: Config, rule_ids: tuple[str, ...],
-          options: Options):
-    """(an iterator of (target, result, seconds), the run's SourceSpans or None)."""
-    if options.jobs > 1:
-        from graphlint.pipeline import lint_in_processes
+          options: Options) -> Iterator[tuple[str, TargetResult, float]]:
+    """Each pending target in its own child process; (target, result, seconds) as they finish."""
+    from graphlint.run.child import request
+    from graphlint.run.scheduler import lint_in_children
 
-        started: dict[str, float] = {}
+    starts: dict[str, float] = {}
 
-        def progress(text: str, event: str) -> None:
-            started[text] = time.monotonic()
-            _tell(options, text, event)
+    def started(text: str) -> None:
+        starts[text] = time.monotonic()
+        _tell(options, text, "started")
 
-        results = lint_in_processes(pending, base, project, config, rule_ids, options.jobs, options.timeout,
-                                    options.debug, progress)
-        return ((text, result, time.monotonic() - started.get(text, time.monotonic())) for text, result in results), None
+    def request_for(text: str) -> dict:
+        return request(text, base, project, config.device, rule_ids, options.debug)
 
-    from graphlint.engine import load_rules
-    from graphlint.locate.place import Locator
-    from graphlint.pipeline import lint_target
-
-    locator = Locator(project)
-    rules = tuple(rule for rule in load_rules() if rule.id in set(rule_ids))
-
-    def in_process() -> Iterator[tuple[str, TargetResult, float]]:
-        for text in pending:
-            _tell(options, text, "started")
-            start = time.monotonic()
-            result = lint_target(text, base, locator, rules, config.device, options.debug, options.timeout)
-            yield text, result, time.monotonic() - start
-
-    return list(in_process()), locator.spans_if_used
+    for text, result in lint_in_children(pending, request_for, options.jobs, options.timeout, started):
+        yield text, result, time.monotonic() - starts.get(text, time.monotonic())
 
 
 def _tell(options: Options, text: str, event: str, **details) -> None:

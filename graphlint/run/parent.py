@@ -1,0 +1,84 @@
+"""The warm parent: a process that has imported torch, graphlint's capture and rules, and finished torch's lazy
+imports, so that each target's child starts from there instead of from nothing.
+
+On Linux children are forked: each starts with everything above already in memory, shared copy-on-write, and
+dies with whatever its target did to the interpreter (imported modules, `sys.path`, torch's global settings,
+hooks, monkeypatches, random states). Where fork is unavailable or unsafe (Windows, macOS) they are spawned
+with the same protocol and import what they need themselves. The parent never imports the user's code and
+never initialises CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import sys
+import threading
+
+from graphlint.run.child import child_main
+
+
+def start_method() -> str:
+    """fork where it is safe (Linux and other POSIX systems but macOS), spawn elsewhere."""
+    return "fork" if sys.platform not in ("darwin", "win32", "cygwin") else "spawn"
+
+
+class WarmParent:
+    """Starts one child process per target; `preload` imports libraries that children keep importing."""
+
+    def __init__(self) -> None:
+        self.context = multiprocessing.get_context(start_method())
+        if self.context.get_start_method() == "fork":
+            _warm_up()
+        self._tried: set[str] = set()
+
+    def start(self, request: dict):
+        """(the child process, the parent's end of its pipe)."""
+        receiving, sending = self.context.Pipe(duplex=False)
+        sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
+        sys.stderr.flush()
+        if self.context.get_start_method() == "fork" and _threads() > 1:
+            # A parent that already ran parallel CPU work (graphlint.run.check inside a test session, say) has
+            # an OpenMP thread pool that a forked child cannot use: its first parallel op would wait forever.
+            request = {**request, "single_threaded": True}
+        process = self.context.Process(target=child_main, args=(request, sending), daemon=True)
+        process.start()
+        sending.close()  # the child holds the only writing end: its death closes the pipe
+        return process, receiving
+
+    def preload(self, names: list[str]) -> None:
+        """Import installed libraries that a child imported, once, so that later children inherit them."""
+        if self.context.get_start_method() != "fork":
+            return
+        for name in names:
+            if name in self._tried or name in sys.modules:
+                continue
+            self._tried.add(name)
+            try:
+                importlib.import_module(name)
+            except Exception:  # a library that fails here is only imported again, by the child that needs it
+                continue
+
+
+def _threads() -> int:
+    """This process's threads (the CLI's warm parent has one: it only ran ops on the meta device)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _warm_up() -> None:
+    """Import what every child needs and run one op on the meta device: torch imports torch._dynamo and more
+    the first time a Python meta kernel runs, and a child should not pay that again and again."""
+    import torch
+
+    import graphlint.capture  # noqa: F401 - imported for the children
+    import graphlint.pipeline  # noqa: F401
+    from graphlint.engine import load_rules
+    from graphlint.libraries import loaded_libraries
+
+    load_rules()
+    torch.tril(torch.ones(4, 4, device="meta"))
+    loaded_libraries()  # reads the installed distributions' metadata once for every child

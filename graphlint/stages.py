@@ -1,0 +1,24 @@
+"""How far one target's lint got: `import`, `factory`, `forward`, `backward`, `rules`.
+
+The capture and the pipeline call `reached(stage)`; the child process that lints a target forwards each stage
+to the run, so that a child that dies (`os._exit`, a crash in native code, a timeout) is reported with the
+last stage it reached. Without a listener (the Python API, `graphlint graph`) it does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+STAGES = ("import", "factory", "forward", "backward", "rules")
+
+_listener: Callable[[str], None] | None = None
+
+
+def listen(listener: Callable[[str], None] | None) -> None:
+    global _listener
+    _listener = listener
+
+
+def reached(stage: str) -> None:
+    if _listener is not None:
+        _listener(stage)
