@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 
 from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture import Capture
 from graphlint.capture.forward import HOST_OPS
@@ -72,13 +73,19 @@ def cut_kind(node: fx.Node) -> str | None:
         return "detach"
     if name == "data":
         return "data"
-    if name in HOST_OPS:
+    if leaves_torch(node):
         return "host"
     region = node.meta.get("grad_region")
     if region is not None and region.checkpoint:
         return None  # the checkpoint's backward recomputes this with grad on
     mode = node.meta.get("grad_mode", "enabled")
     return mode if mode != "enabled" else None
+
+
+def leaves_torch(node: fx.Node) -> bool:
+    """Whether the op turned a tensor into a Python value (`.item()`, `float(t)`, `if t:`); the `.float()`,
+    `.int()` and `.bool()` casts share those names but return tensors, so gradients flow through them."""
+    return op(node) in HOST_OPS and not isinstance(node.meta.get("tensor_meta"), TensorMetadata)
 
 
 def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
