@@ -38,12 +38,18 @@ def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
 
 def trainable_without_gradient(capture: Capture) -> list[str]:
     """Trainable parameters that get no gradient: those the real backward did not reach, or, when the backward
-    failed, those with no AccumulateGrad node in the graph of the loss (a reentrant checkpoint hides its
-    block's parameters from that graph, but not from the backward). Empty when there was no loss."""
+    failed, those with no AccumulateGrad node in the graph of the loss, except those a reentrant checkpoint
+    read (it hides its block's parameters from that graph, and only its backward could tell). Empty when
+    there was no loss."""
     if capture.autograd.root is None:
         return []
     backward = capture.autograd.backward
-    reached = backward.reached if backward.ran and backward.error is None else capture.autograd.accumulate_grad
+    if backward.ran and backward.error is None:
+        reached = backward.reached
+    else:
+        reads = parameter_nodes(capture.forward)
+        unknown = {name for name, node in reads.items() if any(map(in_reentrant_checkpoint, node.users))}
+        reached = capture.autograd.accumulate_grad.keys() | unknown
     return [name for name, info in capture.parameters.items() if info.requires_grad and name not in reached]
 
 

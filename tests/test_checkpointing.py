@@ -194,3 +194,16 @@ def test_a_checkpoint_whose_block_trains_is_not_a_cut(tmp_path, factory):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     report = lint_file(path, factory)
     assert findings_of(report, "GL202") == findings_of(report, "GL203") == []
+
+
+def test_a_failed_backward_does_not_make_reentrant_blocks_look_unused(tmp_path):
+    # the backward fails inside the block's recompute, so only the checkpoint could tell what its parameters get
+    old, new = CUT_INSIDE["detach"][0], ("        gates = torch.sigmoid(self.qkv(x))\n"
+                                         "        gates.mul_(2)  # a write to what sigmoid saved\n"
+                                         "        q, k, v = gates.chunk(3, dim=-1)")
+    path = write(tmp_path, "net.py", MODEL.replace(old, new))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        backward_in_plain_pytorch(path, "make_reentrant")
+    report = lint_file(path, "make_reentrant")
+    assert [note for note in report.results[0].notes if "modified by an inplace operation" in note]
+    assert findings_of(report, "GL202") == findings_of(report, "GL203") == []
