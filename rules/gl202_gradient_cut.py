@@ -158,12 +158,14 @@ def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
     kind = cut_kind(cut)
     if kind is None and in_reentrant_checkpoint(cut):
         message = ("This reentrant torch.utils.checkpoint call in {where} cuts {parameters} off from the loss"
-                   "{occurrences}, so they never train: none of the tensors it passes to the block requires grad, "
-                   "so its backward never runs; pass use_reentrant=False, or make an input require grad "
-                   "(transformers: model.enable_input_require_grads()), or freeze them with requires_grad_(False) "
-                   "if that is intended.")
-        return Problem(message=message, stack=cut.meta["grad_region"].entered_at,
-                       module_path=_user_module_path(cut), parameters=names)
+                   "{occurrences}, so they never train: none of its inputs requires grad, so its backward never "
+                   "runs; pass use_reentrant=False or make an input require grad (transformers: "
+                   "model.enable_input_require_grads()), or freeze them with requires_grad_(False) if that is "
+                   "intended.")
+        call = cut.meta["grad_region"].entered_at
+        if not call:  # no visible frame entered the checkpoint: the block's first op stands for it
+            return Problem(message=message, node=cut, parameters=names)
+        return Problem(message=message, stack=call, module_path=_user_module_path(cut), parameters=names)
     if kind == "host":
         what, fix = f".{op(cut)}()", "keep the computation in tensors"
     else:
