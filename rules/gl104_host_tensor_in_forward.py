@@ -118,7 +118,7 @@ class HostTensorInForward(Rule):
         for node in capture.ops:
             if op(node) not in FACTORIES or not is_own_code(node):
                 continue
-            if node.kwargs.get("device") is None:
+            if _host_factory(node):
                 if node.kwargs.get("generator") is not None:
                     continue
                 move = _first_move(node)
@@ -149,11 +149,15 @@ def _first_move(factory: fx.Node) -> fx.Node | None:
             continue
         if _moves(node) and node.args and node.args[0] in host:
             return node
-        if not all(n in host for n in node.all_input_nodes):
+        if not all(n in host or _host_factory(n) for n in node.all_input_nodes):
             continue  # mixed with a device tensor: the copy, if any, is torch's
         host.add(node)
         queue.extend((user, depth + 1) for user in node.users)
     return None
+
+
+def _host_factory(node: fx.Node) -> bool:
+    return op(node) in FACTORIES and node.kwargs.get("device") is None
 
 
 def _moves(node: fx.Node) -> bool:
