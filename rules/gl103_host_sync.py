@@ -25,6 +25,8 @@ _MESSAGES = {
     "repr": ("Printing a tensor", "copies it to the host", "print outside the forward"),
     "format": ("Formatting a tensor", "copies it to the host", "format it outside the forward"),
 }
+# Calls that return a Python value; some share their name with a cast that returns a tensor.
+_TO_PYTHON = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index"})
 # Ops whose output size depends on the values: the device must report that size to Python.
 _VALUE_SHAPED_OPS = {
     "nonzero": "nonzero()",
@@ -172,6 +174,8 @@ def _message(node: fx.Node) -> str | None:
     if name in _VALUE_SHAPED_OPS and _value_shaped(node):
         return (f"{_VALUE_SHAPED_OPS[name]} in {{where}} gives a result whose size depends on the values, "
                 f"{_BLOCKS}{{occurrences}}; {_STATIC_FIX}.")
+    if name in _TO_PYTHON and tensor_meta(node) is not None:
+        return None  # the casts `.float()`, `.int()`, `.bool()`, not the conversions float(t), int(t), bool(t)
     if name in _MESSAGES and (name != "to" or _to_host(node)):
         what, does, fix = _MESSAGES[name]
         return f"{what} in {{where}} {does}, {_BLOCKS}{{occurrences}}; {fix}."

@@ -61,6 +61,7 @@ NOT_FLAGGED = {
     "shape arithmetic": "h = h.reshape(h.shape[0], h.size(-1)) * (1.0 / len(h))",
     "Python numbers": "h = h * (2.0 ** -0.5) + sum([1, 2])",
     "choosing with torch.where and masked_fill": "h = torch.where(h > 0, h, 0.0).masked_fill(h > 3, 3.0)",
+    "casts named like Python conversions": "h = h.float().int().float() + h.bool().float() + h.double().float()",
     "indexing with slices and integer tensors": "h = h[:, :4].repeat(1, 2) + h.gather(1, h.argmax(1, keepdim=True))",
 }
 
