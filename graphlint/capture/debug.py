@@ -24,6 +24,9 @@ PROFILER = "the autograd profiler"
 NVTX = "emit_nvtx"
 
 
+_INHERITED = object()  # a replaced attribute that its owner only inherited: removed again, not set back
+
+
 @dataclass(frozen=True)
 class DebugSwitch:
     """A debugging mode of torch's that the target's code switched on before or during the forward."""
@@ -84,13 +87,16 @@ class DebugSwitchWatch:
         return watched_enter
 
     def _replace(self, owner, name: str, value) -> None:
-        self._restore.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        self._restore.append((owner, name, vars(owner).get(name, _INHERITED)))
         setattr(owner, name, value)
 
     def __exit__(self, *exc) -> None:
         while self._restore:
             owner, name, original = self._restore.pop()
-            setattr(owner, name, original)
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 @contextlib.contextmanager
