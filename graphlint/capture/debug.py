@@ -18,6 +18,7 @@ import torch.autograd.profiler
 import torch.profiler
 
 from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.errors import call_user_code
 
 ANOMALY = "anomaly detection"
 PROFILER = "the autograd profiler"
@@ -71,7 +72,7 @@ class DebugSwitchWatch:
         def watched_set_anomaly(enabled, *args, **kwargs):
             if enabled and not torch.is_anomaly_enabled():
                 self._record(ANOMALY, sys._getframe(1))
-            return set_anomaly(enabled, *args, **kwargs)
+            return call_user_code(set_anomaly, enabled, *args, **kwargs)
 
         self._replace(torch, "set_anomaly_enabled", watched_set_anomaly)
         for cls, kind in _profilers():
@@ -82,7 +83,7 @@ class DebugSwitchWatch:
         @functools.wraps(enter)
         def watched_enter(profiler, *args, **kwargs):
             self._record(kind, sys._getframe(1))
-            return enter(profiler, *args, **kwargs)
+            return call_user_code(enter, profiler, *args, **kwargs)
 
         return watched_enter
 
