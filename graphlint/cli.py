@@ -256,9 +256,10 @@ def _rules(args: argparse.Namespace) -> int:
     if args.format == "markdown":
         sys.stdout.write(rule_reference(rules))
         return EXIT_CLEAN
+    width = max(len(rule.name) for rule in rules)  # names in one column, however long the longest
     for rule in rules:
         opt_in = "  (opt-in)" if not rule.default_enabled else ""
-        print(f"{rule.id}  {rule.name:<20} {rule.severity.value:<8} {rule.summary}{opt_in}")
+        print(f"{rule.id}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}")
     return EXIT_CLEAN
 
 

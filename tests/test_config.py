@@ -24,7 +24,7 @@ def ids(config: Config) -> list[str]:
 
 
 def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
-    assert ids(Config()) == ["GL101", "GL102", "GL201", "GL202", "GL203"]
+    assert ids(Config()) == ["GL101", "GL102", "GL103", "GL104", "GL108", "GL201", "GL202", "GL203"]
 
 
 @pytest.mark.parametrize(
@@ -32,8 +32,9 @@ def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
     [
         (Config(select=("GL2",)), ["GL201", "GL202", "GL203"]),
         (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203"]),
-        (Config(select=("ALL",)), ["GL101", "GL102", "GL201", "GL202", "GL203", "GL901"]),
-        (Config(extend_select=("GL901",)), ["GL101", "GL102", "GL201", "GL202", "GL203", "GL901"]),
+        (Config(select=("ALL",)), ["GL101", "GL102", "GL103", "GL104", "GL108", "GL201", "GL202", "GL203", "GL901"]),
+        (Config(extend_select=("GL901",)),
+         ["GL101", "GL102", "GL103", "GL104", "GL108", "GL201", "GL202", "GL203", "GL901"]),
         (Config(ignore=("GL1", "GL203")), ["GL201", "GL202"]),
         (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203"]),
     ],
