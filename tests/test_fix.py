@@ -10,6 +10,7 @@ import os
 import pytest
 
 from conftest import findings_of, lint_file, run_graphlint, validate_sarif, write
+from graphlint.cache import result_from_dict
 from graphlint.fix.apply import plan_fixes
 from graphlint.fix.prove import rewritten_files
 from graphlint.project import Project
@@ -149,7 +150,7 @@ def test_a_fix_that_changes_what_the_model_computes_is_refused_unless_unsafe(tmp
 @pytest.mark.cli
 def test_suppressed_findings_are_not_fixed(tmp_path):
     source = GATE.replace("gate *= 2   # scale the gate", "gate *= 2  # graphlint: ignore[GL201]")
-    files = _project(tmp_path, model=source)
+    _project(tmp_path, model=source)
     result = run_graphlint("check", "--diff", "model.py:make", cwd=tmp_path)
     assert "gate *= 2" not in result.stdout.replace("-        gate", "")
     assert "nn.ReLU()" in result.stdout
@@ -181,6 +182,14 @@ def test_the_proof_accepts_an_exact_sdpa_rewrite_and_refuses_a_flipped_mask(tmp_
     if not proven:
         [(refused, reason)] = plan.refused
         assert refused == finding and reason.startswith("output 0 differs by up to ")
+
+
+def test_fixes_survive_the_result_cache_and_the_worker_wire_format(tmp_path):
+    files = _project(tmp_path, model=GATE)
+    [result] = lint_file(files["model"]).results
+    again = result_from_dict(json.loads(json.dumps(dataclasses.asdict(result), default=str)))
+    assert [f.fix for f in again.findings] == [f.fix for f in result.findings]
+    assert sum(f.fix is not None for f in again.findings) == 2
 
 
 def test_a_file_that_would_not_compile_is_never_written(tmp_path):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphlint.fix.edits import unified_diff
-from graphlint.fix.prove import prove, read_text, rewritten_files
+from graphlint.errors import UsageError, one_line
+from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
 from graphlint.results import Finding, Report
 
@@ -34,9 +35,20 @@ class FixPlan:
         for path, text in sorted(self.texts.items()):
             before, encoding = read_text(path)
             if text != before:
-                Path(path).write_bytes(text.encode(encoding))
+                try:
+                    Path(path).write_bytes(text.encode(encoding))
+                except OSError as error:
+                    raise UsageError(f"cannot write the fixed {path}: {error.strerror or error}") from error
                 written.append(path)
         return written
+
+
+def _prove(result, fixes, project, base, original) -> Verdict:
+    try:
+        return prove(result, fixes, project, base, original)
+    except Exception as error:  # a bug in graphlint: the fix is refused and the run goes on
+        return Verdict(False, f"internal error in graphlint while proving the fix ({one_line(error)}); please "
+                              "report it")
 
 
 def fixable(report: Report) -> list[Finding]:
@@ -56,7 +68,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
                 failed.setdefault(finding, "the target could not be linted")
             continue
         original = [f for f in report.all_findings if result.target in f.targets]
-        verdict = prove(result, mine, project, base, original)
+        verdict = _prove(result, mine, project, base, original)
         if verdict.ok:
             continue
         if len(mine) == 1:
@@ -64,12 +76,12 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
             continue
         passed = []
         for finding in mine:
-            alone = prove(result, [finding], project, base, original)
+            alone = _prove(result, [finding], project, base, original)
             if alone.ok:
                 passed.append(finding)
             else:
                 failed.setdefault(finding, alone.reason)
-        if len(passed) > 1 and not prove(result, passed, project, base, original).ok:
+        if len(passed) > 1 and not _prove(result, passed, project, base, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
     plan = FixPlan()

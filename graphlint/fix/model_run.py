@@ -68,7 +68,7 @@ def _differences(original: dict, rewritten: dict) -> str | None:
     """What the rewritten model computes differently, or None."""
     if len(original["outputs"]) != len(rewritten["outputs"]):
         return f"{len(rewritten['outputs'])} output tensors instead of {len(original['outputs'])}"
-    for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"])):
+    for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
         if a.shape != b.shape:
             return f"output {index} has shape {tuple(b.shape)} instead of {tuple(a.shape)}"
         if not torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True):

@@ -142,8 +142,11 @@ def _inside(path: Path, root: Path) -> Path | None:
 
 
 def _run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    # PYTHONSAFEPATH: the scratch folder is the working directory, and its files must not shadow the modules
+    # graphlint imports (the child puts the target's folder on sys.path itself, as a capture does).
     return subprocess.run([sys.executable, *arguments], cwd=cwd, capture_output=True, text=True,
-                          timeout=CHILD_TIMEOUT, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                          timeout=CHILD_TIMEOUT,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONSAFEPATH": "1"})
 
 
 def _child(arguments: list[str], cwd: Path) -> str | None:
