@@ -29,7 +29,7 @@ from pathlib import Path
 import graphlint
 from graphlint.libraries import installed_version
 from graphlint.project import Project
-from graphlint.results import Finding, Location, Related, RuleInfo, Severity, TargetError, TargetResult
+from graphlint.results import Edit, Finding, Fix, Location, Related, RuleInfo, Severity, TargetError, TargetResult
 
 VERSION = 2
 DEFAULT_FOLDER = ".graphlint_cache"
@@ -159,7 +159,12 @@ def _finding_from_dict(data: dict) -> Finding:
         "location": _location(data["location"]),
         "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
         "targets": tuple(data["targets"]),
+        "fix": _fix(data.get("fix")),
     })
+
+
+def _fix(data: dict | None) -> Fix | None:
+    return None if data is None else Fix(data["message"], tuple(Edit(**e) for e in data["edits"]))
 
 
 def result_from_dict(data: dict) -> TargetResult:
