@@ -149,7 +149,7 @@ class BiasBeforeNorm(Rule):
                         h = torch.relu(self.bn1(self.up(h)))
                         h = self.bn2(torch.relu(self.conv(h)))
                         h = torch.relu(self.gn(self.grouped(h)))
-                        return self.ln(self.fc(h.mean((2, 3))))
+                        return torch.tanh(self.ln(self.fc(h.mean((2, 3)))))
 
 
                 def make():
