@@ -67,7 +67,8 @@ class UnfusedActivation(Rule):
 
 
                 def new_gelu(x):
-                    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))  # expect: GL107
+                    inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+                    return 0.5 * x * (1.0 + torch.tanh(inner))  # expect: GL107
 
 
                 class MLP(nn.Module):
