@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import findings_of, lint_file, write
+from conftest import findings_of, line_of, lint_file, write
 from graphlint.engine import rule_by_id
 from graphlint.target import Target
 
@@ -203,3 +203,103 @@ def test_gl204_points_at_the_log_with_the_softmax_related(tmp_path):
     assert line[finding.location.column - 1:].startswith("torch.log(F.softmax(")
     assert [r.message for r in finding.related] == ["the softmax whose log is taken"]
     assert "F.log_softmax" in finding.message
+
+
+# -- spellings, each checked in plain PyTorch: flagged exactly when the bias gets no gradient ------------------
+
+CONV_THEN_NORM = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)  # the layer
+        self.bn = nn.BatchNorm2d(8)
+        self.register_buffer("rm", torch.zeros(8))
+        self.register_buffer("rv", torch.ones(8))
+
+    def forward(self, x):
+        return torch.tanh({expression})
+
+
+def make():
+    return Layer(), (torch.randn(4, 3, 6, 6),)
+'''
+NORMS_AFTER_A_CONV = {
+    "F.batch_norm(self.conv(x), None, None, training=True)": True,
+    "F.group_norm(self.conv(x), 8)": True,
+    "self.bn(self.conv(x).contiguous())": True,
+    "self.bn(self.conv(x).unsqueeze(-1).squeeze(-1))": True,
+    "F.group_norm(self.conv(x), 2)": False,
+    "F.batch_norm(self.conv(x), self.rm, self.rv, training=False)": False,
+    "self.bn(torch.relu(self.conv(x)))": False,
+    "F.layer_norm(self.conv(x), (8, 4, 4))": False,
+    "self.bn(self.conv(x).transpose(2, 3))": True,
+    "self.bn(self.conv(x).transpose(1, 2).reshape(4, 8, 4, 4))": False,
+}
+
+
+@pytest.mark.parametrize("expression", NORMS_AFTER_A_CONV)
+def test_gl105_spellings_are_flagged_exactly_when_plain_pytorch_gives_the_bias_no_gradient(expression, tmp_path):
+    path = write(tmp_path, "model.py", CONV_THEN_NORM.format(expression=expression))
+    torch.manual_seed(0)
+    model, args, _ = _made(_load(path))
+    _backward(model, args)
+    cancelled = bool(model.conv.bias.grad.abs().max() < 1e-5)
+    assert cancelled == NORMS_AFTER_A_CONV[expression]
+    report = lint_file(path)
+    assert report.errors == []
+    expected = [line_of(path, "# the layer")] if cancelled else []
+    assert [f.location.line for f in findings_of(report, "GL105")] == expected
+
+
+NORM_FORMULAS = {
+    # flagged: each equals the library norm
+    "x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)": lambda x: F.rms_norm(x, (16,), eps=1e-6),
+    "x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-6)": lambda x: F.rms_norm(x, (16,), eps=1e-6),
+    "(x - x.mean(-1, keepdim=True)) * torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)":
+        lambda x: F.layer_norm(x, (16,)),
+    "(x - x.mean((-2, -1), keepdim=True)) / torch.sqrt(x.var((-2, -1), keepdim=True, correction=0) + 1e-5)":
+        lambda x: F.layer_norm(x, (8, 16)),
+    # not flagged: no exact library form, or not a per-row norm
+    "(x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1e-6)": None,
+    "(x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5)": None,
+    "x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)": None,
+    "(x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, keepdim=True, unbiased=False) + 1e-5)": None,
+}
+
+NORM = '''
+import torch
+from torch import nn
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, inputs):
+        x = self.fc(inputs)
+        return {expression}  # the norm
+
+
+def make():
+    return Layer(), (torch.randn(4, 8, 16),)
+'''
+
+
+@pytest.mark.parametrize("expression", NORM_FORMULAS)
+def test_gl106_flags_exactly_the_formulas_that_equal_a_library_norm(expression, tmp_path):
+    x = torch.randn(4, 8, 16) * 3 + 1
+    library = NORM_FORMULAS[expression]
+    written = eval(expression, {"x": x, "torch": torch})
+    if library is not None:
+        torch.testing.assert_close(written, library(x), rtol=1e-5, atol=1e-5)
+    path = write(tmp_path, "model.py", NORM.format(expression=expression))
+    report = lint_file(path)
+    assert report.errors == []
+    expected = [line_of(path, "# the norm")] if library is not None else []
+    assert [f.location.line for f in findings_of(report, "GL106")] == expected
