@@ -88,3 +88,18 @@ def is_static(node: Any) -> bool:
             return False
         node, seen = node.args[0], seen + 1
     return False
+
+
+def ran_in_library(node: fx.Node) -> bool:
+    """Whether the op was called from an installed library's code (a `transformers` model's own RMSNorm),
+    which its users cannot rewrite."""
+    stack = node.meta.get("stack") or ()
+    return bool(stack) and is_installed_file(stack[-1].file)
+
+
+def strip_casts(node: Any) -> Any:
+    """The value before any dtype conversions (`x.float()` is still `x` for a formula's shape)."""
+    seen = 0
+    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < 8:
+        node, seen = node.args[0], seen + 1
+    return node

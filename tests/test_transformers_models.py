@@ -46,9 +46,11 @@ def llama_bf16_sdpa(): return build("llama", "sdpa", torch.bfloat16)
 def gpt2_masked_sdpa(): return with_mask("gpt2", "sdpa")
 def gpt2_masked_eager(): return with_mask("gpt2", "eager")
 def llama_masked_eager(): return with_mask("llama", "eager")
+def llama_masked_sdpa(): return with_mask("llama", "sdpa")
 def bert_masked_sdpa(): return with_mask("bert", "sdpa")
 def bert_masked_eager(): return with_mask("bert", "eager")
 def llama_bf16_masked_sdpa(): return with_mask("llama", "sdpa", torch.bfloat16)
+def llama_bf16_masked_eager(): return with_mask("llama", "eager", torch.bfloat16)
 
 
 class DetachedEmbeddings(torch.nn.Module):
@@ -116,6 +118,18 @@ def test_real_models_do_not_stall_the_device_from_the_users_code(name, targets):
     assert report.errors == []
     assert [r.id for r in report.rules] == ["GL103", "GL104", "GL108"]  # the rules really ran
     assert report.findings == []
+
+
+KERNEL_AND_NUMERICS_RULES = ("GL105", "GL106", "GL107", "GL204")
+EVERY_VARIANT = CLEAN_OF_CORRECTNESS_RULES + ["llama_masked_sdpa", "llama_bf16_masked_eager"]
+
+
+@pytest.mark.parametrize("name", EVERY_VARIANT)
+def test_library_norms_and_activations_are_not_the_users_to_fuse(name, targets):
+    # Llama's RMSNorm and GPT-2's tanh GELU are written out by hand inside transformers, with no switch.
+    report = lint_file(targets, name, extend_select=KERNEL_AND_NUMERICS_RULES)
+    assert report.errors == []
+    assert [f for f in report.findings if f.rule_id in KERNEL_AND_NUMERICS_RULES] == []
 
 
 def test_a_detached_embedding_in_front_of_a_real_llama_is_a_gradient_cut(targets):
