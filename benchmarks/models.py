@@ -92,6 +92,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         variance = x.float().pow(2).mean(-1, keepdim=True)
+        # graphlint: ignore[GL106]  the reference Llama writes its RMSNorm out; the benchmark keeps its graph
         return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).type_as(x)
 
 

@@ -5,6 +5,9 @@
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
 
+`check --fix` applies the fixes graphlint proved on the model, `--diff` shows them, `--unsafe-fixes` adds the
+unproven ones (graphlint.fix).
+
 Exit codes of `check`: 0 no findings at or above --fail-on, 1 such findings, 2 usage, configuration or target
 errors (each one line on stderr; the other targets are still linted and reported, and the report is still
 written).
@@ -67,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="stop a target's process after SECONDS, even inside native code (default: 600, or "
                             "timeout in [tool.graphlint]; 0: no limit)")
+    check.add_argument("--fix", action="store_true",
+                       help="apply the fixes that graphlint proved on the model (same outputs and gradients in "
+                            "float64, the finding gone), then report what is left")
+    check.add_argument("--diff", action="store_true",
+                       help="print the fixes --fix would apply as unified diffs and write nothing (exit 1 when "
+                            "there is something to fix)")
+    check.add_argument("--unsafe-fixes", action="store_true",
+                       help="with --fix or --diff, also apply fixes that could not be proven")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -145,9 +156,17 @@ def _check(args: argparse.Namespace) -> int:
         cache=None if args.no_cache else default_folder(project, args.cache_dir),
         jobs=args.jobs, timeout=config.timeout or None, progress=_Progress(sys.stderr) if show_progress else None,
     )
+    if args.unsafe_fixes and not (args.fix or args.diff):
+        raise UsageError("--unsafe-fixes applies only with --fix or --diff")
+    if args.write_baseline is not None and (args.fix or args.diff):
+        raise UsageError("--write-baseline cannot be combined with --fix or --diff")
     report = check(targets, project, config, options, base)
     for line in diagnostics(report):
         print(line, file=sys.stderr)
+    if args.diff:
+        return _diff(report, project, base, args.unsafe_fixes)
+    if args.fix:
+        _fix(report, project, base, args.unsafe_fixes)
     if args.write_baseline is not None:
         kept = [f for f in report.all_findings if not f.suppressed]
         write_baseline(args.write_baseline, kept, lambda path: project.relative(path) or path)
@@ -169,6 +188,43 @@ def _check(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def _diff(report, project: Project, base: Path, unsafe: bool) -> int:
+    from graphlint.fix.apply import plan_fixes
+
+    plan = plan_fixes(report, project, base, unsafe)
+    _tell_refused(plan, project, unsafe)
+    diffs = plan.diffs(project)
+    sys.stdout.buffer.write(diffs.encode("utf-8"))
+    sys.stdout.flush()
+    count = len(plan.applied)
+    print(f"graphlint: {count} fix{'' if count == 1 else 'es'} would be applied", file=sys.stderr)
+    if report.errors:
+        return EXIT_ERROR
+    return EXIT_FINDINGS if diffs else EXIT_CLEAN
+
+
+def _fix(report, project: Project, base: Path, unsafe: bool) -> None:
+    """Write the fixes, and leave in the report only what is left."""
+    from graphlint.fix.apply import plan_fixes
+
+    plan = plan_fixes(report, project, base, unsafe)
+    _tell_refused(plan, project, unsafe)
+    written = plan.write()
+    fixed = set(plan.applied)
+    report.merged = [f for f in report.all_findings if f not in fixed]
+    count = len(fixed)
+    print(f"graphlint: fixed {count} finding{'' if count == 1 else 's'} in {len(written)} "
+          f"file{'' if len(written) == 1 else 's'}", file=sys.stderr)
+
+
+def _tell_refused(plan, project: Project, unsafe: bool) -> None:
+    for finding, reason in plan.refused:
+        where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
+        how = "applied anyway (--unsafe-fixes)" if unsafe else "not applied"
+        print(single_line(f"graphlint: {where}: {finding.rule_id} fix {how}: {reason}"
+                          + ("" if unsafe else " (--unsafe-fixes applies it)")), file=sys.stderr)
 
 
 class _Progress:
@@ -256,9 +312,10 @@ def _rules(args: argparse.Namespace) -> int:
     if args.format == "markdown":
         sys.stdout.write(rule_reference(rules))
         return EXIT_CLEAN
+    width = max(len(rule.name) for rule in rules)  # names in one column, however long the longest
     for rule in rules:
         opt_in = "  (opt-in)" if not rule.default_enabled else ""
-        print(f"{rule.id}  {rule.name:<20} {rule.severity.value:<8} {rule.summary}{opt_in}")
+        print(f"{rule.id}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}")
     return EXIT_CLEAN
 
 

@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 
 from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture import Capture
 from graphlint.capture.forward import HOST_OPS
@@ -37,12 +38,18 @@ def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
 
 def trainable_without_gradient(capture: Capture) -> list[str]:
     """Trainable parameters that get no gradient: those the real backward did not reach, or, when the backward
-    failed, those with no AccumulateGrad node in the graph of the loss (a reentrant checkpoint hides its
-    block's parameters from that graph, but not from the backward). Empty when there was no loss."""
+    failed, those with no AccumulateGrad node in the graph of the loss, except those a reentrant checkpoint
+    read (it hides its block's parameters from that graph, and only its backward could tell). Empty when
+    there was no loss."""
     if capture.autograd.root is None:
         return []
     backward = capture.autograd.backward
-    reached = backward.reached if backward.ran and backward.error is None else capture.autograd.accumulate_grad
+    if backward.ran and backward.error is None:
+        reached = backward.reached
+    else:
+        reads = parameter_nodes(capture.forward)
+        unknown = {name for name, node in reads.items() if any(map(in_reentrant_checkpoint, node.users))}
+        reached = capture.autograd.accumulate_grad.keys() | unknown
     return [name for name, info in capture.parameters.items() if info.requires_grad and name not in reached]
 
 
@@ -72,20 +79,32 @@ def cut_kind(node: fx.Node) -> str | None:
         return "detach"
     if name == "data":
         return "data"
-    if name in HOST_OPS:
+    if leaves_torch(node):
         return "host"
-    region = node.meta.get("grad_region")
-    if region is not None and region.checkpoint:
+    if in_reentrant_checkpoint(node):
         return None  # the checkpoint's backward recomputes this with grad on
     mode = node.meta.get("grad_mode", "enabled")
     return mode if mode != "enabled" else None
+
+
+def leaves_torch(node: fx.Node) -> bool:
+    """Whether the op turned a tensor into a Python value (`.item()`, `float(t)`, `if t:`); the `.float()`,
+    `.int()` and `.bool()` casts share those names but return tensors, so gradients flow through them."""
+    return op(node) in HOST_OPS and not isinstance(node.meta.get("tensor_meta"), TensorMetadata)
+
+
+def in_reentrant_checkpoint(node: fx.Node) -> bool:
+    """Whether the op ran inside the no_grad forward of a reentrant `torch.utils.checkpoint`."""
+    region = node.meta.get("grad_region")
+    return region is not None and region.checkpoint
 
 
 def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     """For every trainable parameter that the forward read but that gets no gradient: the cuts that matter on
     its way to the loss. A cut matters when what it passes on reaches the loss (a detach inside a term the
     loss drops cuts nothing); a value that left torch (`.item()`) cannot be followed, so that cut always
-    counts. An empty list: used, but its results never reach the loss."""
+    counts; the ops of a reentrant checkpoint's block count only when nothing else cuts the parameter. An
+    empty list: used, but its results never reach the loss."""
     reads = parameter_nodes(capture.forward)
     live = reaches_loss(capture.forward)
 
@@ -93,4 +112,13 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
         kind = cut_kind(node)
         return kind == "host" or (kind is not None and node in live)
 
-    return {name: first_stops(reads[name], matters) for name in trainable_without_gradient(capture) if name in reads}
+    # A reentrant checkpoint whose inputs do not require grad never runs its backward: when nothing else cuts
+    # a parameter inside it, the block's ops are the cut (only a backward that ran can tell).
+    backward = capture.autograd.backward
+    trusted = backward.ran and backward.error is None
+
+    def checkpointed(node: fx.Node) -> bool:
+        return trusted and in_reentrant_checkpoint(node) and node in live
+
+    return {name: first_stops(reads[name], matters) or first_stops(reads[name], checkpointed)
+            for name in trainable_without_gradient(capture) if name in reads}

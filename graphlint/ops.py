@@ -11,6 +11,8 @@ from typing import Any
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from graphlint.files import is_installed_file
+
 MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
 SOFTMAX = frozenset({"softmax", "_softmax", "_safe_softmax"})
 SCALE = frozenset({"mul", "mul_", "rmul", "div", "div_", "rdiv", "true_divide", "true_divide_"})
@@ -37,6 +39,15 @@ VIEW = frozenset({
 
 def op(node: fx.Node) -> str | None:
     return node.meta.get("op")
+
+
+def is_own_code(node: fx.Node) -> bool:
+    """Whether the project's own code made the call, not an installed library or one of torch.nn's modules."""
+    stack = node.meta.get("stack") or ()
+    modules = node.meta.get("module_stack") or ()
+    if not stack or is_installed_file(stack[-1].file):
+        return False
+    return not (modules and modules[-1].library)
 
 
 def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -77,3 +88,18 @@ def is_static(node: Any) -> bool:
             return False
         node, seen = node.args[0], seen + 1
     return False
+
+
+def ran_in_library(node: fx.Node) -> bool:
+    """Whether the op was called from an installed library's code (a `transformers` model's own RMSNorm),
+    which its users cannot rewrite."""
+    stack = node.meta.get("stack") or ()
+    return bool(stack) and is_installed_file(stack[-1].file)
+
+
+def strip_casts(node: Any) -> Any:
+    """The value before any dtype conversions (`x.float()` is still `x` for a formula's shape)."""
+    seen = 0
+    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < 8:
+        node, seen = node.args[0], seen + 1
+    return node

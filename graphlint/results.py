@@ -49,13 +49,34 @@ class Related:
 
 
 @dataclass(frozen=True)
+class Edit:
+    """Replace the text of one span of a file: 1-based lines and code-point columns, end column exclusive."""
+
+    path: str  # absolute path
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A rewrite that removes a finding: what it does in words, and the edits to the user's files."""
+
+    message: str
+    edits: tuple[Edit, ...]
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem at one source location; `occurrences` counts how often the capture met it there.
 
     `suppressed` (by a `# graphlint: ignore` comment) and `baselined` (listed in the baseline file) findings
     are kept so that `--show-suppressed` and the counts in the summary can use them. `fingerprint` is
     graphlint's own identity of the finding, stable when unrelated edits move its line; `line_hash` is
-    GitHub's `primaryLocationLineHash` of its line.
+    GitHub's `primaryLocationLineHash` of its line. `fix` is the rewrite the rule offers (graphlint.fix
+    proves it on the model before `--fix` writes it).
     """
 
     rule_id: str
@@ -70,6 +91,8 @@ class Finding:
     baselined: bool = False
     fingerprint: str = ""
     line_hash: str = ""
+    fix: Fix | None = None  # the rewrite the rule offers, still to be proven on the model
+    no_fix: str = ""  # why a rule that fixes such findings could not rewrite this one
 
     def sort_key(self) -> tuple:
         loc = self.location
@@ -218,4 +241,6 @@ def _finding(data: dict) -> Finding:
         "location": _location(data["location"]),
         "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
         "targets": tuple(data["targets"]),
+        "fix": None if data["fix"] is None else Fix(data["fix"]["message"],
+                                                    tuple(Edit(**e) for e in data["fix"]["edits"])),
     })

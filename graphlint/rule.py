@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 from collections.abc import Iterable
 
 from torch import fx
 
 from graphlint.capture.frames import Frame
 from graphlint.results import Severity
+
+if TYPE_CHECKING:
+    from graphlint.fix.rewrite import Fixer
 
 # The generated rule reference (docs/rules.md) as published; pyproject.toml's [project.urls] Documentation.
 RULES_REFERENCE_URL = "https://github.com/torch-graphlint/torch-graphlint/blob/main/docs/rules.md"
@@ -34,6 +37,11 @@ class Example:
 
     source: str
     title: str = ""
+    fixed: str = ""  # for a BAD example of a rule that fixes: the source after every fix (`--unsafe-fixes`)
+
+    @property
+    def fixed_code(self) -> str:
+        return textwrap.dedent(self.fixed).strip() + "\n" if self.fixed else ""
 
     @property
     def code(self) -> str:
@@ -62,7 +70,7 @@ class Problem:
 
     `related` are other nodes of the same pattern with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called.
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite).
     """
 
     message: str
@@ -72,6 +80,7 @@ class Problem:
     related: tuple[tuple[fx.Node, str], ...] = ()
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
+    fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
 
     @property
     def where(self) -> str:
@@ -92,6 +101,7 @@ class Rule:
     why: ClassVar[str]  # why it matters
     example: ClassVar[str]  # code that is flagged
     instead: ClassVar[str]  # what to write instead
+    fixes: ClassVar[str] = ""  # what `--fix` rewrites and what it leaves alone; empty: the rule has no fix
     bad_examples: ClassVar[tuple[Example, ...]]
     good_examples: ClassVar[tuple[Example, ...]]
 
@@ -105,7 +115,8 @@ class Rule:
 
     @classmethod
     def docs_markdown(cls, heading: str = "#", with_examples: bool = False) -> str:
-        """The rule's documentation page in the four parts every rule has; `heading` is its title's level."""
+        """The rule's documentation page in the four parts every rule has, and what `--fix` does; `heading` is
+        its title's level."""
         sub = heading + "#"
         parts = [
             f"{heading} {cls.id} {cls.name}",
@@ -117,6 +128,8 @@ class Rule:
             f"{sub} Why it matters", "", textwrap.dedent(cls.why).strip(), "",
             f"{sub} Example", "", "```python", textwrap.dedent(cls.example).strip(), "```", "",
             f"{sub} Use instead", "", "```python", textwrap.dedent(cls.instead).strip(), "```", "",
+            f"{sub} Fix", "", textwrap.dedent(cls.fixes).strip() if cls.fixes else "None: `--fix` leaves these "
+            "findings alone.", "",
         ]
         if with_examples:
             parts += [f"{sub} Example models", "",
@@ -124,6 +137,9 @@ class Rule:
             for label, examples in (("Flagged", cls.bad_examples), ("Not flagged", cls.good_examples)):
                 for example in examples:
                     parts += [f"{label}: {example.title}.", "", "```python", example.code.rstrip(), "```", ""]
+                    if example.fixed:
+                        parts += ["After `graphlint check --fix`:", "", "```python", example.fixed_code.rstrip(),
+                                  "```", ""]
         return "\n".join(parts)
 
     @classmethod

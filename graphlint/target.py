@@ -69,18 +69,28 @@ class TargetSpec:
 class LoadedTarget:
     spec: TargetSpec
     factory: Callable[[], Any]
+    import_switches: tuple = ()  # `DebugSwitch`es the module's import turned on
+
+
+# Per imported module: the debugging switches its import turned on (a module is imported once per process).
+_IMPORT_SWITCHES: dict[str, tuple] = {}
 
 
 def load_factory(spec: TargetSpec) -> LoadedTarget:
     """Import the target's module (its folder is already on sys.path) and fetch the factory."""
-    module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
+    from graphlint.capture.debug import watched_import  # imports torch: only a capture loads a factory
+
+    key = str(spec.file) if spec.file is not None else spec.module
+    with watched_import() as watch:
+        module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
+    _IMPORT_SWITCHES.setdefault(key, tuple(watch.switches))
     factory = getattr(module, spec.name, None)
     if factory is None:
         raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns (model, args)")
     if not callable(factory):
         raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {_describe(factory)}, not a function; "
                             "make it a function that returns (model, args)")
-    return LoadedTarget(spec, factory)
+    return LoadedTarget(spec, factory, _IMPORT_SWITCHES[key])
 
 
 def _where(spec: TargetSpec) -> str:

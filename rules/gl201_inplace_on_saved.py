@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import libcst as cst
 from torch import fx
 
 from graphlint.capture.autograd import AutogradNode, SavedTensor
+from graphlint.fix.rewrite import FixSite, Rewrite, code_of
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -16,6 +18,10 @@ _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "ha
                      "elu": 2, "celu": 2, "leaky_relu": 2, "hardtanh": 3, "threshold": 3, "dropout": 3,
                      "dropout1d": 3, "dropout2d": 3, "dropout3d": 3, "alpha_dropout": 3, "feature_alpha_dropout": 3}
 _OPERATORS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/", "pow_": "**"}
+_AUGMENTED = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
+              cst.DivideAssign: cst.Divide, cst.PowerAssign: cst.Power, cst.MatrixMultiplyAssign: cst.MatrixMultiply}
+# Operands that need no parentheses on the right of a binary operator.
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
 
 
 class InplaceOnSaved(Rule):
@@ -57,6 +63,13 @@ class InplaceOnSaved(Rule):
         gate = gate * 2
         self.act = nn.Sequential(nn.Sigmoid(), nn.ReLU())
     """
+    fixes = """
+        `--fix` makes the write out-of-place, where that computes the same thing: `x *= 2` becomes
+        `x = x * 2`, a statement `x.mul_(2)` becomes `x = x.mul(2)`, `nn.ReLU(inplace=True)` becomes
+        `nn.ReLU()` and `F.relu(x, inplace=True)` becomes `F.relu(x)`. Left alone, with the reason: index
+        assignment, `out=`, writes through `.data` or through a view (an out-of-place result would not reach the
+        tensor the view belongs to), and in-place method calls whose result is used in an expression.
+    """
     bad_examples = (
         Example(
             title="augmented assignment, index assignment and an in-place module",
@@ -85,6 +98,85 @@ class InplaceOnSaved(Rule):
 
                 def make():
                     return Gate(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+
+
+                class Gate(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.proj = nn.Linear(16, 16)
+                        self.mlp = nn.Sequential(
+                            nn.Linear(16, 16),
+                            nn.Sigmoid(),
+                            nn.ReLU(),  # expect: GL201
+                        )
+
+                    def forward(self, x):
+                        gate = torch.sigmoid(self.proj(x))
+                        gate = gate * 2  # expect: GL201
+                        probs = torch.softmax(self.proj(x), dim=-1)
+                        probs[:, 0] = 0  # expect: GL201
+                        return self.mlp(gate * probs)
+
+
+                def make():
+                    return Gate(), (torch.randn(4, 16),)
+            ''',
+        ),
+        Example(
+            title="in-place functionals and methods",
+            source='''
+                import torch
+                import torch.nn.functional as F
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.inp = nn.Linear(16, 16)
+                        self.out = nn.Linear(16, 16)
+
+                    def forward(self, x):
+                        h = torch.sigmoid(self.inp(x))
+                        h = F.relu(h, inplace=True)  # expect: GL201
+                        y = torch.tanh(self.out(h))
+                        y.mul_(0.5 + 0.25)  # expect: GL201
+                        z = torch.exp(y)
+                        z -= 1.0  # expect: GL201
+                        return z
+
+
+                def make():
+                    return Net(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import torch
+                import torch.nn.functional as F
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.inp = nn.Linear(16, 16)
+                        self.out = nn.Linear(16, 16)
+
+                    def forward(self, x):
+                        h = torch.sigmoid(self.inp(x))
+                        h = F.relu(h)  # expect: GL201
+                        y = torch.tanh(self.out(h))
+                        y = y.mul(0.5 + 0.25)  # expect: GL201
+                        z = torch.exp(y)
+                        z = z - 1.0  # expect: GL201
+                        return z
+
+
+                def make():
+                    return Net(), (torch.randn(4, 16),)
             ''',
         ),
         Example(
@@ -181,7 +273,51 @@ def _problem(writer: fx.Node, victims: list[tuple[AutogradNode, SavedTensor]]) -
                 f"{{occurrences}}; {consequence}; {_advice(writer, silent)}.",
         related=related,
         at_build_site=True,
+        fix=_out_of_place,
     )
+
+
+def _out_of_place(site: FixSite) -> Rewrite | str:
+    """The same computation without the write: see `InplaceOnSaved.fixes`."""
+    node = site.node
+    if isinstance(node, cst.AugAssign):
+        operator = _AUGMENTED.get(type(node.operator))
+        if operator is None or not isinstance(node.target, (cst.Name, cst.Attribute)):
+            return "only x op= y on a name or attribute can be rewritten as x = x op y"
+        value = node.value if isinstance(node.value, _ATOMS) or node.value.lpar else _parenthesized(node.value)
+        new = cst.Assign(targets=[cst.AssignTarget(node.target)],
+                         value=cst.BinaryOperation(node.target, operator(), value))
+        return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    if not isinstance(node, cst.Call):
+        return "an index assignment has no out-of-place form that updates the same tensor; clone it first"
+    flag = next((a for a in node.args if a.keyword is not None and a.keyword.value == "inplace"), None)
+    if flag is not None:
+        if not (isinstance(flag.value, cst.Name) and flag.value.value == "True"):
+            return "inplace= is not the literal True"
+        args = [a for a in node.args if a is not flag]
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        new = node.with_changes(args=args)
+        return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    if any(a.keyword is not None and a.keyword.value == "out" for a in node.args):
+        return "out= writes into an existing tensor; use the returned tensor instead"
+    method = node.func
+    if not isinstance(method, cst.Attribute) or not method.attr.value.endswith("_"):
+        return "the write is not a method call, an augmented assignment or inplace=True"
+    receiver = method.value
+    if isinstance(receiver, cst.Attribute) and receiver.attr.value == "data":
+        return "a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the gradients"
+    if not isinstance(receiver, (cst.Name, cst.Attribute)):
+        return "the write goes through a view; an out-of-place result would not reach the tensor it views"
+    if site.statement is None:
+        return "the in-place call's result is used in an expression, where the tensor it writes may be read again"
+    new = cst.Assign(targets=[cst.AssignTarget(receiver)],
+                     value=node.with_changes(func=method.with_changes(attr=cst.Name(method.attr.value[:-1]))))
+    return Rewrite(site.statement, new, f"{code_of(node)} → {code_of(new)}")
+
+
+def _parenthesized(value: cst.BaseExpression) -> cst.BaseExpression:
+    return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def _producer_name(autograd_node: AutogradNode) -> str:

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from torch import fx
 
-from graphlint.flow import cut_kind, gradient_cuts
+from graphlint.flow import cut_kind, gradient_cuts, in_reentrant_checkpoint
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -23,12 +23,13 @@ class GradientCut(Rule):
         Parameters with `requires_grad=True` that receive no gradient from the loss because their path to it
         is cut inside the forward: by `.detach()`, by `.data`, by a `torch.no_grad()` or
         `torch.inference_mode()` block, or by a trip out of torch (`.item()`, `.tolist()`, `.numpy()`, then
-        back with `torch.tensor` or `torch.from_numpy`).
+        back with `torch.tensor` or `torch.from_numpy`), or by a reentrant `torch.utils.checkpoint` none of
+        whose inputs requires grad (its backward never runs: the frozen-embedding mistake under LoRA).
 
         The finding points at the cut: the `.detach()` call, the `.data` access, the statement inside the
-        `no_grad` block, the `.item()`. The message names the parameters that lose their gradient, grouped by
-        module path. It is read from the real autograd graph: a parameter is cut when it has no
-        `AccumulateGrad` node reachable from the loss although the forward used it.
+        `no_grad` block, the `.item()`, the checkpoint call. The message names the parameters that lose their
+        gradient, grouped by module path. It is read from a real backward: a parameter is cut when the
+        backward does not reach it although the forward used it on the way to the loss.
 
         Not flagged: parameters with `requires_grad=False` (a frozen teacher under `no_grad`, a momentum or
         target network detached on purpose), detaches that cut nothing trainable, and parameters that the
@@ -155,6 +156,16 @@ _WHAT = {
 
 def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
     kind = cut_kind(cut)
+    if kind is None and in_reentrant_checkpoint(cut):
+        message = ("This reentrant torch.utils.checkpoint call in {where} cuts {parameters} off from the loss"
+                   "{occurrences}, so they never train: none of its inputs requires grad, so its backward never "
+                   "runs; pass use_reentrant=False or make an input require grad (transformers: "
+                   "model.enable_input_require_grads()), or freeze them with requires_grad_(False) if that is "
+                   "intended.")
+        call = cut.meta["grad_region"].entered_at
+        if not call:  # no visible frame entered the checkpoint: the block's first op stands for it
+            return Problem(message=message, node=cut, parameters=names)
+        return Problem(message=message, stack=call, module_path=_user_module_path(cut), parameters=names)
     if kind == "host":
         what, fix = f".{op(cut)}()", "keep the computation in tensors"
     else:
@@ -183,6 +194,8 @@ def _statement_in_block(cut: fx.Node) -> tuple | None:
 
 def _occasion(cut: fx.Node) -> tuple:
     """One cut as the user sees it: a detach is one op, but all the ops of one statement inside one entry of
-    a `no_grad` block are one cut."""
+    a `no_grad` block are one cut, and all the ops of one reentrant checkpoint call."""
+    if cut_kind(cut) is None and in_reentrant_checkpoint(cut):
+        return (id(cut.meta["grad_region"]),)  # one checkpoint call
     statement = _statement_in_block(cut)
     return (id(cut.meta["grad_region"]), statement) if statement is not None else (cut,)

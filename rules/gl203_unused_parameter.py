@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphlint.files import display_path
-from graphlint.flow import gradient_cuts, trainable_without_gradient
+from graphlint.flow import gradient_cuts, leaves_torch, trainable_without_gradient
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -110,7 +110,7 @@ class UnusedParameter(Rule):
 
 
 def _branch_note(capture) -> str:
-    branch = next((n for n in capture.ops if op(n) == "bool" and n.meta.get("stack")), None)
+    branch = next((n for n in capture.ops if op(n) == "bool" and leaves_torch(n) and n.meta.get("stack")), None)
     if branch is None:
         return ""
     frame = branch.meta["stack"][-1]

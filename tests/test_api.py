@@ -7,6 +7,7 @@ import inspect
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import graphlint
 
@@ -52,14 +53,26 @@ class WritesItsWeights(torch.nn.Module):
         return y * 2 if y.sum() > 0 else y
 
 
-@pytest.mark.parametrize("model_type", [HandWrittenAttention, WritesItsWeights])
+class ReentrantCheckpoint(nn.Module):
+    """Its backward is a real `.backward()` (torch.autograd.grad cannot run a reentrant checkpoint)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = HandWrittenAttention()
+
+    def forward(self, x):
+        return checkpoint(self.attention, x, use_reentrant=True)
+
+
+@pytest.mark.parametrize("model_type", [HandWrittenAttention, WritesItsWeights, ReentrantCheckpoint])
 @pytest.mark.parametrize("device", ["auto", "model"])
 def test_lint_leaves_the_model_gradients_buffers_and_random_state_as_they_were(model_type, device):
     model = model_type()
-    x = torch.randn(2, 8, 16) if model_type is HandWrittenAttention else torch.randn(3, 4)
+    x = torch.randn(3, 4) if model_type is WritesItsWeights else torch.randn(2, 8, 16, requires_grad=True)
     model(x).sum().backward()  # the user's own gradients, which lint must not touch
     before = {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    x_grad = None if x.grad is None else x.grad.clone()
     random_state = torch.get_rng_state()
     report = graphlint.lint(model, (x,), loss=lambda out: out.mean(), device=device)
     assert report.errors == []
@@ -70,6 +83,7 @@ def test_lint_leaves_the_model_gradients_buffers_and_random_state_as_they_were(m
     else:
         assert changed == []
     assert all(torch.equal(p.grad, grads[name]) for name, p in model.named_parameters())
+    assert x.grad is None or torch.equal(x.grad, x_grad)
     assert torch.equal(torch.get_rng_state(), random_state)
 
 

@@ -137,3 +137,73 @@ def test_a_transformers_model_with_gradient_checkpointing(tmp_path, factory):
     [attention] = findings_of(report, "GL101")
     assert attention.location.line == line_of(path, "# built here") and attention.occurrences == 2
     assert [f for f in report.findings if f.rule_id != "GL101"] == []
+
+
+NO_INPUT_GRAD = '''
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class Net(nn.Module):
+    def __init__(self, reentrant, frozen_embedding):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16).requires_grad_(not frozen_embedding)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range({layers}))
+        self.head = nn.Linear(16, 1)
+        self.reentrant = reentrant
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=self.reentrant)  # the checkpoint
+        return self.head(x)
+
+
+def reentrant_frozen():
+    return Net(True, True), (torch.randint(0, 32, (2, 8)),)
+
+
+def non_reentrant_frozen():
+    return Net(False, True), (torch.randint(0, 32, (2, 8)),)
+
+
+def reentrant_trained():
+    return Net(True, False), (torch.randint(0, 32, (2, 8)),)
+'''.replace("{layers}", str(LAYERS))
+
+
+def test_a_reentrant_checkpoint_whose_inputs_need_no_grad_cuts_its_block(tmp_path):
+    # the frozen-embedding mistake (LoRA with reentrant checkpointing): the block's backward never runs
+    path = write(tmp_path, "net.py", NO_INPUT_GRAD)
+    model = backward_in_plain_pytorch(path, "reentrant_frozen")
+    without_grad = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert without_grad == [f"blocks.{i}.0.{w}" for i in range(LAYERS) for w in ("weight", "bias")]
+    report = lint_file(path, "reentrant_frozen")
+    [finding] = findings_of(report, "GL202")
+    assert finding.location.line == line_of(path, "# the checkpoint")
+    assert finding.message.startswith("This reentrant torch.utils.checkpoint call")
+    assert f"({2 * LAYERS} tensors in blocks)" in finding.message and finding.occurrences == LAYERS
+    assert findings_of(report, "GL203") == []
+
+
+@pytest.mark.parametrize("factory", ["non_reentrant_frozen", "reentrant_trained"])
+def test_a_checkpoint_whose_block_trains_is_not_a_cut(tmp_path, factory):
+    path = write(tmp_path, "net.py", NO_INPUT_GRAD)
+    model = backward_in_plain_pytorch(path, factory)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    report = lint_file(path, factory)
+    assert findings_of(report, "GL202") == findings_of(report, "GL203") == []
+
+
+def test_a_failed_backward_does_not_make_reentrant_blocks_look_unused(tmp_path):
+    # the backward fails inside the block's recompute, so only the checkpoint could tell what its parameters get
+    old, new = CUT_INSIDE["detach"][0], ("        gates = torch.sigmoid(self.qkv(x))\n"
+                                         "        gates.mul_(2)  # a write to what sigmoid saved\n"
+                                         "        q, k, v = gates.chunk(3, dim=-1)")
+    path = write(tmp_path, "net.py", MODEL.replace(old, new))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        backward_in_plain_pytorch(path, "make_reentrant")
+    report = lint_file(path, "make_reentrant")
+    assert [note for note in report.results[0].notes if "modified by an inplace operation" in note]
+    assert findings_of(report, "GL202") == findings_of(report, "GL203") == []

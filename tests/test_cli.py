@@ -204,13 +204,15 @@ def make():
 '''
 
 
-def test_a_cpu_rebuild_is_announced_as_a_note(project_dir):
+def test_a_cpu_rebuild_is_announced_as_a_note_and_the_branch_is_reported_once(project_dir):
     path = write(project_dir, "branchy.py", BRANCHY)
     result = run_graphlint("check", "branchy.py:make", cwd=project_dir)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # the branch stalls a GPU: GL103
     branch = line_of(path, "if x.mean() > 0")
     assert ("graphlint: note: branchy.py:make: captured on CPU because the forward needs real values "
             f"(a Python branch on a tensor value at branchy.py:{branch})") in result.stderr.splitlines()
+    [finding] = [line for line in result.stdout.splitlines() if " GL" in line]
+    assert finding.startswith(f"branchy.py:{branch}:") and " GL103 A Python branch on a tensor in " in finding
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")

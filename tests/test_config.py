@@ -23,19 +23,22 @@ def ids(config: Config) -> list[str]:
     return [rule.id for rule in select_rules(config)]
 
 
+DEFAULT = ["GL101", "GL102", "GL103", "GL104", "GL105", "GL106", "GL107", "GL108", "GL201", "GL202", "GL203", "GL204"]
+
+
 def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
-    assert ids(Config()) == ["GL101", "GL102", "GL201", "GL202", "GL203"]
+    assert ids(Config()) == DEFAULT
 
 
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        (Config(select=("GL2",)), ["GL201", "GL202", "GL203"]),
-        (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203"]),
-        (Config(select=("ALL",)), ["GL101", "GL102", "GL201", "GL202", "GL203", "GL901"]),
-        (Config(extend_select=("GL901",)), ["GL101", "GL102", "GL201", "GL202", "GL203", "GL901"]),
-        (Config(ignore=("GL1", "GL203")), ["GL201", "GL202"]),
-        (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203"]),
+        (Config(select=("GL2",)), ["GL201", "GL202", "GL203", "GL204"]),
+        (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203", "GL204"]),
+        (Config(select=("ALL",)), DEFAULT + ["GL901"]),
+        (Config(extend_select=("GL901",)), DEFAULT + ["GL901"]),
+        (Config(ignore=("GL1", "GL203")), ["GL201", "GL202", "GL204"]),
+        (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203", "GL204"]),
     ],
 )
 def test_selectors_are_ids_prefixes_or_all(config, expected):

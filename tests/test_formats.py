@@ -35,7 +35,7 @@ def test_github_annotations_carry_file_span_title_and_level(tmp_path, monkeypatc
         loc = finding.location
         assert (int(start), int(end), int(column), int(end_column)) == (loc.line, loc.end_line, loc.column, loc.end_column)
         assert message == escape_message(finding.message)
-    assert lines[-1] == "Found 6 findings in 1 target."
+    assert lines[-1] == "Found 6 findings in 1 target; [*] 1 with a fix (graphlint check --fix proves and applies it)."
 
 
 def test_github_annotations_escape_paths_and_messages():
@@ -55,7 +55,10 @@ def test_json_has_the_documented_shape(tmp_path):
     assert set(document) == {"version", "tool", "findings", "errors", "notes", "summary"}
     finding = document["findings"][0]
     assert set(finding) == {"rule", "name", "severity", "message", "location", "related", "occurrences", "targets",
-                            "fingerprint", "suppressed"}
+                            "fingerprint", "suppressed", "fix", "no_fix"}
+    fixes = [f["fix"] for f in document["findings"] if f["fix"] is not None]
+    assert fixes and all(set(f) == {"message", "edits"} for f in fixes)
+    assert all(set(e) == {"path", "line", "column", "end_line", "end_column", "text"} for f in fixes for e in f["edits"])
     assert set(finding["location"]) == {"path", "line", "column", "end_line", "end_column"}
     assert finding["location"]["path"] == "messy.py"
     assert document["summary"] == {"targets": 1, "failed_targets": 0, "findings": 6, "failing": 5,

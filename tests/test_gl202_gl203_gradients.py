@@ -220,3 +220,40 @@ def test_a_detach_in_a_term_the_loss_drops_is_not_a_cut(tmp_path):
     assert cut.location.line == line_of(path, "# the cut")
     assert cut.occurrences == 1  # the commitment term's detach reaches no loss: it cuts nothing
     assert "encoder.weight" in cut.message
+
+
+@pytest.mark.parametrize("cast", [".float()", ".int().float()", ".bool().float()"])
+def test_a_dtype_cast_is_not_a_trip_out_of_torch(tmp_path, cast):
+    # `.float()`, `.int()` and `.bool()` share their names with float(t), int(t) and bool(t) but stay in torch
+    path = write(tmp_path, "net.py", model_source(f"""
+        hidden = self.encoder(x){cast}
+        features = hidden.detach()  # cut
+    """))
+    model = backward_in_plain_pytorch(path)
+    assert all(p.grad is None for name, p in model.named_parameters() if name in ENCODER)  # really cut
+    [finding] = findings_of(lint_file(path), "GL202")
+    assert finding.location.line == line_of(path, "# cut") and finding.message.startswith(".detach()")
+
+
+def test_a_bool_cast_is_not_a_branch_on_a_tensor_value(tmp_path):
+    path = write(tmp_path, "net.py", '''
+        import torch
+        from torch import nn
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(8, 8)
+                self.spare = nn.Linear(8, 8)
+
+            def forward(self, x):
+                mask = (x > 0).bool()
+                return self.proj(x) * mask
+
+
+        def make():
+            return Net(), (torch.randn(4, 8),)
+    ''')
+    [finding] = findings_of(lint_file(path), "GL203")
+    assert "spare.weight, spare.bias" in finding.message and "branched" not in finding.message

@@ -6,6 +6,7 @@ import pytest
 
 from conftest import REPO, findings_of, lint_file, write
 from graphlint.engine import load_rules
+from graphlint.fix.edits import apply_edits
 from graphlint.rule import anatomy_problems
 
 RULES = load_rules()
@@ -40,6 +41,21 @@ def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
     report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,))
     assert report.errors == []
     assert sorted(f.location.line for f in findings_of(report, rule.id)) == example.expected_lines(rule.id)
+
+
+@pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
+def test_bad_example_fixes_give_its_expected_fixed_source(case, tmp_path):
+    """Every fix the rule offers, applied to the example, gives exactly `Example.fixed` (the source itself when
+    the example has nothing fixable), and a rule documents a fix exactly when it offers one."""
+    rule, example = case
+    path = write(tmp_path, "example.py", example.code)
+    report = lint_file(path, extend_select=(rule.id,))
+    fixes = [f.fix for f in findings_of(report, rule.id) if f.fix is not None]
+    assert all(e.path == str(path) for fix in fixes for e in fix.edits)
+    fixed = apply_edits(example.code, [e for fix in fixes for e in fix.edits])
+    assert fixed == (example.fixed_code or example.code)
+    if example.fixed:
+        assert rule.fixes and fixed != example.code
 
 
 @pytest.mark.parametrize("case", GOOD, ids=[_id(c) for c in GOOD])

@@ -44,8 +44,13 @@ def bert_sdpa(): return build("bert", "sdpa")
 def llama_bf16_eager(): return build("llama", "eager", torch.bfloat16)
 def llama_bf16_sdpa(): return build("llama", "sdpa", torch.bfloat16)
 def gpt2_masked_sdpa(): return with_mask("gpt2", "sdpa")
+def gpt2_masked_eager(): return with_mask("gpt2", "eager")
+def llama_masked_eager(): return with_mask("llama", "eager")
+def llama_masked_sdpa(): return with_mask("llama", "sdpa")
+def bert_masked_sdpa(): return with_mask("bert", "sdpa")
 def bert_masked_eager(): return with_mask("bert", "eager")
 def llama_bf16_masked_sdpa(): return with_mask("llama", "sdpa", torch.bfloat16)
+def llama_bf16_masked_eager(): return with_mask("llama", "eager", torch.bfloat16)
 
 
 class DetachedEmbeddings(torch.nn.Module):
@@ -95,7 +100,7 @@ def test_sdpa_attention_is_not_flagged(family, targets):
 
 CLEAN_OF_CORRECTNESS_RULES = ["gpt2_eager", "gpt2_sdpa", "llama_eager", "llama_sdpa", "bert_eager", "bert_sdpa",
                               "llama_bf16_eager", "llama_bf16_sdpa", "gpt2_masked_sdpa", "bert_masked_eager",
-                              "llama_bf16_masked_sdpa"]
+                              "llama_bf16_masked_sdpa", "gpt2_masked_eager", "llama_masked_eager", "bert_masked_sdpa"]
 
 
 @pytest.mark.parametrize("name", CLEAN_OF_CORRECTNESS_RULES)
@@ -103,6 +108,28 @@ def test_real_models_have_no_cast_inplace_or_gradient_findings(name, targets):
     report = lint_file(targets, name)
     assert report.errors == []
     assert [f for f in report.findings if f.rule_id != "GL101"] == []
+
+
+@pytest.mark.parametrize("name", CLEAN_OF_CORRECTNESS_RULES)
+def test_real_models_do_not_stall_the_device_from_the_users_code(name, targets):
+    """Host syncs and host-built tensors inside transformers are the library's, not the project's; the factory
+    switches no debugging mode on."""
+    report = lint_file(targets, name, select=("GL103", "GL104", "GL108"))
+    assert report.errors == []
+    assert [r.id for r in report.rules] == ["GL103", "GL104", "GL108"]  # the rules really ran
+    assert report.findings == []
+
+
+KERNEL_AND_NUMERICS_RULES = ("GL105", "GL106", "GL107", "GL204")
+EVERY_VARIANT = CLEAN_OF_CORRECTNESS_RULES + ["llama_masked_sdpa", "llama_bf16_masked_eager"]
+
+
+@pytest.mark.parametrize("name", EVERY_VARIANT)
+def test_library_norms_and_activations_are_not_the_users_to_fuse(name, targets):
+    # Llama's RMSNorm and GPT-2's tanh GELU are written out by hand inside transformers, with no switch.
+    report = lint_file(targets, name, extend_select=KERNEL_AND_NUMERICS_RULES)
+    assert report.errors == []
+    assert [f for f in report.findings if f.rule_id in KERNEL_AND_NUMERICS_RULES] == []
 
 
 def test_a_detached_embedding_in_front_of_a_real_llama_is_a_gradient_cut(targets):

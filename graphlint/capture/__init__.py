@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
+from graphlint.capture.debug import DebugSwitch, DebugSwitchWatch, debug_modes_off
 from graphlint.capture.forward import ForwardRecorder, recorded_ops, storage_key
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state
@@ -55,6 +56,8 @@ class Capture:
     modules: dict[str, ModuleInfo]  # by qualified path; "" is the model itself
     factory: Frame | None = None  # the target factory's definition, the last resort for locations
     notes: list[str] = field(default_factory=list)
+    # Debugging modes (anomaly detection, profilers) the target's code switched on before or during the forward.
+    debug_switches: tuple[DebugSwitch, ...] = ()
 
     @functools.cached_property
     def ops(self) -> list[fx.Node]:
@@ -82,8 +85,10 @@ def capture_model(
     device: str | None = None,
     build_sites: BuildSiteRecorder | None = None,
     factory: Frame | None = None,
+    debug: DebugSwitchWatch | None = None,
 ) -> Capture:
-    """Run one forward (recording the forward graph and saved tensors) and one backward on `model`."""
+    """Run one forward (recording the forward graph and saved tensors) and one backward on `model`.
+    `debug` is the watch that already saw the factory run, if any."""
     modules = describe_modules(model, build_sites)
     parameters = dict(model.named_parameters())
     names = {id(t): name for name, t in model.named_buffers()}
@@ -94,9 +99,10 @@ def capture_model(
     recorder = ForwardRecorder(stacks, tracker, names, saved.count)
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
+    debug = debug or DebugSwitchWatch()
     try:
         reached("forward")
-        with torch.enable_grad(), saved, tracker, recorder:
+        with torch.enable_grad(), debug, saved, tracker, recorder:
             output = call_user_code(model, *args, **kwargs)
             recorder.phase = "loss"
             loss = choose_loss(output, loss_fn)
@@ -114,7 +120,8 @@ def capture_model(
         reached("backward")
         weights = frozenset(storage_key(t) for t in (*parameters.values(), *model.buffers()))
         autograd = walk_autograd_graph(loss, saved, names, ops, weights)
-        autograd.backward = run_backward(loss, parameters, autograd)
+        with debug_modes_off():
+            autograd.backward = run_backward(loss, parameters, autograd)
     saved.release()
     notes = []
     if loss is None:
@@ -134,6 +141,7 @@ def capture_model(
         modules={info.path: info for info in modules.values()},
         factory=factory,
         notes=notes,
+        debug_switches=tuple(debug.switches),
     )
 
 
@@ -172,6 +180,9 @@ _REAL_VALUE_OPS = {
     "tolist": ".tolist()",
     "numpy": ".numpy()",
     "nonzero": "nonzero()",
+    "masked_select": "masked_select()",
+    "unique": "unique()",
+    "cpu": ".cpu()",
     "int": "int() of a tensor",
     "float": "float() of a tensor",
     "index": "a tensor used as a Python index",
@@ -188,8 +199,9 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
         build_sites = BuildSiteRecorder(stacks)
         stacks.boundary = sys._getframe()
         reached("factory")
+        debug = DebugSwitchWatch(loaded.import_switches)
         try:
-            with torch.device(device), build_sites:
+            with torch.device(device), build_sites, debug:
                 made = normalize_factory_result(call_user_code(loaded.factory))
         except TargetFailure:
             raise
@@ -208,6 +220,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
                 return capture_model(
                     made.model, made.args, made.kwargs, made.loss,
                     target=loaded.spec.text, device=device, build_sites=build_sites, factory=_definition(loaded),
+                    debug=debug,
                 )
         except ForwardFailure as failure:
             if device != "meta":

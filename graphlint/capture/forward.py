@@ -40,6 +40,8 @@ from graphlint.capture.modules import ModuleCallTracker
 
 # Calls that return no tensor but are still worth a node: the model's values leave torch here.
 HOST_OPS = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index"})
+# Also kept although they return strings: printing or formatting a tensor reads its values on the host.
+PRINT_OPS = frozenset({"repr", "format"})
 _TENSOR_BASE = torch._C.TensorBase
 _PLAIN_TYPES = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype, torch.device,
                 torch.memory_format, torch.layout)
@@ -208,7 +210,7 @@ class ForwardRecorder(TorchFunctionMode):
         name = op_name(func)
         if name == "_set_grad_enabled":  # entering or leaving `with torch.no_grad():`
             self._grad_mode_switched(sys._getframe(1))
-        if mutated or name in HOST_OPS or _has_tensor(out):
+        if mutated or name in HOST_OPS or name in PRINT_OPS or _has_tensor(out):
             self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
         return out
 

@@ -16,7 +16,7 @@ from graphlint.files import library_name
 from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
-from graphlint.results import Finding, Location, Related
+from graphlint.results import Finding, Fix, Location, Related
 from graphlint.rule import Problem, Rule
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ class _Group:
     paths: list[str] = field(default_factory=list)
     parameters: dict[str, None] = field(default_factory=dict)  # ordered set
     related: dict[Location, str] = field(default_factory=dict)
+    fix: Fix | str | None = None  # the first problem's fix there, or why it has none
 
     def render(self) -> str:
         return (
@@ -86,6 +87,8 @@ class Locator:
             group.count += 1
             group.paths.append(problem.where)
             group.parameters.update(dict.fromkeys(problem.parameters))
+            if problem.fix is not None and group.fix is None and location.first_party:
+                group.fix = self.spans.fix(primary, problem.fix)
             if library is not None:
                 what = problem.node.meta.get("op", "op") if problem.node is not None else "built"
                 group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
@@ -108,6 +111,8 @@ class Locator:
                 related=tuple(Related(where, label) for where, label in group.related.items()),
                 occurrences=group.count,
                 targets=(capture.target,),
+                fix=group.fix if isinstance(group.fix, Fix) else None,
+                no_fix=group.fix if isinstance(group.fix, str) else "",
             )
             for location, group in groups.items()
         ]

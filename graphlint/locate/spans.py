@@ -14,8 +14,10 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphlint.files import read_source, split_lines
+from graphlint.fix.rewrite import Fixer, FixSite, code_of
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
+from graphlint.results import Edit, Fix
 
 # Ops that users write as operators rather than calls.
 _BINARY = {
@@ -38,6 +40,7 @@ class _ParsedFile:
     by_start: dict = field(default_factory=dict)  # (line, col) -> [node]
     by_end: dict = field(default_factory=dict)
     by_line: dict = field(default_factory=dict)  # start line -> [node], in source order
+    statements: dict = field(default_factory=dict)  # (line, col) -> [small statement], for fixes
 
 
 _INTERESTING: dict[type, bool] = {}
@@ -66,6 +69,29 @@ class SourceSpans:
         if parsed is None:
             lines = read_lines(frame.file)
             return line_extent(lines, frame.line) if lines else (max(frame.line, 1), 1, max(frame.line, 1), 1)
+        node = self._node(parsed, site)
+        if node is None:
+            return line_extent(parsed.lines, frame.line)
+        return self._present(parsed, node, site)
+
+    def fix(self, site: Site, fixer: Fixer) -> Fix | str:
+        """A rule's fix at a site as text edits, or why there is none."""
+        parsed = self._parse(site.frame.file)
+        node = self._node(parsed, site) if parsed is not None else None
+        if node is None:
+            return "graphlint could not find the expression in the source"
+        statement = next((s for s in parsed.statements.get(_start(parsed, node), ())
+                          if (s.value if isinstance(s, cst.Expr) else s) is node), None)
+        answer = fixer(FixSite(node, statement))
+        if isinstance(answer, str):
+            return answer
+        where = parsed.positions[answer.old]
+        edit = Edit(site.frame.file, where.start.line, where.start.column + 1, where.end.line, where.end.column + 1,
+                    code_of(answer.new))
+        return Fix(answer.message, (edit,))
+
+    def _node(self, parsed: _ParsedFile, site: Site) -> cst.CSTNode | None:
+        frame = site.frame
         node = None
         if site.style == "def":
             node = self._definition(parsed, frame.line)
@@ -73,9 +99,7 @@ class SourceSpans:
             node = self._at_position(parsed, frame)
         if node is None:
             node = self._by_name(parsed, frame.line, site)
-        if node is None:
-            return line_extent(parsed.lines, frame.line)
-        return self._present(parsed, node, site)
+        return node
 
     def comments(self, path: str) -> list[tuple[int, int, int, str, bool]]:
         """Every comment of a file as (line, column, end column, text, alone on its line), 1-based columns;
@@ -109,6 +133,8 @@ class SourceSpans:
                     parsed.by_start.setdefault(start, []).append(node)
                     parsed.by_end.setdefault((where.end.line, where.end.column), []).append(node)
                     parsed.by_line.setdefault(where.start.line, []).append(node)
+                if isinstance(node, cst.BaseSmallStatement):
+                    parsed.statements.setdefault((where.start.line, where.start.column), []).append(node)
             for nodes in parsed.by_line.values():
                 nodes.sort(key=lambda n: (positions[n].start.column, -positions[n].end.line, -positions[n].end.column))
         except Exception:  # unreadable, undecodable, or not Python any more (changed on disk): whole lines will do

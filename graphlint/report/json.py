@@ -10,7 +10,7 @@ import json
 
 import graphlint
 from graphlint.files import path_in_project, writable
-from graphlint.results import Location, Report
+from graphlint.results import Fix, Location, Report
 
 VERSION = 1
 
@@ -32,6 +32,8 @@ def render_json(report: Report) -> str:
                 "targets": list(f.targets),
                 "fingerprint": f.fingerprint,
                 "suppressed": f.suppressed,
+                "fix": _fix(f.fix, root) if f.fix is not None else None,
+                "no_fix": f.no_fix or None,
             }
             for f in report.findings
         ],
@@ -45,6 +47,12 @@ def render_json(report: Report) -> str:
 def _location(location: Location, root: str) -> dict:
     return {"path": path_in_project(location.path, root), "line": location.line, "column": location.column,
             "end_line": location.end_line, "end_column": location.end_column}
+
+
+def _fix(fix: Fix, root: str) -> dict:
+    return {"message": fix.message,
+            "edits": [{**_location(Location(e.path, e.line, e.column, e.end_line, e.end_column), root), "text": e.text}
+                      for e in fix.edits]}
 
 
 def _summary(report: Report) -> dict:

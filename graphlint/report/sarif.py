@@ -16,7 +16,7 @@ import sarif_om as sarif
 
 import graphlint
 from graphlint.files import read_source, split_lines, writable
-from graphlint.results import Finding, Location, Report, RuleInfo
+from graphlint.results import Edit, Fix, Finding, Location, Report, RuleInfo
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
 INFORMATION_URI = "https://pypi.org/project/torch-graphlint/"
@@ -96,8 +96,33 @@ def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, roo
         suppressions=[sarif.Suppression(kind="inSource")] if finding.suppressed else None,
         baseline_state="new" if against_baseline else None,
         occurrence_count=finding.occurrences,
+        fixes=[_fix(finding.fix, columns, root)] if finding.fix is not None else None,
         properties={"targets": list(finding.targets)},
     )
+
+
+def _fix(fix: Fix, columns: _Utf16Columns, root: Path) -> sarif.Fix:
+    """The rule's rewrite, one artifactChange per file; offered as is, before graphlint proved it (--fix does)."""
+    by_file: dict[str, list[Edit]] = {}
+    for edit in fix.edits:
+        by_file.setdefault(edit.path, []).append(edit)
+    changes = [
+        sarif.ArtifactChange(
+            artifact_location=_physical(Location(path, 1, 1, 1, 1), columns, root).artifact_location,
+            replacements=[
+                sarif.Replacement(
+                    deleted_region=sarif.Region(
+                        start_line=e.line, start_column=columns.convert(path, e.line, e.column),
+                        end_line=e.end_line, end_column=columns.convert(path, e.end_line, e.end_column),
+                    ),
+                    inserted_content=sarif.ArtifactContent(text=e.text),
+                )
+                for e in edits
+            ],
+        )
+        for path, edits in by_file.items()
+    ]
+    return sarif.Fix(description=sarif.Message(text=fix.message), artifact_changes=changes)
 
 
 def _physical(location: Location, columns: _Utf16Columns, root: Path) -> sarif.PhysicalLocation:

@@ -1,4 +1,5 @@
-"""The default output: `path:line:col: GL101 message`, one finding a line, then a one-line summary."""
+"""The default output: `path:line:col: GL101 message`, one finding a line (`[*]` when a fix is offered), then
+a one-line summary."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ def render_text(report: Report) -> str:
     lines = [
         f"{display_path(f.location.path)}:{f.location.line}:{f.location.column}: {f.rule_id} {f.message}"
         + (" (suppressed)" if f.suppressed else "")
+        + (" [*]" if f.fix is not None and not f.suppressed else "")
         for f in report.findings
     ]
     lines.append(summary(report))
@@ -30,6 +32,9 @@ def summary(report: Report) -> str:
         text += f" ({' and '.join(hidden)} not shown)"
     if failed:
         text += f"; {failed} target{_s(failed)} could not be linted"
+    fixable = sum(1 for f in report.findings if f.fix is not None and not f.suppressed)
+    if fixable:
+        text += f"; [*] {fixable} with a fix (graphlint check --fix proves and applies it)"
     return text + "."
 
 

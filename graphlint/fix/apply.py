@@ -1,0 +1,99 @@
+"""`--fix`, `--diff` and `--unsafe-fixes`: which findings' fixes to apply, proving them per target, and
+writing the files at the end.
+
+Suppressed and baselined findings are never fixed. A fix is safe when the proof (graphlint.fix.prove) passed
+on every target whose finding it is; fixes that failed are applied only with `--unsafe-fixes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphlint.fix.edits import unified_diff
+from graphlint.errors import UsageError, one_line
+from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
+from graphlint.project import Project
+from graphlint.results import Finding, Report
+
+
+@dataclass
+class FixPlan:
+    """What `--fix` does: the findings whose fixes are applied, those refused (with why), and the new texts."""
+
+    applied: list[Finding] = field(default_factory=list)
+    refused: list[tuple[Finding, str]] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
+
+    def diffs(self, project: Project) -> str:
+        return "".join(unified_diff(read_text(path)[0], text, project.relative(path) or path)
+                       for path, text in sorted(self.texts.items()))
+
+    def write(self) -> list[str]:
+        """Write the changed files; the paths written."""
+        written = []
+        for path, text in sorted(self.texts.items()):
+            before, encoding = read_text(path)
+            if text != before:
+                try:
+                    Path(path).write_bytes(text.encode(encoding))
+                except OSError as error:
+                    raise UsageError(f"cannot write the fixed {path}: {error.strerror or error}") from error
+                written.append(path)
+        return written
+
+
+def _prove(result, fixes, project, base, original) -> Verdict:
+    try:
+        return prove(result, fixes, project, base, original)
+    except Exception as error:  # a bug in graphlint: the fix is refused and the run goes on
+        return Verdict(False, f"internal error in graphlint while proving the fix ({one_line(error)}); please "
+                              "report it")
+
+
+def fixable(report: Report) -> list[Finding]:
+    """The findings whose fixes may be applied: offered, in first-party files, neither suppressed nor baselined."""
+    return [f for f in report.all_findings
+            if f.fix is not None and not f.suppressed and not f.baselined and f.location.first_party]
+
+
+def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> FixPlan:
+    """Prove each target's fixes (all together, else one by one, then the ones that passed together again)."""
+    candidates = fixable(report)
+    failed: dict[Finding, str] = {}
+    for result in report.results:
+        mine = [f for f in candidates if result.target in f.targets]
+        if not mine or result.errors:
+            for finding in mine:
+                failed.setdefault(finding, "the target could not be linted")
+            continue
+        original = [f for f in report.all_findings if result.target in f.targets]
+        verdict = _prove(result, mine, project, base, original)
+        if verdict.ok:
+            continue
+        if len(mine) == 1:
+            failed.setdefault(mine[0], verdict.reason)
+            continue
+        passed = []
+        for finding in mine:
+            alone = _prove(result, [finding], project, base, original)
+            if alone.ok:
+                passed.append(finding)
+            else:
+                failed.setdefault(finding, alone.reason)
+        if len(passed) > 1 and not _prove(result, passed, project, base, original).ok:
+            for finding in passed:
+                failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
+    plan = FixPlan()
+    for finding in candidates:
+        if finding in failed:
+            plan.refused.append((finding, failed[finding]))
+        if finding not in failed or unsafe:
+            plan.applied.append(finding)
+    texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])
+    if isinstance(texts, str):  # the unsafe fixes of several targets collide: keep only the proven ones
+        plan.applied = [f for f in plan.applied if f not in failed]
+        texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])
+    plan.texts = texts if isinstance(texts, dict) else {}
+    return plan
+

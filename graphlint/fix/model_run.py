@@ -1,0 +1,110 @@
+"""The proof's child process: build a target from one source tree, run it once in float64, and either save
+what it computed (the original tree) or compare with what the original computed (the rewritten tree).
+
+    python -m graphlint.fix.model_run save TARGET BASE RECORD
+    python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT
+
+Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
+model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
+verdict is a JSON object {"ok": bool, "reason": str}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphlint.capture.loss import choose_loss, floating_tensors
+from graphlint.errors import one_line
+from graphlint.target import TargetSpec, load_factory, normalize_factory_result
+
+# float64 leaves room only for rounding differences between equivalent formulations.
+RTOL, ATOL = 1e-7, 1e-9
+
+
+def _double(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_double(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _double(v) for k, v in value.items()}
+    return value
+
+
+def _run(target: str, base: Path, record: dict | None) -> dict:
+    spec = TargetSpec.parse(target, base)
+    sys.path.insert(0, str(spec.import_folder))
+    torch.manual_seed(0)
+    made = normalize_factory_result(load_factory(spec).factory())
+    model = made.model
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    args, kwargs = made.args, dict(made.kwargs or {})
+    if record is not None:
+        model.load_state_dict(record["state"], strict=True)  # raises on any missing, extra or reshaped entry
+        args, kwargs = record["args"], record["kwargs"]
+    model = model.double().eval()
+    torch.manual_seed(1)
+    output = model(*_double(args), **_double(kwargs))
+    outputs = [t.detach().clone() for t in floating_tensors(output)]
+    backward_error = None
+    try:
+        loss = choose_loss(output, made.loss)
+        if loss is not None:
+            loss.backward()
+    except RuntimeError as error:
+        backward_error = one_line(error).split(". Hint:")[0]
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return {"state": state, "args": args, "kwargs": kwargs, "outputs": outputs, "grads": grads,
+            "backward_error": backward_error}
+
+
+def _differences(original: dict, rewritten: dict) -> str | None:
+    """What the rewritten model computes differently, or None."""
+    if len(original["outputs"]) != len(rewritten["outputs"]):
+        return f"{len(rewritten['outputs'])} output tensors instead of {len(original['outputs'])}"
+    for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
+        if a.shape != b.shape:
+            return f"output {index} has shape {tuple(b.shape)} instead of {tuple(a.shape)}"
+        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True):
+            return f"output {index} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}"
+    if original["backward_error"] is not None:
+        # The original cannot be differentiated (GL201): the same outputs suffice here. If the backward still
+        # fails, another write that is left unfixed breaks it; the re-lint shows the fixed ones are gone.
+        return None
+    if rewritten["backward_error"] is not None:
+        return f"the backward pass fails: {rewritten['backward_error']}"
+    if original["grads"].keys() != rewritten["grads"].keys():
+        changed = sorted(original["grads"].keys() ^ rewritten["grads"].keys())
+        return f"parameters {', '.join(changed[:3])} gain or lose a gradient"
+    for name, a in original["grads"].items():
+        b = rewritten["grads"][name]
+        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True):
+            return f"the gradient of {name} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    mode, target, base, record_path = argv[:4]
+    with contextlib.redirect_stdout(sys.stderr):  # the user's prints
+        if mode == "save":
+            torch.save(_run(target, Path(base), None), record_path)
+            return 0
+        verdict_path = argv[4]
+        original = torch.load(record_path, weights_only=False)
+        try:
+            rewritten = _run(target, Path(base), original)
+            reason = _differences(original, rewritten)
+        except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
+            reason = f"the rewritten model fails: {one_line(error)}"
+        Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or ""}), encoding="utf-8")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

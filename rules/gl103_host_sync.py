@@ -1,0 +1,206 @@
+"""GL103 host-sync: the forward makes the device hand a value to Python, which waits for all queued work."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from graphlint.flow import gradient_cuts
+from graphlint.ops import is_own_code, op, tensor_meta
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+_BLOCKS = "which waits for the device on every forward and breaks a torch.compile graph"
+# What each host-bound call is and does, in the user's words, and what to write instead.
+_MESSAGES = {
+    "item": (".item()", "copies a value to Python", "keep it a tensor"),
+    "tolist": (".tolist()", "copies the tensor to Python", "keep it a tensor"),
+    "numpy": (".numpy()", "copies the tensor to the host", "keep it a tensor"),
+    "cpu": (".cpu()", "copies the tensor to the host", "keep it on the device"),
+    "to": ('.to("cpu")', "copies the tensor to the host", "keep it on the device"),
+    "bool": ("A Python branch on a tensor", "reads its value on the host", "choose with torch.where or masked_fill"),
+    "int": ("int() of a tensor", "reads its value on the host", "use a static shape or keep it a tensor"),
+    "float": ("float() of a tensor", "reads its value on the host", "keep it a tensor"),
+    "index": ("A tensor used as a Python index", "reads its value on the host", "use a static shape"),
+    "repr": ("Printing a tensor", "copies it to the host", "print outside the forward"),
+    "format": ("Formatting a tensor", "copies it to the host", "format it outside the forward"),
+}
+# Calls that return a Python value; some share their name with a cast that returns a tensor.
+_TO_PYTHON = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index"})
+# Ops whose output size depends on the values: the device must report that size to Python.
+_VALUE_SHAPED_OPS = {
+    "nonzero": "nonzero()",
+    "argwhere": "argwhere()",
+    "masked_select": "masked_select()",
+    "unique": "unique()",
+    "unique_consecutive": "unique_consecutive()",
+    "where": "torch.where(condition) with one argument",
+    "getitem": "Indexing with a boolean mask",
+}
+_STATIC_FIX = "use torch.where or masked_fill to keep a static shape"
+
+
+class HostSync(Rule):
+    id = "GL103"
+    name = "host-sync"
+    severity = Severity.WARNING
+    tags = ("performance", "sync", "compile")
+    precision = "high"
+    summary = "The forward makes the device hand a value to Python, stalling it on every forward."
+    what = """
+        Calls in the project's own forward or loss that need a tensor's values in Python:
+
+        - `.item()`, `.tolist()`, `.numpy()`, `.cpu()`, `.to("cpu")`;
+        - a tensor as a Python condition or number: `if t:`, `while t:`, `if (x > 0).any():`, `bool(t)`,
+          `int(t)`, `float(t)`, a tensor used as a Python index;
+        - ops whose output size depends on the values: `nonzero`, `argwhere`, `masked_select`, `unique`,
+          one-argument `torch.where(mask)`, boolean-mask indexing `x[mask]`;
+        - printing or formatting a tensor (`print(t)`, `f"{t}"`).
+
+        One finding per line, with the number of times it ran. Not flagged: shape arithmetic (`x.shape[0]`,
+        `x.size(-1)`, `len(x)`), Python numbers, calls inside installed libraries, and an `.item()` that cuts
+        parameters off from the loss (GL202 reports that one).
+    """
+    why = """
+        The device runs work queued by Python asynchronously; reading a value back makes Python wait until
+        everything queued before it has finished, so the device idles while Python queues the next work.
+        Under `torch.compile` each such call is a graph break. Graphlint checks this on the meta device, which
+        has no values: these are exactly the calls that fail there and make the capture fall back to CPU.
+    """
+    example = """
+        def forward(self, x):
+            if (x < 0).any():                # a branch on a tensor value
+                x = x.clamp(min=0)
+            scale = x.abs().max().item()     # a copy to Python
+            return x[x > 0.5] / scale        # a size that depends on the values
+    """
+    instead = """
+        def forward(self, x):
+            x = x.clamp(min=0)                       # the same result, no branch
+            scale = x.abs().amax()                   # stays a tensor
+            return torch.where(x > 0.5, x, 0) / scale  # a static shape
+    """
+    bad_examples = (
+        Example(
+            title="a branch on a tensor, .item(), a boolean mask and a print in the forward",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 8)
+
+                    def forward(self, x):
+                        h = self.fc(x)
+                        if (h < 0).any():  # expect: GL103
+                            h = h.clamp(min=0)
+                        scale = h.abs().max().item()  # expect: GL103
+                        print(h)  # expect: GL103
+                        return h[h > 0.5].sum() / scale  # expect: GL103
+
+
+                def make():
+                    return Model(), (torch.randn(4, 8),)
+            ''',
+        ),
+        Example(
+            title="a loop that reads a tensor back on every step",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.cell = nn.GRUCell(8, 8)
+
+                    def forward(self, x):
+                        h = x.new_zeros(x.shape[1], 8)
+                        total = 0.0
+                        for t in range(x.shape[0]):
+                            h = self.cell(x[t], h)
+                            total += float(h.mean())  # expect: GL103
+                        return h.sum() + total
+
+
+                def make():
+                    return Model(), (torch.randn(5, 4, 8),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="shape arithmetic, torch.where and masked_fill instead of reading values",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 8)
+
+                    def forward(self, x):
+                        batch, width = x.shape[0], x.size(-1)
+                        h = self.fc(x).reshape(batch, width) * (1.0 / len(x))
+                        h = torch.where(h < 0, torch.zeros_like(h), h)
+                        h = h.masked_fill(h > 3, 3.0)
+                        return h / h.abs().amax().clamp(min=1e-6)
+
+
+                def make():
+                    return Model(), (torch.randn(4, 8),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        cuts = {node for nodes in gradient_cuts(capture).values() for node in nodes}  # GL202's findings
+        for node in capture.ops:
+            if node in cuts or not is_own_code(node):
+                continue
+            message = _message(node)
+            if message is not None:
+                yield Problem(node=node, message=message)
+
+
+def _message(node: fx.Node) -> str | None:
+    name = op(node)
+    if name in _VALUE_SHAPED_OPS and _value_shaped(node):
+        return (f"{_VALUE_SHAPED_OPS[name]} in {{where}} gives a result whose size depends on the values, "
+                f"{_BLOCKS}{{occurrences}}; {_STATIC_FIX}.")
+    if name in _TO_PYTHON and tensor_meta(node) is not None:
+        return None  # the casts `.float()`, `.int()`, `.bool()`, not the conversions float(t), int(t), bool(t)
+    if name in _MESSAGES and (name != "to" or _to_host(node)):
+        what, does, fix = _MESSAGES[name]
+        return f"{what} in {{where}} {does}, {_BLOCKS}{{occurrences}}; {fix}."
+    return None
+
+
+def _value_shaped(node: fx.Node) -> bool:
+    """Whether a call of a value-shaped op family really is the value-shaped form."""
+    name = op(node)
+    if name == "where":
+        return len(node.args) + len(node.kwargs) == 1
+    if name == "getitem":
+        index = node.args[1] if len(node.args) > 1 else None
+        indices = index if isinstance(index, (tuple, list)) else (index,)
+        return any(_is_bool_tensor(i) for i in indices)
+    return True
+
+
+def _is_bool_tensor(value) -> bool:
+    meta = tensor_meta(value)
+    return meta is not None and meta.dtype == torch.bool
+
+
+def _to_host(node: fx.Node) -> bool:
+    """`.to("cpu")` as the user wrote it: a device named in the source, not one read from a tensor."""
+    device = node.args[1] if len(node.args) > 1 else node.kwargs.get("device")
+    return isinstance(device, str) and device.split(":")[0] == "cpu"
+

@@ -1,0 +1,188 @@
+"""GL104 host-tensor-in-forward: a tensor built on the host and copied to the device on every forward."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+from torch import fx
+
+from graphlint.ops import is_own_code, op
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+# torch functions that create a tensor and take `device=`; without it they fill host memory.
+FACTORIES = frozenset({
+    "arange", "range", "linspace", "logspace", "zeros", "ones", "empty", "full", "eye", "rand", "randn",
+    "randint", "randperm", "tensor", "as_tensor", "scalar_tensor",
+})
+_FROM_PYTHON_DATA = frozenset({"tensor", "as_tensor"})
+_MAX_STEPS = 8
+
+
+class HostTensorInForward(Rule):
+    id = "GL104"
+    name = "host-tensor-in-forward"
+    severity = Severity.WARNING
+    tags = ("performance", "sync", "memory")
+    precision = "high"
+    summary = "A tensor built on the host and copied to the device on every forward."
+    what = """
+        In the project's own forward or loss:
+
+        - a torch factory call without `device=` (`torch.arange`, `zeros`, `ones`, `empty`, `full`, `eye`,
+          `rand`, `randn`, `randint`, `tensor`, ...) whose result, directly or after more host-side ops, is moved
+          with `.to(device or tensor)`, `.cuda()` or `.type_as(tensor)`; the move is shown as a related location;
+        - `torch.tensor(<Python data>, device=...)`: the data lives in Python, so it is copied on every forward.
+
+        Not flagged: `torch.arange(n, device=x.device)`, `x.new_zeros(...)`, `torch.zeros_like(x)`, registered
+        buffers and tensors built in `__init__`, casts that only change the dtype, factory calls with a
+        `generator=` (a host generator is a deliberate choice), and calls inside installed libraries. The
+        capture runs on the meta device, so the rule judges the calls as written, not where memory landed.
+        `torch.from_numpy` is not seen (torch does not route it through the capture).
+    """
+    why = """
+        The tensor is filled by the CPU, then copied to the device through pageable memory, which makes the
+        copy synchronous: Python waits for it on every forward. Creating it on the device (`device=x.device`) is
+        one kernel launch, and a constant made once in `__init__` as a buffer costs nothing per forward.
+    """
+    example = """
+        positions = torch.arange(x.shape[1]).to(x.device)
+        noise = torch.randn(x.shape).cuda()
+        scale = torch.tensor([0.5, 2.0], device=x.device)
+    """
+    instead = """
+        positions = torch.arange(x.shape[1], device=x.device)
+        noise = torch.randn_like(x)
+        self.register_buffer("scale", torch.tensor([0.5, 2.0]), persistent=False)   # in __init__
+    """
+    bad_examples = (
+        Example(
+            title="positions, a mask and constants built on the host in every forward",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.embed = nn.Embedding(32, 8)
+                        self.fc = nn.Linear(8, 8)
+
+                    def forward(self, ids):
+                        positions = torch.arange(ids.shape[1]).to(ids.device)  # expect: GL104
+                        mask = torch.ones(ids.shape[1], ids.shape[1])  # expect: GL104
+                        mask = mask.tril().type_as(self.fc.weight)
+                        h = self.fc(self.embed(ids) + self.embed(positions))
+                        weights = torch.tensor([0.5, 2.0], device=ids.device)  # expect: GL104
+                        return (mask @ h).sum(-1) * weights[0] + weights[1]
+
+
+                def make():
+                    return Model(), (torch.randint(0, 32, (2, 6)),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="tensors made on the input's device, from the input, or once as a buffer",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.embed = nn.Embedding(32, 8)
+                        self.fc = nn.Linear(8, 8)
+                        self.register_buffer("weights", torch.tensor([0.5, 2.0]), persistent=False)
+
+                    def forward(self, ids):
+                        positions = torch.arange(ids.shape[1], device=ids.device)
+                        h = self.fc(self.embed(ids) + self.embed(positions))
+                        mask = torch.ones(ids.shape[1], ids.shape[1], device=h.device, dtype=h.dtype).tril()
+                        noise = torch.zeros_like(h) + h.new_ones(h.shape) * 0.1
+                        scale = torch.full((), 2.0, device=h.device).to(h.dtype)
+                        return (mask @ (h + noise)).sum(-1) * self.weights[0] * scale
+
+
+                def make():
+                    return Model(), (torch.randint(0, 32, (2, 6)),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        for node in capture.ops:
+            if op(node) not in FACTORIES or not is_own_code(node):
+                continue
+            if _host_factory(node):
+                if node.kwargs.get("generator") is not None:
+                    continue
+                move = _first_move(node)
+                if move is not None:
+                    yield Problem(
+                        node=node,
+                        message=f"torch.{op(node)}() in {{where}} builds a tensor on the host that is copied to "
+                                "the device on every forward{occurrences}; pass device=... to the call (for "
+                                "example device=x.device).",
+                        related=((move, f"copied to the device by .{op(move)}()"),),
+                    )
+            elif op(node) in _FROM_PYTHON_DATA and node.args and not _has_node(node.args[0]):
+                yield Problem(
+                    node=node,
+                    message=f"torch.{op(node)}() of Python data in {{where}} copies that data to the device on every "
+                            "forward{occurrences}; register it once as a buffer in __init__, or use torch.full for "
+                            "a single value.",
+                )
+
+
+def _first_move(factory: fx.Node) -> fx.Node | None:
+    """The first op that moves the factory's result, or something computed only from it, to a device."""
+    host = {factory}
+    queue = deque((user, 1) for user in factory.users)
+    while queue:
+        node, depth = queue.popleft()
+        if node in host or depth > _MAX_STEPS:
+            continue
+        if _moves(node) and node.args and node.args[0] in host:
+            return node
+        if not all(n in host or _host_factory(n) for n in node.all_input_nodes):
+            continue  # mixed with a device tensor: the copy, if any, is torch's
+        host.add(node)
+        queue.extend((user, depth + 1) for user in node.users)
+    return None
+
+
+def _host_factory(node: fx.Node) -> bool:
+    return op(node) in FACTORIES and node.kwargs.get("device") is None
+
+
+def _moves(node: fx.Node) -> bool:
+    """A call that sends its input to a device: `.cuda()`, `.type_as(t)`, `.to(device)` or `.to(t)`."""
+    name = op(node)
+    if name in ("cuda", "type_as"):
+        return True
+    if name != "to":
+        return False
+    targets = [*node.args[1:], node.kwargs.get("device"), node.kwargs.get("other")]
+    return any(_is_device(t) for t in targets)
+
+
+def _is_device(value) -> bool:
+    if isinstance(value, fx.Node):  # .to(other): other's device and dtype
+        return True
+    if isinstance(value, str):
+        return value.split(":")[0] != "cpu"  # a literal "cpu" stays on the host
+    return isinstance(value, torch.device)
+
+
+def _has_node(value) -> bool:
+    if isinstance(value, fx.Node):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_node(v) for v in value)
+    return False
+

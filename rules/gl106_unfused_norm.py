@@ -1,0 +1,277 @@
+"""GL106 unfused-norm: LayerNorm or RMSNorm written out by hand instead of the one-kernel op."""
+
+from __future__ import annotations
+
+from torch import fx
+
+from graphlint.ops import arg, op, ran_in_library, strip_casts, tensor_meta
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+_MUL = frozenset({"mul", "multiply"})
+_DIV = frozenset({"div", "true_divide", "divide"})
+
+
+class UnfusedNorm(Rule):
+    id = "GL106"
+    name = "unfused-norm"
+    severity = Severity.WARNING
+    tags = ("performance", "normalization", "memory")
+    precision = "high"
+    summary = "LayerNorm or RMSNorm written out by hand; F.layer_norm and F.rms_norm run it as one kernel."
+    what = """
+        A normalisation over the last dimension spelled out step by step, with or without a float32 up-cast:
+
+        - LayerNorm: the mean, the centred input `x - mean`, the variance (`(x - mean).pow(2).mean(-1,
+          keepdim=True)` or `x.var(-1, keepdim=True, unbiased=False)`), `+ eps`, `sqrt` or `rsqrt`, and a
+          division or product;
+        - RMSNorm: the mean of squares (`x.pow(2)`, `x * x` or `x.square()`), `+ eps`, `rsqrt` or `sqrt`, and a
+          product or division of `x` by it;
+
+        followed or not by a learned scale and shift. It is reported once per line with the number of layers
+        that run it. The finding points at the normalising step (the product or division); the mean is a
+        related location. Not flagged: `nn.LayerNorm`, `nn.RMSNorm` and their functional forms,
+        `F.normalize` and `x / x.norm(dim=-1, keepdim=True)` (L2 normalisation), standardising by constants
+        or by the unbiased standard deviation, statistics over the batch dimension, and normalisations inside
+        installed libraries (`transformers`' own `LlamaRMSNorm`).
+    """
+    why = """
+        Written out, a norm is five to eight kernels, each reading and writing the whole activation, and
+        autograd saves most of the intermediates (the centred input, the squares, the reciprocal root) for
+        backward, in every layer. `F.layer_norm` and `F.rms_norm` compute the same result in one kernel that
+        saves only the input and two small per-row statistics, and their backward is one kernel too.
+    """
+    example = """
+        class RMSNorm(nn.Module):
+            def forward(self, x):
+                variance = x.float().pow(2).mean(-1, keepdim=True)
+                return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).type_as(x)
+    """
+    instead = """
+        self.norm = nn.RMSNorm(dim, eps=eps)          # torch >= 2.4; or F.rms_norm(x, (dim,), weight, eps)
+        self.norm = nn.LayerNorm(dim, eps=eps)        # or F.layer_norm(x, (dim,), weight, bias, eps)
+    """
+    bad_examples = (
+        Example(
+            title="a hand-written RMSNorm with a float32 up-cast in every layer",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class RMSNorm(nn.Module):
+                    def __init__(self, dim, eps=1e-6):
+                        super().__init__()
+                        self.eps = eps
+                        self.weight = nn.Parameter(torch.ones(dim))
+
+                    def forward(self, x):
+                        h = x.float()
+                        variance = h.pow(2).mean(-1, keepdim=True)
+                        h = h * torch.rsqrt(variance + self.eps)  # expect: GL106
+                        return self.weight * h.to(x.dtype)
+
+
+                class Block(nn.Module):
+                    def __init__(self, dim=16):
+                        super().__init__()
+                        self.norm = RMSNorm(dim)
+                        self.fc = nn.Linear(dim, dim)
+
+                    def forward(self, x):
+                        return x + self.fc(self.norm(x))
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.layers = nn.ModuleList(Block() for _ in range(4))
+
+                    def forward(self, x):
+                        for layer in self.layers:
+                            x = layer(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 8, 16),)
+            ''',
+        ),
+        Example(
+            title="a hand-written LayerNorm with a learned scale and shift",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class LayerNorm(nn.Module):
+                    def __init__(self, dim, eps=1e-5):
+                        super().__init__()
+                        self.eps = eps
+                        self.weight = nn.Parameter(torch.ones(dim))
+                        self.bias = nn.Parameter(torch.zeros(dim))
+
+                    def forward(self, x):
+                        mean = x.mean(-1, keepdim=True)
+                        var = x.var(-1, keepdim=True, unbiased=False)
+                        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias  # expect: GL106
+
+
+                class Encoder(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.norm = LayerNorm(16)
+
+                    def forward(self, x):
+                        return self.norm(torch.relu(self.fc(x)))
+
+
+                def make():
+                    return Encoder(), (torch.randn(4, 16),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="the library norms, L2 normalisation, constant standardisation and batch statistics",
+            source='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class Model(nn.Module):
+                    def __init__(self, dim=16):
+                        super().__init__()
+                        self.ln = nn.LayerNorm(dim)
+                        self.rms = nn.RMSNorm(dim, eps=1e-6)
+                        self.fc = nn.Linear(dim, dim)
+
+                    def forward(self, x):
+                        x = (x - 0.5) / 0.25
+                        h = self.rms(self.fc(self.ln(x)))
+                        h = F.layer_norm(h, (h.shape[-1],)) + F.rms_norm(h, (h.shape[-1],))
+                        unit = F.normalize(h, dim=-1) + h / h.norm(dim=-1, keepdim=True)
+                        mean = h.mean(0, keepdim=True)
+                        whitened = (h - mean) / torch.sqrt(((h - mean) ** 2).mean(0, keepdim=True) + 1e-5)
+                        return unit + whitened
+
+
+                def make():
+                    return Model(), (torch.randn(4, 16),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        for node in capture.ops:
+            if op(node) in ("rsqrt", "sqrt") and not ran_in_library(node):
+                found = _norm(node)
+                if found is not None and not ran_in_library(found[0]):
+                    yield _problem(*found)
+
+
+def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
+    library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
+    return Problem(
+        node=step,
+        message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
+                 "saves less for backward."),
+        related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
+    )
+
+
+def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
+    """(normalising step, mean, "LayerNorm" or "RMSNorm") for `rsqrt(stat + eps)` or `sqrt(stat + eps)`."""
+    plus_eps = strip_casts(arg(root, 0, "input"))
+    if not isinstance(plus_eps, fx.Node) or op(plus_eps) != "add" or len(plus_eps.args) != 2:
+        return None
+    stat, eps = plus_eps.args
+    if not isinstance(stat, fx.Node):
+        stat, eps = eps, stat
+    if not isinstance(stat, fx.Node) or not isinstance(eps, float) or not 0 < eps < 0.1:
+        return None
+    stat = strip_casts(stat)
+    dims = _row_dims(stat)
+    if dims is None:
+        return None
+    if op(stat) == "var":
+        if not _biased(stat):
+            return None
+        base, kind, centred = strip_casts(arg(stat, 0, "input")), "LayerNorm", None
+    elif op(stat) == "mean":
+        base = _squared(arg(stat, 0, "input"))
+        if base is None:
+            return None
+        centred = base if _centring_mean(base, dims) is not None else None
+        kind = "LayerNorm" if centred is not None else "RMSNorm"
+    else:
+        return None
+    for step in root.users:
+        other = _normalised(step, root)
+        if other is None:
+            continue
+        if kind == "RMSNorm" and strip_casts(other) is base:
+            return step, stat, kind
+        if kind == "LayerNorm":
+            mean = _centring_mean(other, dims)
+            x = base if centred is None else arg(centred, 0, "input")
+            if mean is not None and strip_casts(arg(mean, 0, "input")) is strip_casts(x):
+                return step, mean, kind
+    return None
+
+
+def _normalised(step: fx.Node, root: fx.Node):
+    """What `step` normalises: `y * rsqrt(...)` (either order) or `y / sqrt(...)`; None otherwise."""
+    if len(step.args) != 2:
+        return None
+    first, second = step.args
+    if op(root) == "rsqrt" and op(step) in _MUL:
+        return first if second is root else second if first is root else None
+    if op(root) == "sqrt" and op(step) in _DIV and second is root:
+        return first
+    return None
+
+
+def _row_dims(stat: fx.Node) -> tuple[int, ...] | None:
+    """The dimensions a keepdim mean or variance reduces when they are trailing ones, never the batch's."""
+    meta = tensor_meta(arg(stat, 0, "input"))
+    dim = arg(stat, 1, "dim")
+    if meta is None or dim is None or not arg(stat, 2 if op(stat) == "mean" else 3, "keepdim", False):
+        return None
+    ndim = len(meta.shape)
+    dims = tuple(sorted(d % ndim for d in (dim if isinstance(dim, (list, tuple)) else (dim,)) if isinstance(d, int)))
+    if ndim < 2 or not dims or dims != tuple(range(ndim - len(dims), ndim)) or 0 in dims:
+        return None
+    return dims
+
+
+def _biased(var: fx.Node) -> bool:
+    """LayerNorm divides by n: `unbiased=False` or `correction=0`."""
+    return var.kwargs.get("unbiased") is False or var.kwargs.get("correction") == 0
+
+
+def _squared(value):
+    """x for `x ** 2`, `x.pow(2)`, `x * x` or `x.square()` (casts around it allowed); None otherwise."""
+    value = strip_casts(value)
+    if not isinstance(value, fx.Node):
+        return None
+    name = op(value)
+    if name == "pow" and arg(value, 1, "exponent") in (2, 2.0):
+        return strip_casts(value.args[0])
+    if name in _MUL and len(value.args) == 2 and value.args[0] is value.args[1]:
+        return strip_casts(value.args[0])
+    if name == "square":
+        return strip_casts(value.args[0])
+    return None
+
+
+def _centring_mean(centred, dims: tuple[int, ...]) -> fx.Node | None:
+    """The mean in `x - x.mean(dims, keepdim=True)`; None when `centred` is not that."""
+    if not isinstance(centred, fx.Node) or op(centred) != "sub" or len(centred.args) != 2:
+        return None
+    x, mean = centred.args
+    if not isinstance(mean, fx.Node) or op(mean) != "mean" or _row_dims(mean) != dims:
+        return None
+    return mean if strip_casts(arg(mean, 0, "input")) is strip_casts(x) else None

@@ -1,0 +1,153 @@
+"""GL103 finds the forward's calls that hand a tensor's values to Python, and leaves shape arithmetic alone.
+
+No GPU is needed to know that a call synchronises: a call that needs a tensor's values in Python cannot run on
+the meta device, which has none. `test_every_flagged_call_needs_real_values` checks that with plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from conftest import findings_of, line_of, lint_file, run_graphlint, write
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        for _ in range(3):
+{body}
+        return h.sum()
+
+
+def make():
+    return Model(), (torch.randn(4, 8),)
+'''
+
+
+def model_with(body: str) -> str:
+    return MODEL.replace("{body}", textwrap.indent(textwrap.dedent(body).strip(), " " * 12))
+
+
+# Each body runs three times per forward; "# sync" marks the line to report. The lambda is the same call in
+# plain PyTorch, on a tensor like `h`.
+FLAGGED = {
+    ".item()": ("h = h * h.max().item()  # sync", lambda h: h.max().item()),
+    ".tolist()": ("h = h * len(h[0].tolist())  # sync", lambda h: h[0].tolist()),
+    ".cpu()": ("h = h + h.cpu().mean()  # sync", lambda h: h.cpu()),
+    ".numpy()": ("h = h + float(h.detach().numpy().mean())  # sync", lambda h: h.detach().numpy()),
+    "a branch": ("if (h > 0).any():  # sync\n    h = h * 0.5", lambda h: bool((h > 0).any())),
+    "a while loop": ("while h.abs().max() > 10:  # sync\n    h = h / 2", lambda h: bool(h.abs().max() > 10)),
+    "int()": ("h = h[: int(h.argmax()) + 1]  # sync", lambda h: int(h.argmax())),
+    "nonzero": ("h = h + h.nonzero().sum()  # sync", lambda h: h.nonzero()),
+    "a boolean mask": ("h = h + h[h > 0].sum()  # sync", lambda h: h[h > 0]),
+    "masked_select": ("h = h + h.masked_select(h > 0).sum()  # sync", lambda h: h.masked_select(h > 0)),
+    "unique": ("h = h + h.unique().sum()  # sync", lambda h: h.unique()),
+    "one-argument where": ("h = h + torch.where(h > 0)[0].sum()  # sync", lambda h: torch.where(h > 0)),
+}
+
+NOT_FLAGGED = {
+    "shape arithmetic": "h = h.reshape(h.shape[0], h.size(-1)) * (1.0 / len(h))",
+    "Python numbers": "h = h * (2.0 ** -0.5) + sum([1, 2])",
+    "choosing with torch.where and masked_fill": "h = torch.where(h > 0, h, 0.0).masked_fill(h > 3, 3.0)",
+    "casts named like Python conversions": "h = h.float().int().float() + h.bool().float() + h.double().float()",
+    "indexing with slices and integer tensors": "h = h[:, :4].repeat(1, 2) + h.gather(1, h.argmax(1, keepdim=True))",
+}
+
+
+@pytest.mark.parametrize("body", [b for b, _ in FLAGGED.values()], ids=FLAGGED.keys())
+def test_a_call_that_needs_values_is_flagged_once_with_its_count(body, tmp_path):
+    path = write(tmp_path, "model.py", model_with(body))
+    report = lint_file(path)
+    assert report.errors == []
+    [finding] = findings_of(report, "GL103")
+    assert finding.location.line == line_of(path, "# sync")
+    assert finding.occurrences == 3
+    assert "waits for the device on every forward and breaks a torch.compile graph (3 occurrences)" in finding.message
+
+
+@pytest.mark.parametrize("call", [c for _, c in FLAGGED.values()], ids=FLAGGED.keys())
+def test_every_flagged_call_needs_real_values(call):
+    """On the meta device a tensor has no values: a call that fails there is one that reads them on the host."""
+    call(torch.randn(4, 8))  # fine with values
+    with pytest.raises((RuntimeError, NotImplementedError, TypeError)):
+        call(torch.randn(4, 8, device="meta"))
+
+
+def test_printing_a_tensor_reads_its_values_and_is_flagged(tmp_path):
+    assert "0.2500" in repr(torch.full((2,), 0.25))  # the printed text holds the values, read on the host
+    path = write(tmp_path, "model.py", model_with('print(f"{h}")  # sync\nprint(h)'))
+    report = lint_file(path)
+    assert report.errors == []
+    assert [(f.location.line, f.occurrences) for f in findings_of(report, "GL103")] == [
+        (line_of(path, "# sync"), 3), (line_of(path, "# sync") + 1, 3)]
+
+
+@pytest.mark.parametrize("body", NOT_FLAGGED.values(), ids=NOT_FLAGGED.keys())
+def test_shape_arithmetic_and_device_side_choices_are_not_flagged(body, tmp_path):
+    report = lint_file(write(tmp_path, "model.py", model_with(body)))
+    assert report.errors == []
+    assert findings_of(report, "GL103") == []
+
+
+def test_an_item_that_cuts_parameters_from_the_loss_is_only_a_gradient_cut(tmp_path):
+    path = write(tmp_path, "model.py", '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.temperature = nn.Linear(8, 1)
+
+    def forward(self, x):
+        t = self.temperature(x).mean().item()  # the cut
+        scale = self.fc(x).abs().max().item()  # a sync only
+        return self.fc(x) / (t * scale)
+
+
+def make():
+    return Model(), (torch.randn(4, 8),)
+''')
+    report = lint_file(path)
+    assert report.errors == []
+    assert [f.location.line for f in findings_of(report, "GL202")] == [line_of(path, "# the cut")]
+    assert [f.location.line for f in findings_of(report, "GL103")] == [line_of(path, "# a sync only")]
+
+
+def test_a_call_inside_an_installed_library_is_not_flagged(tmp_path):
+    write(tmp_path / "site-packages", "steplib.py", '''
+def scaled(h):
+    return h / h.abs().max().item()
+''')
+    path = write(tmp_path, "model.py", model_with("h = steplib.scaled(h)").replace(
+        "import torch\n", "import sys\nsys.path.insert(0, __file__.rsplit('/', 1)[0] + '/site-packages')\n"
+                          "import steplib\nimport torch\n", 1))
+    report = lint_file(path)
+    assert report.errors == []
+    assert findings_of(report, "GL103") == []
+
+
+def test_the_cpu_rebuild_after_the_meta_attempt_reports_the_sync_once(tmp_path):
+    path = write(tmp_path, "model.py", model_with("h = h * h.max().item()  # sync"))
+    result = run_graphlint("check", f"{path}:make", "--format", "json", "--no-cache", cwd=tmp_path)
+    report = json.loads(result.stdout)
+    [note] = [n["message"] for n in report["notes"]]
+    assert note.startswith("captured on CPU because the forward needs real values (.item() at model.py:")
+    [finding] = [f for f in report["findings"] if f["rule"] == "GL103"]
+    assert finding["location"]["line"] == line_of(path, "# sync")
+    assert finding["occurrences"] == 3
+    assert finding["message"].startswith(".item() in the model copies a value to Python")
