@@ -37,6 +37,9 @@ def child_main(request: dict, connection) -> None:
         import torch
 
         torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork (see graphlint.run.parent)
+    # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
+    # command line.
+    sys.argv = [request["target"].rpartition(":")[0] or request["target"]]
     before = set(sys.modules)
     last = ["import"]
 

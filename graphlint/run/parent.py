@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
-import os
 import sys
-import threading
 
 from graphlint.run.child import child_main
 
@@ -38,9 +36,11 @@ class WarmParent:
         receiving, sending = self.context.Pipe(duplex=False)
         sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
         sys.stderr.flush()
-        if self.context.get_start_method() == "fork" and _threads() > 1:
-            # A parent that already ran parallel CPU work (graphlint.run.check inside a test session, say) has
-            # an OpenMP thread pool that a forked child cannot use: its first parallel op would wait forever.
+        if self.context.get_start_method() == "fork":
+            # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
+            # (graphlint.run.check in a test session, a notebook): its first parallel op would wait forever. The
+            # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
+            # thread; captures on the meta device compute nothing, and -j N parallelises across targets.
             request = {**request, "single_threaded": True}
         process = self.context.Process(target=child_main, args=(request, sending), daemon=True)
         process.start()
@@ -59,14 +59,6 @@ class WarmParent:
                 importlib.import_module(name)
             except Exception:  # a library that fails here is only imported again, by the child that needs it
                 continue
-
-
-def _threads() -> int:
-    """This process's threads (the CLI's warm parent has one: it only ran ops on the meta device)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
 
 
 def _warm_up() -> None:
