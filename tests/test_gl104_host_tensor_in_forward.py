@@ -14,7 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from conftest import findings_of, line_of, lint_file, write
-from rules.gl104_host_tensor_in_forward import FACTORIES, HostTensorInForward
+from graphlint.rules.gl104_host_tensor_in_forward import FACTORIES, HostTensorInForward
 
 MODEL = '''
 import torch
