@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 
 from torch import fx
 
 from graphlint.files import is_installed_file, library_name
+from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -63,6 +65,24 @@ class UnfusedAttention(Rule):
         # Hugging Face models:
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     """
+    fixes = """
+        `--fix` rewrites hand-written attention that lies in one function as one
+        `F.scaled_dot_product_attention(q, k, v, ...)` call in place of the product with the values, and deletes
+        the statements that only fed it: `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, a two-operand
+        `einsum`) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k` becomes `scale=` (left out
+        when it is 1/sqrt of the head dimension, `scale=1.0` when there was none); `+ mask` becomes
+        `attn_mask=mask`, `masked_fill(c, -inf)` becomes `attn_mask=` the negation of `c` (the fused call's
+        boolean mask says which positions take part), `torch.where(c, scores, -inf)` becomes `attn_mask=c`, and a
+        mask made from `tril`/`triu` of ones becomes `is_causal=True`; dropout on the probabilities becomes
+        `dropout_p=self.dropout.p if self.training else 0.0`; float32 upcasts around the softmax are dropped (the
+        fused kernels accumulate in float32). For `transformers` models built with `from_config` or
+        `from_pretrained`, the fix is `attn_implementation="sdpa"` on that call.
+
+        Left alone, with the reason: probabilities used elsewhere (returned or stored), a chain that spans
+        several functions, two masks, a scale after the mask, an input reassigned between the scores and the
+        values product, and anything else on the way that the fused call cannot express. Every fix is proven
+        on the model first; one that computes something else is refused.
+    """
     bad_examples = (
         Example(
             title="nanoGPT-style causal self-attention in two layers",
@@ -108,6 +128,46 @@ class UnfusedAttention(Rule):
                 def make():
                     return Model(), (torch.randn(2, 16, 32),)
             ''',
+            fixed='''
+                import math
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class CausalSelfAttention(nn.Module):
+                    def __init__(self, dim=32, heads=4, seq=16):
+                        super().__init__()
+                        self.heads = heads
+                        self.qkv = nn.Linear(dim, 3 * dim)
+                        self.proj = nn.Linear(dim, dim)
+                        self.dropout = nn.Dropout(0.1)
+                        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
+
+                    def forward(self, x):
+                        b, t, c = x.shape
+                        q, k, v = self.qkv(x).split(c, dim=2)
+                        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+                        y = F.scaled_dot_product_attention(
+                            q, k, v, is_causal=True, dropout_p=self.dropout.p if self.training else 0.0
+                        ).transpose(1, 2).contiguous().view(b, t, c)
+                        return self.proj(y)
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(CausalSelfAttention() for _ in range(2))
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = x + block(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 16, 32),)
+            ''',
         ),
         Example(
             title="einsum scores, torch.where mask, float32 softmax cast back",
@@ -129,6 +189,27 @@ class UnfusedAttention(Rule):
                         scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
                         probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)  # expect: GL101
                         return torch.bmm(probs, v)
+
+
+                def make():
+                    keep = torch.ones(2, 8, 8, dtype=torch.bool)
+                    return Attention(), (torch.randn(2, 8, 32), keep)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+
+
+                class Attention(nn.Module):
+                    def __init__(self, dim=32):
+                        super().__init__()
+                        self.q = nn.Linear(dim, dim)
+                        self.k = nn.Linear(dim, dim)
+                        self.v = nn.Linear(dim, dim)
+
+                    def forward(self, x, keep):
+                        q, k, v = self.q(x), self.k(x), self.v(x)
+                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
                 def make():
@@ -204,9 +285,11 @@ class UnfusedAttention(Rule):
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
+        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]))
         stack = softmax.meta.get("stack") or ()
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
+            fix = use_sdpa_in_transformers
         related = [(scores, f"attention scores: {op(scores)}")]
         related += [(n, f"{name} of the scores") for n in before[1:] if (name := _step_name(n)) in ("scale", "mask")]
         related.append((values, f"probabilities times values: {op(values)}"))
@@ -214,6 +297,7 @@ class UnfusedAttention(Rule):
             node=softmax,
             message=f"Hand-written softmax attention ({' → '.join(steps)}) in {{where}}{{occurrences}}; {advice}.",
             related=tuple(related),
+            fix=fix,
         )
 
 

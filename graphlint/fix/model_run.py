@@ -25,6 +25,32 @@ from graphlint.target import TargetSpec, load_factory, normalize_factory_result
 
 # float64 leaves room only for rounding differences between equivalent formulations.
 RTOL, ATOL = 1e-7, 1e-9
+# Where the model itself computes part of its forward in a lower precision (`softmax(dtype=torch.float32)`
+# in a float64 run), results can only agree to that precision: a hundred of its epsilons.
+_LOWER = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _LowestPrecision(torch.overrides.TorchFunctionMode):
+    """Notes the least precise floating dtype any torch function returned while the forward ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lowest: torch.dtype = torch.float64
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in floating_tensors(result):
+            if tensor.dtype in _LOWER and torch.finfo(tensor.dtype).eps > torch.finfo(self.lowest).eps:
+                self.lowest = tensor.dtype
+        return result
+
+
+def tolerances(lowest: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for outputs and gradients when part of the model ran in `lowest`."""
+    if lowest == torch.float64:
+        return RTOL, ATOL
+    eps = torch.finfo(lowest).eps
+    return 100 * eps, 100 * eps
 
 
 def _double(value: Any) -> Any:
@@ -50,7 +76,8 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
         args, kwargs = record["args"], record["kwargs"]
     model = model.double().eval()
     torch.manual_seed(1)
-    output = model(*_double(args), **_double(kwargs))
+    with _LowestPrecision() as precision:
+        output = model(*_double(args), **_double(kwargs))
     outputs = [t.detach().clone() for t in floating_tensors(output)]
     backward_error = None
     try:
@@ -61,18 +88,23 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
         backward_error = one_line(error).split(". Hint:")[0]
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     return {"state": state, "args": args, "kwargs": kwargs, "outputs": outputs, "grads": grads,
-            "backward_error": backward_error}
+            "backward_error": backward_error, "lowest": str(precision.lowest).removeprefix("torch.")}
 
 
 def _differences(original: dict, rewritten: dict) -> str | None:
     """What the rewritten model computes differently, or None."""
+    lowest = max((getattr(torch, record["lowest"]) for record in (original, rewritten)),
+                 key=lambda dtype: torch.finfo(dtype).eps)
+    rtol, atol = tolerances(lowest)
+    within = "" if lowest == torch.float64 else f" (compared at {str(lowest).removeprefix('torch.')} precision, " \
+                                                  "which part of the model computes in)"
     if len(original["outputs"]) != len(rewritten["outputs"]):
         return f"{len(rewritten['outputs'])} output tensors instead of {len(original['outputs'])}"
     for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
         if a.shape != b.shape:
             return f"output {index} has shape {tuple(b.shape)} instead of {tuple(a.shape)}"
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True):
-            return f"output {index} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}"
+        if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+            return f"output {index} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}{within}"
     if original["backward_error"] is not None:
         # The original cannot be differentiated (GL201): the same outputs suffice here. If the backward still
         # fails, another write that is left unfixed breaks it; the re-lint shows the fixed ones are gone.
@@ -84,8 +116,8 @@ def _differences(original: dict, rewritten: dict) -> str | None:
         return f"parameters {', '.join(changed[:3])} gain or lose a gradient"
     for name, a in original["grads"].items():
         b = rewritten["grads"][name]
-        if not torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True):
-            return f"the gradient of {name} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}"
+        if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+            return f"the gradient of {name} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}{within}"
     return None
 
 

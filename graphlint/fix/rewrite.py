@@ -16,10 +16,15 @@ import libcst as cst
 @dataclass(frozen=True)
 class FixSite:
     """The located expression, and the small statement it is or that consists of it (`x.mul_(2)` on its
-    own line, `x *= 2`), or None when the expression is part of a larger statement."""
+    own line, `x *= 2`), or None when the expression is part of a larger statement; the function and class
+    around it and the whole module, for rewrites that read or change more than the one expression."""
 
     node: cst.CSTNode
     statement: cst.BaseSmallStatement | None
+    function: cst.FunctionDef | None = None
+    classdef: cst.ClassDef | None = None
+    module: cst.Module | None = None
+    indent: str = ""  # the leading whitespace of the expression's first line, for rewrites over several lines
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class Rewrite:
     old: cst.CSTNode
     new: cst.CSTNode
     message: str  # what the fix does, in the user's terms: "x *= 2 → x = x * 2"
+    # Further statements the rewrite makes unnecessary: whole lines (`cst.SimpleStatementLine`) to delete.
+    removed: tuple[cst.SimpleStatementLine, ...] = ()
 
 
 # A rule's fix: a Rewrite, or a one-line reason why this occurrence is left alone.

@@ -36,6 +36,7 @@ _PREFERENCE = (cst.Assign, cst.AugAssign, cst.Call, cst.BinaryOperation, cst.Sub
 @dataclass
 class _ParsedFile:
     lines: list[str]
+    module: cst.Module | None = None
     positions: dict = field(default_factory=dict)  # libcst node -> CodeRange
     by_start: dict = field(default_factory=dict)  # (line, col) -> [node]
     by_end: dict = field(default_factory=dict)
@@ -82,13 +83,20 @@ class SourceSpans:
             return "graphlint could not find the expression in the source"
         statement = next((s for s in parsed.statements.get(_start(parsed, node), ())
                           if (s.value if isinstance(s, cst.Expr) else s) is node), None)
-        answer = fixer(FixSite(node, statement))
+        function, classdef = _enclosing(parsed, node)
+        line = parsed.lines[parsed.positions[node].start.line - 1]
+        indent = line[: len(line) - len(line.lstrip())]
+        answer = fixer(FixSite(node, statement, function, classdef, parsed.module, indent))
         if isinstance(answer, str):
             return answer
-        where = parsed.positions[answer.old]
-        edit = Edit(site.frame.file, where.start.line, where.start.column + 1, where.end.line, where.end.column + 1,
-                    code_of(answer.new))
-        return Fix(answer.message, (edit,))
+        path = site.frame.file
+        line, column, end_line, end_column = _replaced_extent(parsed, answer.old, answer.new)
+        edits = [Edit(path, line, column, end_line, end_column, code_of(answer.new))]
+        for statement_line in answer.removed:  # whole lines, with their indentation and line end
+            where = parsed.positions[statement_line]
+            end = (where.end.line + 1, 1) if where.end.line < len(parsed.lines) else (where.end.line, where.end.column + 1)
+            edits.append(Edit(path, where.start.line, 1, *end, ""))
+        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.line, e.column))))
 
     def _node(self, parsed: _ParsedFile, site: Site) -> cst.CSTNode | None:
         frame = site.frame
@@ -126,7 +134,7 @@ class SourceSpans:
                 module = cst.parse_module(handle.read())
             wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
             positions = wrapper.resolve(PositionProvider)
-            parsed = _ParsedFile(lines=split_lines(module.code), positions=positions)
+            parsed = _ParsedFile(lines=split_lines(module.code), module=module, positions=positions)
             for node, where in positions.items():
                 if _interesting(node):
                     start = (where.start.line, where.start.column)
@@ -193,6 +201,36 @@ class SourceSpans:
             if assign is not None:  # `t[:, 0] = 0` and `self.w = nn.Parameter(...)`, not just the target
                 end = parsed.positions[assign].end
         return (start.line, start.column + 1, end.line, end.column + 1)
+
+
+def _enclosing(parsed: _ParsedFile, node: cst.CSTNode) -> tuple[cst.FunctionDef | None, cst.ClassDef | None]:
+    """The innermost function and class whose text contains `node`."""
+    start, end = _start(parsed, node), _end(parsed, node)
+    function = classdef = None
+    for candidate, where in parsed.positions.items():
+        if isinstance(candidate, (cst.FunctionDef, cst.ClassDef)) and \
+                (where.start.line, where.start.column) <= start and end <= (where.end.line, where.end.column):
+            innermost = function if isinstance(candidate, cst.FunctionDef) else classdef
+            if innermost is None or _start(parsed, innermost) < _start(parsed, candidate):
+                if isinstance(candidate, cst.FunctionDef):
+                    function = candidate
+                else:
+                    classdef = candidate
+    return function, classdef
+
+
+def _replaced_extent(parsed: _ParsedFile, old: cst.CSTNode, new: cst.CSTNode) -> tuple[int, int, int, int]:
+    """The 1-based span an edit replaces: the node's, widened over its own parentheses when the new node has
+    none (libcst's positions leave them out), so that `(att @ v).t()` can become `f(...).t()`."""
+    where = parsed.positions[old]
+    (line, column), (end_line, end_column) = (where.start.line, where.start.column), (where.end.line, where.end.column)
+    if not getattr(new, "lpar", ()) and len(getattr(old, "lpar", ())) == 1 and len(getattr(old, "rpar", ())) == 1:
+        before = parsed.lines[line - 1][:column].rstrip()
+        after = parsed.lines[end_line - 1][end_column:]
+        if before.endswith("(") and after.lstrip().startswith(")"):
+            column = len(before) - 1
+            end_column += len(after) - len(after.lstrip()) + 1
+    return line, column + 1, end_line, end_column + 1
 
 
 def _assignment_to(parsed: _ParsedFile, target: cst.BaseExpression) -> cst.Assign | None:

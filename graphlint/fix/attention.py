@@ -1,0 +1,780 @@
+"""GL101's fix: softmax attention written by hand in one function, rewritten as one
+`F.scaled_dot_product_attention` call, or for `transformers` models, `attn_implementation="sdpa"`.
+
+The rewrite reads the chain from the source, starting at the softmax the finding points at: backwards through
+the statements that compute the scores (scales, one mask, casts) to the `q @ kᵀ` product, and forwards through
+casts and dropout to the product with the values. Each piece maps to one argument of the fused call:
+
+- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, a two-operand `einsum`) gives `q` and `k`; any other right
+  operand `kt` gives `kt.transpose(-2, -1)`, which is the same key;
+- every `* s` and `/ d`, on the scores or on `q`/`k`, multiplies into `scale=`; no scale at all is `scale=1.0`,
+  since the fused call's default is 1/sqrt(head dim);
+- `+ m` is `attn_mask=m`; `masked_fill(c, -inf)` is `attn_mask=` "not c" (the fused call's boolean mask says
+  which positions take part); `torch.where(c, scores, fill)` is `attn_mask=c`; a mask built from
+  `tril`/`triu` of ones is `is_causal=True`;
+- dropout on the probabilities is `dropout_p=<p> if self.training else 0.0`; float32 upcasts are dropped
+  (the fused kernels accumulate in float32 themselves).
+
+The statements that only fed the chain are deleted. Anything else is left alone with the reason: the
+probabilities used elsewhere (returned for visualisation), a chain across functions, two masks, a scale after
+the mask, an input reassigned between the scores and the values. Whatever the rewrite produces is proven on
+the model before `--fix` writes it (graphlint.fix.prove), so a mistake here is refused, never written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from graphlint.fix.rewrite import FixSite, Rewrite, code_of
+
+_LONG_LINE = 80  # a longer call is written over three lines
+_CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
+_MATMULS = {"matmul", "bmm"}
+_FUNCTIONAL = {"F", "torch", "functional"}  # receivers whose `.softmax(x, ...)` takes the input first
+_NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
+            "float(\"-Inf\")", "-np.inf", "-numpy.inf")
+
+
+class _Refused(Exception):
+    """The chain cannot be rewritten exactly; the message says why, in the user's terms."""
+
+
+@dataclass
+class _Chain:
+    q: cst.BaseExpression | None = None
+    k: cst.BaseExpression | None = None
+    v: cst.BaseExpression | None = None
+    factors: list[cst.BaseExpression] = field(default_factory=list)  # multiplied into the scale
+    divisors: list[cst.BaseExpression] = field(default_factory=list)
+    mask: cst.BaseExpression | None = None  # additive (float) or boolean "take part" mask
+    mask_source: cst.BaseExpression | None = None  # the user's mask expression, for the causal test
+    keep_when_true: bool = True  # the polarity of `mask_source`
+    dropout_p: cst.BaseExpression | None = None
+    dropout_in_training_only: bool = True
+    consumed: list[cst.SimpleStatementLine] = field(default_factory=list)  # statements that only fed the chain
+    names: set[str] = field(default_factory=set)  # variables that only carried the chain
+    values_product: cst.BaseExpression | None = None
+    values_statement: cst.SimpleStatementLine | None = None
+
+
+def rewrite_attention(site: FixSite, dropout_after: bool = False) -> Rewrite | str:
+    """The fused call in place of the product with the values, and the chain's statements deleted."""
+    try:
+        return _Rewriter(site, dropout_after).rewrite()
+    except _Refused as why:
+        return str(why)
+
+
+def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:
+    """`attn_implementation="sdpa"` on the user's `from_config` / `from_pretrained` call."""
+    node = site.node
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute) or \
+            node.func.attr.value not in ("from_config", "from_pretrained", "_from_config"):
+        return ('the model is not built here by from_config or from_pretrained; build it with '
+                'attn_implementation="sdpa"')
+    value = cst.SimpleString('"sdpa"')
+    args = list(node.args)
+    for index, argument in enumerate(args):
+        if argument.keyword is not None and argument.keyword.value == "attn_implementation":
+            args[index] = argument.with_changes(value=value)
+            break
+    else:
+        if any(a.star == "**" for a in args):
+            return "the call passes **kwargs, which may already set attn_implementation"
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(value=value, keyword=cst.Name("attn_implementation"),
+                            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                  whitespace_after=cst.SimpleWhitespace(""))))
+    new = node.with_changes(args=args)
+    return Rewrite(node, new, 'attn_implementation="sdpa"')
+
+
+class _Rewriter:
+    def __init__(self, site: FixSite, dropout_after: bool) -> None:
+        if site.function is None:
+            raise _Refused("the attention is not inside a function")
+        self.site = site
+        self.dropout_after = dropout_after
+        self.chain = _Chain()
+        self.block, self.softmax_statement = _block_of(site.function, site.node)
+
+    def rewrite(self) -> Rewrite:
+        chain = self.chain
+        scores = self._softmax_input(self.site.node)
+        self._scores(scores, self.softmax_statement)
+        self._probabilities(self.site.node, self.softmax_statement)
+        self._check_names()
+        self._check_inputs_unchanged()
+        call = self._call()
+        return Rewrite(chain.values_product, call,
+                       f"hand-written attention → {_callee(self.site.module)}(...)",
+                       removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement))
+
+    # -- backwards: softmax input to the scores product --------------------------------------------------
+
+    def _softmax_input(self, call: cst.CSTNode) -> cst.BaseExpression:
+        if not isinstance(call, cst.Call):
+            raise _Refused("the softmax is not a call graphlint can rewrite")
+        func = call.func
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        if isinstance(func, cst.Attribute) and not _is_namespace(func.value):
+            if _code(func.value) == "self" or _code(func.value).startswith("self."):
+                if len(positional) != 1:
+                    raise _Refused("the softmax module is called with more than the scores")
+                return positional[0]
+            return func.value  # scores.softmax(-1)
+        if not positional:
+            raise _Refused("the softmax's input is passed by keyword")
+        return positional[0]  # F.softmax(scores, dim=-1), torch.softmax(scores, -1)
+
+    def _scores(self, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
+        """Walk back from the softmax's input to the scores product, collecting scale and mask."""
+        chain = self.chain
+        node = expression
+        scaled = False  # met a scale on the way back: it runs after anything met from here on
+        while True:
+            if isinstance(node, cst.Name):
+                assigned = self._definition(node.value, statement)
+                chain.consumed.append(assigned)
+                chain.names.add(node.value)
+                statement = assigned
+                node = assigned.body[0].value
+                continue
+            if isinstance(node, cst.BinaryOperation):
+                operator = node.operator
+                if isinstance(operator, cst.MatrixMultiply):
+                    self._product(node.left, node.right)
+                    return
+                if isinstance(operator, cst.Divide):
+                    scaled = True
+                    chain.divisors.append(node.right)
+                    node = node.left
+                    continue
+                if isinstance(operator, cst.Multiply):
+                    scaled = True
+                    tensor, factor = _split_scale(node)
+                    chain.factors.append(factor)
+                    node = tensor
+                    continue
+                if isinstance(operator, cst.Add):
+                    tensor, mask = self._chain_side(node.left, node.right, statement)
+                    self._set_mask(mask, mask, True, additive=True)
+                    _mask_before(scaled)
+                    node = tensor
+                    continue
+                raise _Refused(f"the scores pass through `{_code(node)}`, which the fused call cannot express")
+            if isinstance(node, cst.Call):
+                name, receiver, positional, keywords = _parts(node)
+                if name in _CASTS and receiver is not None and not _is_namespace(receiver):
+                    node = receiver
+                    continue
+                if name == "masked_fill":
+                    target, args = (receiver, positional) if receiver is not None and not _is_namespace(receiver) \
+                        else (positional[0] if positional else None, positional[1:])
+                    condition = args[0] if args else keywords.get("mask")
+                    fill = args[1] if len(args) > 1 else keywords.get("value")
+                    if target is None or condition is None or fill is None:
+                        raise _Refused("masked_fill's arguments could not be read")
+                    if not _very_negative(fill):
+                        raise _Refused(f"masked_fill fills with {_code(fill)}, not with -inf or the dtype's minimum")
+                    self._set_mask(_negated(condition), condition, False)
+                    _mask_before(scaled)
+                    node = target
+                    continue
+                if name == "where" and len(positional) == 3:
+                    condition, when_true, when_false = positional
+                    if _very_negative(when_false):
+                        self._set_mask(condition, condition, True)
+                        node = when_true
+                    elif _very_negative(when_true):
+                        self._set_mask(_negated(condition), condition, False)
+                        node = when_false
+                    else:
+                        raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
+                    _mask_before(scaled)
+                    continue
+                if name in ("mul", "div") and receiver is not None and not _is_namespace(receiver) and len(positional) == 1:
+                    scaled = True
+                    (chain.factors if name == "mul" else chain.divisors).append(positional[0])
+                    node = receiver
+                    continue
+                if name in _MATMULS:
+                    left, right = _operands(receiver, positional)
+                    self._product(left, right)
+                    return
+                if name == "einsum":
+                    self._einsum_scores(positional)
+                    return
+            raise _Refused(f"the scores pass through `{_code(node)}`, which the fused call cannot express")
+
+    def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+        """Of `a + b`, (the scores, the mask): the scores are the side that leads back to the product."""
+        for tensor, other in ((left, right), (right, left)):
+            if self._leads_to_product(tensor, statement):
+                return tensor, other
+        raise _Refused("neither side of the addition leads back to the scores product")
+
+    def _leads_to_product(self, node, statement, depth: int = 0) -> bool:
+        if depth > 12:
+            return False
+        if isinstance(node, cst.Name):
+            try:
+                assigned = self._definition(node.value, statement)
+            except _Refused:
+                return False
+            return self._leads_to_product(assigned.body[0].value, assigned, depth + 1)
+        if isinstance(node, cst.BinaryOperation):
+            return isinstance(node.operator, cst.MatrixMultiply) or any(
+                self._leads_to_product(n, statement, depth + 1) for n in (node.left, node.right))
+        if isinstance(node, cst.Call):
+            name, receiver, positional, _ = _parts(node)
+            if name in _MATMULS or name == "einsum":
+                return True
+            candidates = ([receiver] if receiver is not None and not _is_namespace(receiver) else []) + positional
+            return any(self._leads_to_product(n, statement, depth + 1) for n in candidates)
+        return False
+
+    def _product(self, left: cst.BaseExpression, right: cst.BaseExpression) -> None:
+        chain = self.chain
+        chain.q = self._peel_scale(left)
+        key = self._peel_scale(right)
+        transposed = _untransposed(key)
+        if transposed is None:
+            transposed = _transpose(key)
+        chain.k = transposed
+
+    def _peel_scale(self, operand: cst.BaseExpression) -> cst.BaseExpression:
+        """`q * s` or `q / d` as an operand of the product: the scale moves into `scale=`."""
+        while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
+            if isinstance(operand.operator, cst.Divide):
+                self.chain.divisors.append(operand.right)
+                operand = operand.left
+            else:
+                operand, factor = _split_scale(operand)
+                self.chain.factors.append(factor)
+        return operand
+
+    def _einsum_scores(self, positional: list[cst.BaseExpression]) -> None:
+        spec = _einsum_spec(positional)
+        if spec is None:
+            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
+        (a, b), out = spec
+        if not (a[:-2] == b[:-2] == out[:-2] and a[-1] == b[-1] and out[-2:] == a[-2] + b[-2]
+                and len(set(a[-2:] + b[-2])) == 3):
+            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
+        self.chain.q = self._peel_scale(positional[1])
+        self.chain.k = self._peel_scale(positional[2])
+
+    # -- forwards: softmax output to the product with the values ------------------------------------------
+
+    def _probabilities(self, softmax: cst.CSTNode, statement: cst.SimpleStatementLine) -> None:
+        chain = self.chain
+        current = softmax
+        while True:
+            path = _path_to(statement, current)
+            if path is None or len(path) < 2:
+                raise _Refused("the softmax's result could not be followed")
+            parent = path[-2]
+            if isinstance(parent, cst.Assign):
+                if len(parent.targets) != 1 or not isinstance(parent.targets[0].target, cst.Name) or \
+                        len(statement.body) != 1:
+                    raise _Refused("the probabilities are assigned to more than one plain variable")
+                name = parent.targets[0].target.value
+                chain.consumed.append(statement)
+                chain.names.add(name)
+                statement, current = self._next_use(name, statement)
+                continue
+            if isinstance(parent, cst.Arg):
+                parent = path[-3]
+            if isinstance(parent, cst.Attribute) and len(path) >= 3 and isinstance(path[-3], cst.Call):
+                call = path[-3]  # current.to(dtype), current.matmul(v)
+                name, _, positional, _ = _parts(call)
+                if name in _CASTS:
+                    current = call
+                    continue
+                if name in _MATMULS and len(positional) == 1:
+                    self._values(call, positional[0], statement)
+                    return
+                raise _Refused(f"the probabilities pass through `.{name}()`, which the fused call cannot express")
+            if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply) and \
+                    parent.left is current:
+                self._values(parent, parent.right, statement)
+                return
+            if isinstance(parent, cst.Call):
+                name, receiver, positional, keywords = _parts(parent)
+                if name in _MATMULS and receiver is not None and _is_namespace(receiver) and \
+                        len(positional) == 2 and positional[0] is current:
+                    self._values(parent, positional[1], statement)
+                    return
+                if name == "einsum" and len(positional) == 3 and positional[1] is current:
+                    spec = _einsum_spec(positional)
+                    if spec is None or not _values_spec(*spec):
+                        raise _Refused("the values einsum is not of the form '...qk,...kd->...qd'")
+                    self._values(parent, positional[2], statement)
+                    return
+                if name == "dropout" and receiver is not None and _is_namespace(receiver) and positional and \
+                        positional[0] is current:
+                    self._functional_dropout(positional, keywords)
+                    current = parent
+                    continue
+                if receiver is not None and (_code(receiver) == "self" or _code(receiver).startswith("self.")) and \
+                        len(positional) == 1 and positional[0] is current and self.dropout_after:
+                    self._set_dropout(cst.parse_expression(f"{_code(parent.func)}.p"), True)
+                    current = parent
+                    continue
+            raise _Refused(f"the probabilities pass through `{_code(parent)}`, which the fused call cannot express")
+
+    def _values(self, product: cst.BaseExpression, values: cst.BaseExpression,
+                statement: cst.SimpleStatementLine) -> None:
+        self.chain.v = values
+        self.chain.values_product = product
+        self.chain.values_statement = statement
+
+    def _functional_dropout(self, positional, keywords) -> None:
+        p = positional[1] if len(positional) > 1 else keywords.get("p", cst.Float("0.5"))
+        training = positional[2] if len(positional) > 2 else keywords.get("training")
+        if training is None:
+            self._set_dropout(p, False)  # F.dropout trains by default
+        elif _code(training) == "self.training":
+            self._set_dropout(p, True)
+        elif _code(training) != "False":
+            raise _Refused(f"dropout runs with training={_code(training)}, which the rewrite cannot keep")
+
+    def _set_dropout(self, p: cst.BaseExpression, training_only: bool) -> None:
+        if self.chain.dropout_p is not None:
+            raise _Refused("the probabilities pass through two dropouts")
+        self.chain.dropout_p, self.chain.dropout_in_training_only = p, training_only
+
+    # -- masks ----------------------------------------------------------------------------------------------
+
+    def _set_mask(self, mask, source, keep_when_true: bool, additive: bool = False) -> None:
+        chain = self.chain
+        if chain.mask is not None:
+            raise _Refused("the scores are masked twice; the fused call takes one mask")
+        chain.mask = mask
+        chain.mask_source = None if additive else source
+        chain.keep_when_true = keep_when_true
+
+    def _causal(self) -> bool:
+        """The mask keeps exactly the lower triangle, diagonal included: `tril(ones)`, or `triu(ones, 1)` as
+        the positions to drop, directly or through a buffer or a local variable, sliced to the sequence."""
+        chain = self.chain
+        if chain.mask_source is None:
+            return False
+        node, keep = chain.mask_source, chain.keep_when_true
+        for _ in range(8):
+            if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+                comparison = node.comparisons[0]
+                value = _code(comparison.comparator)
+                if isinstance(comparison.operator, cst.Equal) and value in ("0", "0.0", "False"):
+                    keep = not keep
+                elif not ((isinstance(comparison.operator, cst.NotEqual) and value in ("0", "0.0", "False")) or
+                          (isinstance(comparison.operator, cst.Equal) and value in ("1", "1.0", "True"))):
+                    return False
+                node = node.left
+            elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+                keep, node = not keep, node.expression
+            elif isinstance(node, cst.Subscript):
+                if not all(isinstance(e.slice, cst.Slice) for e in node.slice):
+                    return False
+                node = node.value
+            elif isinstance(node, cst.Call) and _parts(node)[0] in ("bool", "logical_not") and _parts(node)[1] is not None:
+                keep = keep if _parts(node)[0] == "bool" else not keep
+                node = _parts(node)[1]
+            else:
+                break
+        built = self._built_from(node)
+        if built is None:
+            return False
+        text = _code(built).replace(" ", "")
+        if "ones" not in text:
+            return False
+        if "tril(" in text and "diagonal" not in text and text.count("tril(") == 1:
+            return keep
+        if "triu(" in text and ("diagonal=1" in text or ",1)" in text):
+            return not keep
+        return False
+
+    def _built_from(self, node) -> cst.BaseExpression | None:
+        """The expression a mask variable or buffer was made from, when it is made once."""
+        if isinstance(node, cst.Name):
+            try:
+                return self._definition(node.value, self.softmax_statement, consume=False).body[0].value
+            except _Refused:
+                return None
+        if isinstance(node, cst.Attribute) and _code(node.value) == "self" and self.site.classdef is not None:
+            found = _self_assignments(self.site.classdef, node.attr.value)
+            return found[0] if len(found) == 1 else None
+        return None
+
+    # -- checks and the call ----------------------------------------------------------------------------
+
+    def _definition(self, name: str, before: cst.SimpleStatementLine, consume: bool = True) -> cst.SimpleStatementLine:
+        """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`."""
+        body = list(self.block)
+        if before not in body:
+            raise _Refused(f"`{name}` is not computed in the same block as the attention")
+        for statement in reversed(body[: body.index(before)]):
+            if name in _assigned_names(statement):
+                if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+                        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
+                        isinstance(statement.body[0].targets[0].target, cst.Name):
+                    return statement
+                raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
+        raise _Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
+
+    def _next_use(self, name: str, after: cst.SimpleStatementLine) -> tuple[cst.SimpleStatementLine, cst.Name]:
+        body = list(self.block)
+        for statement in body[body.index(after) + 1:]:
+            uses = [n for n in _names(statement) if n.value == name]
+            if not uses:
+                continue
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                raise _Refused(f"`{name}` is used in a compound statement; the rewrite keeps to plain ones")
+            targets = _assigned_names(statement)
+            reads = [n for n in uses if not (n.value in targets and _is_target(statement, n))]
+            if len(reads) != 1:
+                raise _Refused(f"`{name}` is used outside the attention (twice in one statement); the fused call "
+                               "does not give the probabilities back")
+            return statement, reads[0]
+        raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
+
+    def _check_names(self) -> None:
+        """The chain's variables are used nowhere else: the fused call does not give them back."""
+        chain = self.chain
+        inside = set()
+        for statement in chain.consumed:
+            inside.update(id(n) for n in _names(statement))
+        if chain.values_product is not None:
+            inside.update(id(n) for n in _names(chain.values_product))
+        for name in chain.names:
+            for node in _names(self.site.function):
+                if node.value == name and id(node) not in inside:
+                    raise _Refused(f"`{name}` is used outside the attention (returned or stored); the fused "
+                                   "call does not give the probabilities back")
+
+    def _check_inputs_unchanged(self) -> None:
+        """q, k, the mask and the scale are read where the values product is; they must not change before."""
+        chain = self.chain
+        body = list(self.block)
+        statements = [s for s in chain.consumed if s in body]
+        if not statements or chain.values_statement not in body:
+            return
+        first = min(body.index(s) for s in statements)
+        last = body.index(chain.values_statement)
+        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.dropout_p, *chain.factors,
+                                      *chain.divisors) if part is not None for n in _names(part)}
+        for statement in body[first:last]:
+            if statement in statements:
+                continue
+            changed = read & _assigned_names(statement)
+            if changed:
+                raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
+
+    def _call(self) -> cst.Call:
+        chain = self.chain
+        if chain.q is None or chain.v is None or chain.values_product is None:
+            raise _Refused("the scores or the values product could not be found")
+        arguments = [chain.q, chain.k, chain.v]
+        keywords: list[tuple[str, str]] = []
+        if chain.mask is not None:
+            if self._causal():
+                keywords.append(("is_causal", "True"))
+            else:
+                keywords.append(("attn_mask", _code(chain.mask)))
+        if chain.dropout_p is not None:
+            p = _code(chain.dropout_p)
+            keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
+        scale = _scale(chain, self.site.module)
+        if scale is not None:
+            keywords.append(("scale", scale))
+        inside = ", ".join([_code(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
+        callee = _callee(self.site.module)
+        if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
+            inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
+        return cst.parse_expression(f"{callee}({inside})")
+
+
+def _mask_before(scaled: bool) -> None:
+    if scaled:
+        raise _Refused("the scores are scaled after the mask, which the fused call cannot express; scale first")
+
+
+# -- helpers over libcst nodes ------------------------------------------------------------------------------
+
+def _code(node: cst.CSTNode) -> str:
+    return code_of(node).strip()
+
+
+def _is_namespace(node: cst.BaseExpression) -> bool:
+    text = _code(node)
+    return text in _FUNCTIONAL or text.endswith(".functional") or text == "torch.nn.functional"
+
+
+def _parts(call: cst.Call) -> tuple[str | None, cst.BaseExpression | None, list, dict]:
+    """(the called name, the receiver or None, positional arguments, keyword arguments)."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value, func.value, positional, keywords
+    if isinstance(func, cst.Name):
+        return func.value, None, positional, keywords
+    return None, None, positional, keywords
+
+
+def _operands(receiver, positional) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    if receiver is not None and not _is_namespace(receiver):
+        if len(positional) != 1:
+            raise _Refused("the scores product's operands could not be read")
+        return receiver, positional[0]
+    if len(positional) != 2:
+        raise _Refused("the scores product's operands could not be read")
+    return positional[0], positional[1]
+
+
+def _split_scale(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """(tensor, factor) of `a * b`: the factor is the side that is plainly a number or computed from shapes."""
+    if _scalar_like(node.left) and not _scalar_like(node.right):
+        return node.right, node.left
+    return node.left, node.right
+
+
+def _scalar_like(node: cst.BaseExpression) -> bool:
+    text = _code(node)
+    return isinstance(node, (cst.Integer, cst.Float)) or any(
+        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
+
+
+def _untransposed(key: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`k` from `k.transpose(-2, -1)`, `k.transpose(-1, -2)` or `k.mT`; None for anything else."""
+    if isinstance(key, cst.Attribute) and key.attr.value == "mT":
+        return key.value
+    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value == "transpose":
+        dims = sorted(_code(a.value) for a in key.args)
+        if dims == ["-1", "-2"]:
+            return key.func.value
+    return None
+
+
+def _transpose(node: cst.BaseExpression) -> cst.BaseExpression:
+    atom = node if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else \
+        node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.parse_expression(f"{_code(atom)}.transpose(-2, -1)")
+
+
+def _einsum_spec(positional) -> tuple[tuple[str, str], str] | None:
+    if len(positional) != 3 or not isinstance(positional[0], cst.SimpleString):
+        return None
+    spec = positional[0].evaluated_value
+    if not isinstance(spec, str) or "->" not in spec or "..." in spec:
+        return None
+    inputs, out = spec.replace(" ", "").split("->")
+    parts = inputs.split(",")
+    if len(parts) != 2 or min(len(parts[0]), len(parts[1])) < 2:
+        return None
+    return (parts[0], parts[1]), out
+
+
+def _values_spec(inputs: tuple[str, str], out: str) -> bool:
+    p, v = inputs
+    return p[:-2] == v[:-2] == out[:-2] and p[-1] == v[-2] and out[-2:] == p[-2] + v[-1] and \
+        len(set(p[-2:] + v[-1])) == 3
+
+
+def _very_negative(node: cst.BaseExpression) -> bool:
+    text = _code(node).replace(" ", "")
+    if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")):
+        return True
+    if text.startswith("-"):
+        try:
+            return float(text[1:]) >= 1e4
+        except ValueError:
+            return False
+    return False
+
+
+def _negated(condition: cst.BaseExpression) -> cst.BaseExpression:
+    """The positions that take part, given those a `masked_fill` fills."""
+    if isinstance(condition, cst.Comparison) and len(condition.comparisons) == 1:
+        comparison = condition.comparisons[0]
+        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(comparison.operator))
+        if flipped is not None:
+            operator = flipped(whitespace_before=comparison.operator.whitespace_before,
+                               whitespace_after=comparison.operator.whitespace_after)
+            return condition.with_changes(comparisons=[comparison.with_changes(operator=operator)], lpar=[], rpar=[])
+    if isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, cst.BitInvert):
+        return condition.expression
+    atom = condition if isinstance(condition, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else \
+        condition.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom)
+
+
+def _scale(chain: _Chain, module: cst.Module | None) -> str | None:
+    """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension)."""
+    factors = [_code(f) for f in chain.factors]
+    divisors = [_code(d) for d in chain.divisors]
+    heads = {_code(chain.q), _code(chain.k)} if chain.q is not None and chain.k is not None else set()
+    defaults = set()
+    for name in heads:
+        for size in (f"{name}.size(-1)", f"{name}.shape[-1]"):
+            defaults.update({f"1.0 / math.sqrt({size})", f"1 / math.sqrt({size})", f"{size} ** -0.5",
+                             f"(1.0 / math.sqrt({size}))", f"(1 / math.sqrt({size}))", f"{size}**-0.5"})
+            if not divisors or divisors == [f"math.sqrt({size})"]:
+                pass
+    if len(factors) == 1 and not divisors and factors[0] in defaults:
+        return None
+    if not factors and len(divisors) == 1 and any(divisors[0] == f"math.sqrt({n}.{s})" for n in heads
+                                                  for s in ("size(-1)", "shape[-1]")):
+        return None
+    if not factors and not divisors:
+        return "1.0"
+    numerator = " * ".join(_atom_text(f) for f in factors) if factors else "1"
+    if not divisors:
+        return numerator
+    return f"{numerator} / " + " / ".join(_atom_text(d) for d in divisors)
+
+
+def _atom_text(text: str) -> str:
+    try:
+        node = cst.parse_expression(text)
+    except cst.ParserSyntaxError:
+        return f"({text})"
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or node.lpar:
+        return text
+    return f"({text})"
+
+
+def _callee(module: cst.Module | None) -> str:
+    """How this module can name the fused call: its alias of torch.nn.functional, else through torch."""
+    if module is not None:
+        for statement in module.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        if _code(alias.name) == "torch.nn.functional" and alias.asname is not None:
+                            return f"{_code(alias.asname.name)}.scaled_dot_product_attention"
+                if isinstance(small, cst.ImportFrom) and small.module is not None and \
+                        _code(small.module) == "torch.nn" and not isinstance(small.names, cst.ImportStar):
+                    for alias in small.names:
+                        if _code(alias.name) == "functional":
+                            name = _code(alias.asname.name) if alias.asname is not None else "functional"
+                            return f"{name}.scaled_dot_product_attention"
+    return "torch.nn.functional.scaled_dot_product_attention"
+
+
+def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
+    """The statement list that holds the statement of `node`, and that statement."""
+    found: list = []
+
+    class _Finder(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.blocks: list = []
+
+        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
+            self.blocks.append(block)
+
+        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
+            self.blocks.pop()
+
+        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
+            if not found and _path_to(line, node) is not None:
+                found.append((self.blocks[-1].body if self.blocks else (), line))
+            return False
+
+    function.visit(_Finder())
+    if not found:
+        raise _Refused("the softmax is not in a plain statement of the function")
+    return found[0]
+
+
+def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode] | None:
+    """The nodes from `root` down to `target`, both included; None when `target` is not inside."""
+    if root is target:
+        return [root]
+    for child in root.children:
+        path = _path_to(child, target)
+        if path is not None:
+            return [root, *path]
+    return None
+
+
+def _names(node: cst.CSTNode) -> list[cst.Name]:
+    found = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)  # `self.mask`: `self` is a name read here, `mask` is not
+            return False
+
+        def visit_Arg(self, argument: cst.Arg) -> bool:
+            argument.value.visit(self)  # a keyword's name is not a variable
+            return False
+
+    node.visit(_Collector())
+    return found
+
+
+def _assigned_names(statement: cst.CSTNode) -> set[str]:
+    names = set()
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            names.update(n.value for n in _names(target.target) if _bare(target.target, n))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                names.add(node.target.value)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                names.add(node.target.value)
+
+        def visit_For(self, node: cst.For) -> None:
+            names.update(n.value for n in _names(node.target))
+
+    statement.visit(_Targets())
+    return names
+
+
+def _bare(target: cst.BaseExpression, name: cst.Name) -> bool:
+    """A name the assignment binds (`a`, `a, b`), not one it reads (`x[i]`, `self.y`)."""
+    if target is name:
+        return True
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return any(_bare(e.value, name) for e in target.elements)
+    return False
+
+
+def _is_target(statement: cst.SimpleStatementLine, name: cst.Name) -> bool:
+    small = statement.body[0]
+    return isinstance(small, cst.Assign) and any(_bare(t.target, name) for t in small.targets)
+
+
+def _self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseExpression]:
+    """What `self.<attribute>` is set to in the class: `self.x = ...` and `self.register_buffer("x", ...)`."""
+    found = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if _code(target.target) == f"self.{attribute}":
+                    found.append(node.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            name, receiver, positional, keywords = _parts(node)
+            if name == "register_buffer" and receiver is not None and _code(receiver) == "self" and \
+                    len(positional) >= 2 and isinstance(positional[0], cst.SimpleString) and \
+                    positional[0].evaluated_value == attribute:
+                found.append(positional[1])
+
+    classdef.visit(_Finder())
+    return found
