@@ -8,6 +8,7 @@ from torch import fx
 
 from graphlint.ops import CAST, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
+from graphlint.fix.library_calls import without_bias
 from graphlint.rule import Example, Problem, Rule
 
 # Spatial dimensions after the channel axis of each layer's output; a Linear's features are its last axis.
@@ -61,6 +62,13 @@ class BiasBeforeNorm(Rule):
             nn.ReLU(inplace=True),
         )
     """
+    fixes = """
+        `--fix` builds the layer with `bias=False` (or turns `bias=True` into `bias=False`). Removing the bias
+        removes `<layer>.bias` from the state dict, so existing checkpoints no longer load strictly and, in eval
+        mode, a BatchNorm's running mean no longer matches: the proof always refuses it, and only
+        `--unsafe-fixes` applies it, for code that has not been trained yet. Left alone: a bias passed by
+        position or through `*args`/`**kwargs`.
+    """
     bad_examples = (
         Example(
             title="VGG-style blocks in nn.Sequential, one of them already without the bias",
@@ -72,6 +80,35 @@ class BiasBeforeNorm(Rule):
                 def block(c_in, c_out):
                     return nn.Sequential(
                         nn.Conv2d(c_in, c_out, 3, padding=1),  # expect: GL105
+                        nn.BatchNorm2d(c_out),
+                        nn.ReLU(),
+                    )
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.features = nn.Sequential(block(3, 8), block(8, 8), nn.AdaptiveAvgPool2d(1))
+                        self.stem = nn.Conv2d(3, 3, 1, bias=False)
+                        self.stem_norm = nn.BatchNorm2d(3)
+                        self.head = nn.Linear(8, 4)
+
+                    def forward(self, x):
+                        x = self.stem_norm(self.stem(x))
+                        return self.head(self.features(x).flatten(1))
+
+
+                def make():
+                    return Net(), (torch.randn(2, 3, 8, 8),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+
+
+                def block(c_in, c_out):
+                    return nn.Sequential(
+                        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),  # expect: GL105
                         nn.BatchNorm2d(c_out),
                         nn.ReLU(),
                     )
@@ -108,6 +145,29 @@ class BiasBeforeNorm(Rule):
                         self.proj = nn.Linear(dim, dim)  # expect: GL105
                         self.norm = nn.BatchNorm1d(dim)
                         self.conv = nn.Conv1d(dim, dim, 3, padding=1)  # expect: GL105
+                        self.out = nn.Linear(dim, dim)
+
+                    def forward(self, x):
+                        h = torch.relu(self.norm(self.proj(x).transpose(1, 2)))
+                        h = F.instance_norm(self.conv(h))
+                        return self.out(torch.relu(h).transpose(1, 2))
+
+
+                def make():
+                    return Mixer(), (torch.randn(4, 8, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class Mixer(nn.Module):
+                    def __init__(self, dim=16):
+                        super().__init__()
+                        self.proj = nn.Linear(dim, dim, bias=False)  # expect: GL105
+                        self.norm = nn.BatchNorm1d(dim)
+                        self.conv = nn.Conv1d(dim, dim, 3, padding=1, bias=False)  # expect: GL105
                         self.out = nn.Linear(dim, dim)
 
                     def forward(self, x):
@@ -208,6 +268,7 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
                  "with bias=False."),
         related=((norm, f"the {norm_name} that cancels it"),),
         at_build_site=True,
+        fix=without_bias,
     )
 
 

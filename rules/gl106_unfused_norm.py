@@ -6,6 +6,7 @@ from torch import fx
 
 from graphlint.ops import arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
+from graphlint.fix.library_calls import library_norm
 from graphlint.rule import Example, Problem, Rule
 
 _MUL = frozenset({"mul", "multiply"})
@@ -50,6 +51,16 @@ class UnfusedNorm(Rule):
     instead = """
         self.norm = nn.RMSNorm(dim, eps=eps)          # torch >= 2.4; or F.rms_norm(x, (dim,), weight, eps)
         self.norm = nn.LayerNorm(dim, eps=eps)        # or F.layer_norm(x, (dim,), weight, bias, eps)
+    """
+    fixes = """
+        `--fix` replaces the body of a norm module's `forward(self, x)` with one call:
+        `F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)` or
+        `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module, its parameters
+        and so every checkpoint; the float32 up-cast goes (the library kernels accumulate in float32). The scale
+        and shift are the module's attributes that multiply and add; the epsilon is what the root adds to the
+        statistic. Left alone, with the reason: a norm written inside a larger forward, a forward with more than
+        one input or with compound statements, and scales or shifts that cannot be told apart. `F.rms_norm`
+        needs torch 2.4; on older torch the proof fails and nothing is written.
     """
     bad_examples = (
         Example(
@@ -96,12 +107,52 @@ class UnfusedNorm(Rule):
                 def make():
                     return Model(), (torch.randn(2, 8, 16),)
             ''',
+            fixed='''
+                import torch
+                from torch import nn
+
+
+                class RMSNorm(nn.Module):
+                    def __init__(self, dim, eps=1e-6):
+                        super().__init__()
+                        self.eps = eps
+                        self.weight = nn.Parameter(torch.ones(dim))
+
+                    def forward(self, x):
+                        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+                class Block(nn.Module):
+                    def __init__(self, dim=16):
+                        super().__init__()
+                        self.norm = RMSNorm(dim)
+                        self.fc = nn.Linear(dim, dim)
+
+                    def forward(self, x):
+                        return x + self.fc(self.norm(x))
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.layers = nn.ModuleList(Block() for _ in range(4))
+
+                    def forward(self, x):
+                        for layer in self.layers:
+                            x = layer(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 8, 16),)
+            ''',
         ),
         Example(
             title="a hand-written LayerNorm with a learned scale and shift",
             source='''
                 import torch
                 from torch import nn
+                import torch.nn.functional as F
 
 
                 class LayerNorm(nn.Module):
@@ -115,6 +166,36 @@ class UnfusedNorm(Rule):
                         mean = x.mean(-1, keepdim=True)
                         var = x.var(-1, keepdim=True, unbiased=False)
                         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias  # expect: GL106
+
+
+                class Encoder(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.norm = LayerNorm(16)
+
+                    def forward(self, x):
+                        return self.norm(torch.relu(self.fc(x)))
+
+
+                def make():
+                    return Encoder(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class LayerNorm(nn.Module):
+                    def __init__(self, dim, eps=1e-5):
+                        super().__init__()
+                        self.eps = eps
+                        self.weight = nn.Parameter(torch.ones(dim))
+                        self.bias = nn.Parameter(torch.zeros(dim))
+
+                    def forward(self, x):
+                        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # expect: GL106
 
 
                 class Encoder(nn.Module):
@@ -179,6 +260,7 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
+        fix=library_norm(kind),
     )
 
 

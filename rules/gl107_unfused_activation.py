@@ -6,6 +6,7 @@ import math
 
 from torch import fx
 
+from graphlint.fix.library_calls import activation_call
 from graphlint.ops import arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -56,6 +57,14 @@ class UnfusedActivation(Rule):
         h = F.gelu(self.fc1(x), approximate="tanh")
         gate = F.silu(h)          # or nn.SiLU(), nn.GELU(approximate="tanh"), nn.Mish()
     """
+    fixes = """
+        `--fix` replaces the formula by the library call, on the same input as written: `h * torch.sigmoid(h)`
+        becomes `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
+        `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` becomes `F.mish(h)`, and
+        `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`; a helper variable
+        that only fed the formula (`inner = ...`) is deleted. Left alone, with the reason: formulas whose input
+        is spelled differently in its two places, and a softmax spread over several statements.
+    """
     bad_examples = (
         Example(
             title="an MLP with a tanh GELU in every layer and a hand-written SiLU and Mish",
@@ -97,6 +106,43 @@ class UnfusedActivation(Rule):
                 def make():
                     return Model(), (torch.randn(2, 8, 16),)
             ''',
+            fixed='''
+                import math
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                def new_gelu(x):
+                    return F.gelu(x, approximate="tanh")  # expect: GL107
+
+
+                class MLP(nn.Module):
+                    def __init__(self, dim=16):
+                        super().__init__()
+                        self.up = nn.Linear(dim, 4 * dim)
+                        self.down = nn.Linear(4 * dim, dim)
+
+                    def forward(self, x):
+                        h = new_gelu(self.up(x))
+                        h = F.silu(h)  # expect: GL107
+                        return self.down(F.mish(h))  # expect: GL107
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.layers = nn.ModuleList(MLP() for _ in range(3))
+
+                    def forward(self, x):
+                        for layer in self.layers:
+                            x = x + layer(x)
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(2, 8, 16),)
+            ''',
         ),
         Example(
             title="an erf GELU and a softmax spelled out with exp",
@@ -115,6 +161,29 @@ class UnfusedActivation(Rule):
                     def forward(self, x):
                         h = self.fc(x)
                         h = h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0)))  # expect: GL107
+                        logits = self.out(h)
+                        e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
+                        return e / e.sum(dim=-1, keepdim=True)  # expect: GL107
+
+
+                def make():
+                    return Head(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import math
+                import torch
+                from torch import nn
+
+
+                class Head(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.out = nn.Linear(16, 5)
+
+                    def forward(self, x):
+                        h = self.fc(x)
+                        h = torch.nn.functional.gelu(h)  # expect: GL107
                         logits = self.out(h)
                         e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
                         return e / e.sum(dim=-1, keepdim=True)  # expect: GL107
@@ -169,6 +238,7 @@ class UnfusedActivation(Rule):
                         node=outer,
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel and saves less for backward."),
+                        fix=activation_call(library),
                     )
 
 

@@ -6,6 +6,7 @@ from torch import fx
 
 from graphlint.ops import CAST, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
+from graphlint.fix.library_calls import log_probabilities
 from graphlint.rule import Example, Problem, Rule
 
 _LOG = frozenset({"log", "log2", "log10"})
@@ -52,6 +53,14 @@ class UnstableLogSoftmax(Rule):
         log_probs = F.log_softmax(logits, dim=-1)
         loss = F.nll_loss(log_probs, y)
     """
+    fixes = """
+        `--fix` rewrites a log taken directly of the probabilities: `torch.log(F.softmax(x, dim=-1))` and
+        `F.softmax(x, -1).log()` become `F.log_softmax(x, dim=-1)`, `torch.log(torch.sigmoid(x))` becomes
+        `F.logsigmoid(x)` and `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`. Left alone, with the
+        reason: probabilities made in another statement or picked from before the log (`probs[rows, y].log()`),
+        where the log-probabilities have to be made where the logits are; a loss is usually better written
+        as `F.cross_entropy` there.
+    """
     bad_examples = (
         Example(
             title="a classifier that returns the log of its softmax",
@@ -68,6 +77,24 @@ class UnstableLogSoftmax(Rule):
 
                     def forward(self, x):
                         return torch.log(F.softmax(self.fc(x), dim=-1))  # expect: GL204
+
+
+                def make():
+                    return Classifier(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class Classifier(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 10)
+
+                    def forward(self, x):
+                        return F.log_softmax(self.fc(x), dim=-1)  # expect: GL204
 
 
                 def make():
@@ -208,4 +235,5 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:
         message=(f"{op(log)} of {what} in {{where}}{{occurrences}} is -inf, with NaN gradients, as soon as a "
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
+        fix=log_probabilities,
     )

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, code_of
+from graphlint.fix.rewrite import FixSite, Rewrite, code_of, functional_name, names_read
 
 _LONG_LINE = 80  # a longer call is written over three lines
 _CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
@@ -110,7 +110,7 @@ class _Rewriter:
         self._check_inputs_unchanged()
         call = self._call()
         return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {_callee(self.site.module)}(...)",
+                       f"hand-written attention → {functional_name(self.site.module, 'scaled_dot_product_attention')}(...)",
                        removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement))
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
@@ -429,7 +429,7 @@ class _Rewriter:
     def _next_use(self, name: str, after: cst.SimpleStatementLine) -> tuple[cst.SimpleStatementLine, cst.Name]:
         body = list(self.block)
         for statement in body[body.index(after) + 1:]:
-            uses = [n for n in _names(statement) if n.value == name]
+            uses = [n for n in names_read(statement) if n.value == name]
             if not uses:
                 continue
             if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -447,11 +447,11 @@ class _Rewriter:
         chain = self.chain
         inside = set()
         for statement in chain.consumed:
-            inside.update(id(n) for n in _names(statement))
+            inside.update(id(n) for n in names_read(statement))
         if chain.values_product is not None:
-            inside.update(id(n) for n in _names(chain.values_product))
+            inside.update(id(n) for n in names_read(chain.values_product))
         for name in chain.names:
-            for node in _names(self.site.function):
+            for node in names_read(self.site.function):
                 if node.value == name and id(node) not in inside:
                     raise _Refused(f"`{name}` is used outside the attention (returned or stored); the fused "
                                    "call does not give the probabilities back")
@@ -466,7 +466,7 @@ class _Rewriter:
         first = min(body.index(s) for s in statements)
         last = body.index(chain.values_statement)
         read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.dropout_p, *chain.factors,
-                                      *chain.divisors) if part is not None for n in _names(part)}
+                                      *chain.divisors) if part is not None for n in names_read(part)}
         for statement in body[first:last]:
             if statement in statements:
                 continue
@@ -492,7 +492,7 @@ class _Rewriter:
         if scale is not None:
             keywords.append(("scale", scale))
         inside = ", ".join([_code(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
-        callee = _callee(self.site.module)
+        callee = functional_name(self.site.module, "scaled_dot_product_attention")
         if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
             inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
         return cst.parse_expression(f"{callee}({inside})")
@@ -648,26 +648,6 @@ def _atom_text(text: str) -> str:
     return f"({text})"
 
 
-def _callee(module: cst.Module | None) -> str:
-    """How this module can name the fused call: its alias of torch.nn.functional, else through torch."""
-    if module is not None:
-        for statement in module.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
-            for small in statement.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        if _code(alias.name) == "torch.nn.functional" and alias.asname is not None:
-                            return f"{_code(alias.asname.name)}.scaled_dot_product_attention"
-                if isinstance(small, cst.ImportFrom) and small.module is not None and \
-                        _code(small.module) == "torch.nn" and not isinstance(small.names, cst.ImportStar):
-                    for alias in small.names:
-                        if _code(alias.name) == "functional":
-                            name = _code(alias.asname.name) if alias.asname is not None else "functional"
-                            return f"{name}.scaled_dot_product_attention"
-    return "torch.nn.functional.scaled_dot_product_attention"
-
-
 def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
     """The statement list that holds the statement of `node`, and that statement."""
     found: list = []
@@ -704,31 +684,12 @@ def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode] | None
     return None
 
 
-def _names(node: cst.CSTNode) -> list[cst.Name]:
-    found = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)  # `self.mask`: `self` is a name read here, `mask` is not
-            return False
-
-        def visit_Arg(self, argument: cst.Arg) -> bool:
-            argument.value.visit(self)  # a keyword's name is not a variable
-            return False
-
-    node.visit(_Collector())
-    return found
-
-
 def _assigned_names(statement: cst.CSTNode) -> set[str]:
     names = set()
 
     class _Targets(cst.CSTVisitor):
         def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
-            names.update(n.value for n in _names(target.target) if _bare(target.target, n))
+            names.update(n.value for n in names_read(target.target) if _bare(target.target, n))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             if isinstance(node.target, cst.Name):
@@ -739,7 +700,7 @@ def _assigned_names(statement: cst.CSTNode) -> set[str]:
                 names.add(node.target.value)
 
         def visit_For(self, node: cst.For) -> None:
-            names.update(n.value for n in _names(node.target))
+            names.update(n.value for n in names_read(node.target))
 
     statement.visit(_Targets())
     return names

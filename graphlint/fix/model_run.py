@@ -72,7 +72,7 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     args, kwargs = made.args, dict(made.kwargs or {})
     if record is not None:
-        model.load_state_dict(record["state"], strict=True)  # raises on any missing, extra or reshaped entry
+        _load_strictly(model, record["state"])
         args, kwargs = record["args"], record["kwargs"]
     model = model.double().eval()
     torch.manual_seed(1)
@@ -89,6 +89,23 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     return {"state": state, "args": args, "kwargs": kwargs, "outputs": outputs, "grads": grads,
             "backward_error": backward_error, "lowest": str(precision.lowest).removeprefix("torch.")}
+
+
+class StateDictChanged(Exception):
+    """The rewritten model's parameters and buffers are not the original's: checkpoints would not load."""
+
+
+def _load_strictly(model: torch.nn.Module, state: dict) -> None:
+    try:
+        incompatible = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # a reshaped entry
+        raise StateDictChanged(f"the state dict changes ({one_line(error).split(':', 1)[-1].strip()}), so existing "
+                               "checkpoints would not load") from None
+    changes = [f"{', '.join(keys[:3])} {what}" for keys, what in ((incompatible.missing_keys, "added"),
+                                                                   (incompatible.unexpected_keys, "removed")) if keys]
+    if changes:
+        raise StateDictChanged(f"the state dict changes ({'; '.join(changes)}), so existing checkpoints would "
+                               "not load strictly")
 
 
 def _differences(original: dict, rewritten: dict) -> str | None:
@@ -132,6 +149,8 @@ def main(argv: list[str]) -> int:
         try:
             rewritten = _run(target, Path(base), original)
             reason = _differences(original, rewritten)
+        except StateDictChanged as error:
+            reason = str(error)
         except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
             reason = f"the rewritten model fails: {one_line(error)}"
         Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or ""}), encoding="utf-8")

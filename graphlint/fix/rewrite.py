@@ -45,3 +45,66 @@ Fixer = Callable[[FixSite], "Rewrite | str"]
 def code_of(node: cst.CSTNode) -> str:
     """The source text of a libcst node, as it would be written in a module."""
     return cst.Module(body=[]).code_for_node(node)
+
+
+def functional_name(module: cst.Module | None, name: str) -> str:
+    """How `module` can call torch.nn.functional's `name`: through its alias of torch.nn.functional
+    (`import torch.nn.functional as F`, `from torch.nn import functional`), else through `torch.nn.functional`."""
+    for statement in module.body if module is not None else ():
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    if code_of(alias.name) == "torch.nn.functional" and alias.asname is not None:
+                        return f"{code_of(alias.asname.name)}.{name}"
+            if isinstance(small, cst.ImportFrom) and small.module is not None and \
+                    code_of(small.module) == "torch.nn" and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    if code_of(alias.name) == "functional":
+                        prefix = code_of(alias.asname.name) if alias.asname is not None else "functional"
+                        return f"{prefix}.{name}"
+    return f"torch.nn.functional.{name}"
+
+
+def names_read(node: cst.CSTNode) -> list[cst.Name]:
+    """The variable names in `node`: not attribute names (`mask` of `self.mask`) nor keyword names."""
+    found: list[cst.Name] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)
+            return False
+
+        def visit_Arg(self, argument: cst.Arg) -> bool:
+            argument.value.visit(self)
+            return False
+
+    node.visit(_Collector())
+    return found
+
+
+def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
+    """The statements `name = ...` of `function` whose only reader was `old` and that `new` no longer reads:
+    the `inner = ...` of a formula the rewrite replaced by one call."""
+    if function is None:
+        return ()
+    kept = {n.value for n in names_read(new)}
+    inside = {id(n) for n in names_read(old)}
+    candidates = {n.value for n in names_read(old)} - kept
+    removed = []
+    for statement in function.body.body:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            continue
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
+                not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
+            continue
+        name = small.targets[0].target
+        others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
+        if not others:
+            removed.append(statement)
+    return tuple(removed)

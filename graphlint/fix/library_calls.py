@@ -1,0 +1,269 @@
+"""Fixes that put a library call where a formula was written by hand (GL106 norms, GL107 activations, GL204
+log-probabilities) or change a layer's construction (GL105 `bias=False`).
+
+Each reads the expression the finding points at; what the formula computes was already established on the
+graph by the rule, so the rewrite only has to find the formula's input in the source. Whatever it writes is
+proven on the model before `--fix` writes it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.rewrite import FixSite, Rewrite, code_of, dead_definitions, functional_name
+
+
+def _code(node: cst.CSTNode) -> str:
+    return code_of(node).strip()
+
+
+def _called(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None, list[cst.BaseExpression], dict]:
+    """(the called name, its receiver, positional arguments, keyword arguments) of a call; Nones otherwise."""
+    if not isinstance(node, cst.Call):
+        return None, None, [], {}
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+    if isinstance(node.func, cst.Attribute):
+        return node.func.attr.value, node.func.value, positional, keywords
+    if isinstance(node.func, cst.Name):
+        return node.func.value, None, positional, keywords
+    return None, None, positional, keywords
+
+
+def _namespace(node: cst.BaseExpression | None) -> bool:
+    if node is None:
+        return True
+    text = _code(node)
+    return text in ("torch", "F", "functional", "torch.special") or text.endswith(".functional")
+
+
+def _input_of(node: cst.CSTNode, names: tuple[str, ...]) -> cst.BaseExpression | None:
+    """`x` of `torch.<name>(x)`, `F.<name>(x)` or `x.<name>()`, for one of `names`."""
+    name, receiver, positional, _ = _called(node)
+    if name not in names:
+        return None
+    if _namespace(receiver):
+        return positional[0] if positional else None
+    return receiver
+
+
+def _is_number(node: cst.BaseExpression, value: float | None = None) -> bool:
+    try:
+        number = float(_code(node))
+    except ValueError:
+        return False
+    return value is None or number == value
+
+
+# -- GL107 ----------------------------------------------------------------------------------------------------
+
+def activation_call(library: str):
+    """The fixer for one GL107 formula; `library` is the rule's name for the exact call ("F.silu(x)", ...)."""
+
+    def fix(site: FixSite) -> Rewrite | str:
+        node = site.node
+        x = _formula_input(node, library)
+        if isinstance(x, str):
+            return x
+        if library == "torch.softmax(x, dim)":
+            x, dim = x
+            new = cst.parse_expression(f"torch.softmax({_code(x)}, {_code(dim)})")
+        else:
+            name = library.split("(")[0].removeprefix("F.")
+            extra = ', approximate="tanh"' if "tanh" in library else ""
+            new = cst.parse_expression(f"{functional_name(site.module, name)}({_code(x)}{extra})")
+        return Rewrite(node, new, f"{_code(node)} → {code_of(new)}",
+                       removed=dead_definitions(site.function, node, new))
+
+    return fix
+
+
+def _formula_input(node: cst.CSTNode, library: str):
+    """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read."""
+    if not isinstance(node, cst.BinaryOperation):
+        return "the formula is not one expression graphlint can rewrite"
+    if library == "torch.softmax(x, dim)":
+        top = _input_of(node.left, ("exp",))
+        name, receiver, positional, keywords = _called(node.right)
+        if top is None or name != "sum" or receiver is None or _code(receiver) != _code(node.left) or \
+                len(positional) != 1 or not isinstance(node.operator, cst.Divide):
+            return "the exponentials are not divided by their own sum in one expression"
+        return top, positional[0]
+    factors = _factors(node)
+    if library in ("F.silu(x)", "F.mish(x)"):
+        inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
+        for index, factor in enumerate(factors):
+            argument = _input_of(factor, inner)
+            if argument is None:
+                continue
+            if library == "F.mish(x)":
+                argument = _input_of(argument, ("softplus",))
+            others = factors[:index] + factors[index + 1:]
+            if argument is not None and len(others) == 1 and _code(others[0]) == _code(argument):
+                return argument
+        return "the formula's input is not written the same way on both sides"
+    # GELU: 0.5 * x * (1 + core), in any order of the three factors.
+    candidates = [f for f in factors if not _is_number(f) and not isinstance(f, cst.BinaryOperation)]
+    if len(factors) == 3 and len(candidates) == 1:
+        return candidates[0]
+    return "the formula's input could not be told apart from its constants"
+
+
+def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of a product, flattened: `0.5 * x * (1 + t)` is [0.5, x, (1 + t)]."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply) and not node.lpar:
+        return _factors(node.left) + _factors(node.right)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        return _factors(node.with_changes(lpar=[], rpar=[]))
+    return [node]
+
+
+# -- GL204 ----------------------------------------------------------------------------------------------------
+
+def log_probabilities(site: FixSite) -> Rewrite | str:
+    """`log(softmax(x, dim))` → `F.log_softmax(x, dim)`; `log(sigmoid(x))` → `F.logsigmoid(x)`;
+    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log."""
+    node = site.node
+    inside = _input_of(node, ("log",))
+    if inside is None:
+        return "the log is not a call graphlint can rewrite"
+    name, receiver, positional, keywords = _called(inside)
+    if name == "softmax":
+        x = positional[0] if _namespace(receiver) and positional else receiver
+        rest = [a for a in inside.args if a.value is not x]
+        if x is None or any(a.keyword is not None and a.keyword.value == "dtype" for a in inside.args):
+            return "the softmax's arguments could not be read"
+        arguments = ", ".join([_code(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
+        new = cst.parse_expression(f"{functional_name(site.module, 'log_softmax')}({arguments})")
+    elif name == "sigmoid":
+        x = _input_of(inside, ("sigmoid",))
+        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}({_code(x)})")
+    elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Subtract) and \
+            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",)) is not None:
+        x = _input_of(inside.right, ("sigmoid",))
+        negated = _code(x) if isinstance(x, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else f"({_code(x)})"
+        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}(-{negated})")
+    else:
+        return ("the probabilities are computed in another statement or picked from first; take the log of "
+                "the logits with F.log_softmax / F.logsigmoid where they are made")
+    return Rewrite(node, new, f"{_code(node)} → {code_of(new)}")
+
+
+# -- GL106 ----------------------------------------------------------------------------------------------------
+
+def library_norm(kind: str):
+    """The fixer for a hand-written LayerNorm or RMSNorm module: its whole `forward` becomes the one call."""
+
+    def fix(site: FixSite) -> Rewrite | str:
+        function = site.function
+        if function is None or function.name.value != "forward" or site.classdef is None:
+            return "the norm is not the whole forward of a module; replace it with nn.LayerNorm or nn.RMSNorm"
+        parameters = [p.name.value for p in function.params.params]
+        if len(parameters) != 2 or parameters[0] != "self":
+            return "the module's forward takes more than one input"
+        x = parameters[1]
+        eps = _eps(site.node)
+        if eps is None:
+            return "the epsilon could not be read from the normalising step"
+        weights = _self_attributes(function, exclude=_code(eps))
+        added = {_code(n) for n in _added_attributes(function)}
+        scale = [w for w in weights if w not in added]
+        shift = [w for w in weights if w in added]
+        if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
+            return "the norm's learned scale and shift could not be told apart"
+        weight = scale[0] if scale else "None"
+        if kind == "RMSNorm":
+            call = f"{functional_name(site.module, 'rms_norm')}({x}, ({x}.shape[-1],), {weight}, {_code(eps)})"
+        else:
+            bias = shift[0] if shift else "None"
+            call = f"{functional_name(site.module, 'layer_norm')}({x}, ({x}.shape[-1],), {weight}, {bias}, {_code(eps)})"
+        statements = list(function.body.body)
+        if statements and _is_docstring(statements[0]):
+            statements = statements[1:]
+        last = statements[-1] if statements else None
+        if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
+                not isinstance(last.body[0], cst.Return):
+            return "the module's forward does more than plain statements ending in a return"
+        new = cst.Return(value=cst.parse_expression(call))
+        return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]))
+
+    return fix
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr) and \
+        isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
+    """`self.eps` of `torch.rsqrt(variance + self.eps)` or `torch.sqrt(var + 1e-5)` in the normalising step."""
+    calls: list[cst.Call] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if _called(node)[0] in ("rsqrt", "sqrt"):
+                calls.append(node)
+
+    step.visit(_Visitor())
+    if len(calls) != 1:
+        return None
+    inside = _input_of(calls[0], ("rsqrt", "sqrt"))
+    if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
+        return None
+    for side in (inside.right, inside.left):
+        if _is_number(side) or (isinstance(side, cst.Attribute) and _code(side.value) == "self"):
+            return side
+    return None
+
+
+def _self_attributes(function: cst.FunctionDef, exclude: str) -> list[str]:
+    found: list[str] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            text = _code(node)
+            if _code(node.value) == "self" and text != exclude and text not in found:
+                found.append(text)
+            return True
+
+    function.body.visit(_Visitor())
+    return found
+
+
+def _added_attributes(function: cst.FunctionDef) -> list[cst.Attribute]:
+    found: list[cst.Attribute] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            if isinstance(node.operator, cst.Add):
+                found.extend(s for s in (node.left, node.right)
+                             if isinstance(s, cst.Attribute) and _code(s.value) == "self")
+
+    function.body.visit(_Visitor())
+    return found
+
+
+# -- GL105 ----------------------------------------------------------------------------------------------------
+
+def without_bias(site: FixSite) -> Rewrite | str:
+    """`bias=False` on the layer's construction call."""
+    node = site.node
+    if not isinstance(node, cst.Call):
+        return "the layer is not built by a call on this line"
+    args = list(node.args)
+    for index, argument in enumerate(args):
+        if argument.keyword is not None and argument.keyword.value == "bias":
+            args[index] = argument.with_changes(value=cst.Name("False"))
+            break
+    else:
+        if any(a.star for a in args):
+            return "the layer is built with *args or **kwargs, which may already pass bias"
+        if len([a for a in args if a.keyword is None]) >= (3 if _called(node)[0] == "Linear" else 8):
+            return "bias is passed by position"
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(value=cst.Name("False"), keyword=cst.Name("bias"),
+                            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                  whitespace_after=cst.SimpleWhitespace(""))))
+    new = node.with_changes(args=args)
+    return Rewrite(node, new, f"{_code(node)} → {code_of(new)}")
