@@ -75,7 +75,8 @@ def test_a_bad_target_is_one_clear_line_and_the_others_still_run(bad_run, target
     assert "Traceback" not in text.stderr
     assert text.stdout.startswith(f"good.py:{line_of(folder / 'good.py', 'torch.softmax')}:")  # still reported
     assert text.stdout.splitlines()[-1] == (f"Found 1 finding in {len(ERRORS) + 1} targets; "
-                                            f"{len(ERRORS)} targets could not be linted.")
+                                            f"{len(ERRORS)} targets could not be linted; [*] 1 with a fix "
+                                            "(graphlint check --fix proves and applies it).")
 
 
 def test_sarif_is_still_written_valid_with_every_failure_recorded(bad_run):

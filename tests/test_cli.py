@@ -42,6 +42,8 @@ def make():
     return Attention(), (torch.randn(2, 8, 16),)
 '''
 
+FIXABLE = "[*] 1 with a fix (graphlint check --fix proves and applies it)"
+
 
 def test_the_shipped_example_reports_gl101_at_the_softmax_line():
     result = run_graphlint("check", "examples/attention/model.py:make_model", cwd=REPO)
@@ -50,7 +52,7 @@ def test_the_shipped_example_reports_gl101_at_the_softmax_line():
     softmax_line = line_of(EXAMPLE, "F.softmax(scores")
     assert re.fullmatch(rf"examples/attention/model\.py:{softmax_line}:\d+: GL101 Hand-written softmax attention .*"
                         r"blocks\.0\.attn … blocks\.3\.attn \(4 occurrences\).*", lines[0])
-    assert lines[-1] == "Found 1 finding in 1 target."
+    assert lines[-1] == f"Found 1 finding in 1 target; {FIXABLE}."  # the SDPA rewrite
     assert "Traceback" not in result.stderr
 
 
@@ -132,7 +134,7 @@ def test_targets_come_from_pyproject_also_from_a_subfolder(tmp_path):
     (tmp_path / "docs").mkdir()
     result = run_graphlint("check", cwd=tmp_path / "docs")
     assert result.returncode == 1, result.stderr
-    assert result.stdout.splitlines()[-1] == "Found 1 finding in 2 targets."
+    assert result.stdout.splitlines()[-1] == f"Found 1 finding in 2 targets; {FIXABLE}."
     assert "models/model.py" in result.stdout
 
 

@@ -35,7 +35,7 @@ def test_github_annotations_carry_file_span_title_and_level(tmp_path, monkeypatc
         loc = finding.location
         assert (int(start), int(end), int(column), int(end_column)) == (loc.line, loc.end_line, loc.column, loc.end_column)
         assert message == escape_message(finding.message)
-    assert lines[-1] == "Found 6 findings in 1 target; [*] 1 with a fix (graphlint check --fix proves and applies it)."
+    assert lines[-1] == "Found 6 findings in 1 target; [*] 2 with a fix (graphlint check --fix proves and applies it)."
 
 
 def test_github_annotations_escape_paths_and_messages():

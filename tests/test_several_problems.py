@@ -68,7 +68,7 @@ def test_the_command_reports_them_all_in_text_and_sarif(project_dir):
     lines = text.stdout.splitlines()
     reported = {(line.split(" ")[1], int(line.split(":")[1])) for line in lines[:-1]}
     assert reported == expected()
-    fixable = "[*] 1 with a fix (graphlint check --fix proves and applies it)"  # the inplace Dropout
+    fixable = "[*] 2 with a fix (graphlint check --fix proves and applies it)"  # the inplace Dropout, the attention
     assert lines[-1] == f"Found {len(expected())} findings in 1 target; {fixable}."
 
     sarif = run_graphlint("check", "messy.py:make", "--format", "sarif", cwd=project_dir)

@@ -390,6 +390,11 @@ class _Rewriter:
         if built is None:
             return False
         text = _code(built).replace(" ", "")
+        root = _root_name(built)
+        if root is not None and "tril(" not in text and "triu(" not in text and self.site.classdef is not None:
+            made = _local_assignments(self.site.classdef, root)  # `causal = torch.tril(...)`, then the buffer
+            if len(made) == 1:
+                text += _code(made[0]).replace(" ", "")
         if "ones" not in text:
             return False
         if "tril(" in text and "diagonal" not in text and text.count("tril(") == 1:
@@ -587,7 +592,8 @@ def _values_spec(inputs: tuple[str, str], out: str) -> bool:
 
 def _very_negative(node: cst.BaseExpression) -> bool:
     text = _code(node).replace(" ", "")
-    if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")):
+    if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")) \
+            or (text.startswith("-torch.finfo(") and text.endswith(").max")):
         return True
     if text.startswith("-"):
         try:
@@ -718,6 +724,32 @@ def _bare(target: cst.BaseExpression, name: cst.Name) -> bool:
 def _is_target(statement: cst.SimpleStatementLine, name: cst.Name) -> bool:
     small = statement.body[0]
     return isinstance(small, cst.Assign) and any(_bare(t.target, name) for t in small.targets)
+
+
+def _root_name(node: cst.BaseExpression) -> str | None:
+    """`causal` of `causal.view(1, 1, n, n).bool()`."""
+    while True:
+        if isinstance(node, cst.Name):
+            return node.value
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        else:
+            return None
+
+
+def _local_assignments(classdef: cst.ClassDef, name: str) -> list[cst.BaseExpression]:
+    """What the plain variable `name` is set to anywhere in the class's methods."""
+    found = []
+
+    class _Finder(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
+                found.append(node.value)
+
+    classdef.visit(_Finder())
+    return found
 
 
 def _self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseExpression]:
