@@ -21,6 +21,7 @@ from graphlint.run.parent import WarmParent
 
 @dataclass
 class _Child:
+    key: object  # what the caller knows the child by: the target, unless it said otherwise
     target: str
     process: object
     connection: object
@@ -42,15 +43,17 @@ class Children:
     def __len__(self) -> int:
         return len(self.running)
 
-    def start(self, target: str, request: dict, timeout: float | None = None) -> None:
-        """Start a child that lints `target`; `timeout` overrides the default limit for this one."""
+    def start(self, target: str, request: dict, timeout: float | None = None, key: object = None) -> None:
+        """Start a child that lints `target`, known as `key` (default: the target); `timeout` overrides the
+        default limit for this one."""
         process, connection = self.parent.start(request)
-        self.running.append(_Child(target, process, connection, time.monotonic(),
+        self.running.append(_Child(target if key is None else key, target, process, connection, time.monotonic(),
                                    self.timeout if timeout is None else timeout))
 
     def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[str, TargetResult]]:
         """Wait until a child finishes, its time runs out, one of the `also` handles is ready, or `limit`
-        seconds pass; the targets that finished, with their results, in the order they were started."""
+        seconds pass; the keys of the children that finished, with their results, in the order they were
+        started."""
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
@@ -75,12 +78,12 @@ class Children:
                 self.running.remove(child)
                 child.connection.close()
                 self.parent.preload(child.imported)
-                done.append((child.target, child.result or _failed(child, _died(child))))
+                done.append((child.key, child.result or _failed(child, _died(child))))
         return done
 
-    def kill(self, target: str) -> bool:
-        """Stop the child that lints `target`, if one does (its result is no longer wanted)."""
-        found = [child for child in self.running if child.target == target]
+    def kill(self, key: object) -> bool:
+        """Stop the child known as `key`, if one runs (its result is no longer wanted)."""
+        found = [child for child in self.running if child.key == key]
         for child in found:
             self._end(child)
         return bool(found)
