@@ -19,15 +19,24 @@ class SourceColumns:
         self._lines: dict[str, list[str]] = {}
 
     def convert(self, path: str, line: int, column: int) -> int:
-        lines = self._lines.get(path)
-        if lines is None:
-            text = read_source(path)
-            lines = self._lines[path] = split_lines(text) if text is not None else []
+        lines = self._read(path)
         if not 1 <= line <= len(lines):
             return column
         prefix = lines[line - 1][: column - 1]
         # A column past the end of the line (the line break itself) counts one unit per missing character.
         return self.width(prefix) + 1 + max(0, column - 1 - len(prefix))
+
+    def line_length(self, path: str, line: int) -> int:
+        """The code points of a line, without its line break (0 for a line the file does not have)."""
+        lines = self._read(path)
+        return len(lines[line - 1]) if 1 <= line <= len(lines) else 0
+
+    def _read(self, path: str) -> list[str]:
+        lines = self._lines.get(path)
+        if lines is None:
+            text = read_source(path)
+            lines = self._lines[path] = split_lines(text) if text is not None else []
+        return lines
 
     def width(self, text: str) -> int:
         """How many units `text` counts."""
