@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +21,6 @@ from lsprotocol import types
 from pytest_lsp import client_capabilities, make_test_lsp_client
 
 from conftest import line_of, write
-
-pytestmark = [pytest.mark.cli]
 
 # Long enough for a cold server on a loaded machine; a safety net, not a measure of speed.
 PATIENCE = 180
@@ -195,6 +197,7 @@ async def a_child_of(client) -> int:
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_columns(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -219,6 +222,7 @@ async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_col
     assert client.messages == []
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -229,6 +233,7 @@ async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_pa
     assert diagnostic.range.start.character == len(text[:text.index("F.softmax")].encode("utf-8"))
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_brings_it_back(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -242,6 +247,7 @@ async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_bring
     assert diagnostic.range.start.line == line_of(model, "F.softmax") - 1
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps_serving(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -258,6 +264,7 @@ async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps
     await diagnostics_until(client, model, has("GL101"))
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("setup", "expected"), [
     ("import os; os._exit(3)\n    ", "exited with code 3"),
@@ -274,6 +281,7 @@ async def test_a_target_that_crashes_hangs_or_raises_is_one_diagnostic_that_says
     await diagnostics_until(client, model, has("GL101"))
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 @linux_only
 async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp_path):
@@ -286,6 +294,7 @@ async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp
     assert not alive(hanging)
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(servers, tmp_path):
     model = project_with(tmp_path, GATE)
@@ -306,6 +315,7 @@ async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(serve
     assert lines[line] == "        gate = gate * 2"
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(servers, tmp_path):
     model = project_with(tmp_path, GATE)
@@ -321,6 +331,7 @@ async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(serv
     assert actions is None
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_hovering_a_diagnostic_shows_its_rules_documentation(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -342,6 +353,7 @@ GATED = UNFUSED + """
         y *= 2"""
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_command_line(servers, tmp_path):
     model = project_with(tmp_path, attention(GATED.replace("y *= 2", "y *= 2  # graphlint: ignore[GL201]")),
@@ -358,6 +370,7 @@ async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_comm
     assert codes(await diagnostics_until(client, legacy, has("GL201"))) == ["GL201"]  # GL101 ignored there
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_files_of_no_target_get_nothing(servers, tmp_path):
     model = project_with(tmp_path, attention())
@@ -372,6 +385,7 @@ async def test_files_of_no_target_get_nothing(servers, tmp_path):
     assert helpers.as_uri() not in client.diagnostics
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_baselined_findings_are_not_shown(servers, tmp_path):
     model = project_with(tmp_path, attention(GATED))
@@ -387,6 +401,7 @@ async def test_baselined_findings_are_not_shown(servers, tmp_path):
     assert codes(await diagnostics_until(client, model, lambda d: codes(d) == ["GL201"])) == ["GL201"]
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibling_lints_again(servers, tmp_path):
     write(tmp_path, "layers.py", attention())
@@ -399,6 +414,7 @@ async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibli
     await diagnostics_until(client, layers, lambda d: not d)
 
 
+@pytest.mark.cli
 @pytest.mark.asyncio
 @linux_only
 async def test_shutdown_and_exit_end_the_server_and_its_children(tmp_path):
@@ -414,6 +430,7 @@ async def test_shutdown_and_exit_end_the_server_and_its_children(tmp_path):
         await client.stop()
 
 
+@pytest.mark.cli
 def test_without_pygls_the_command_says_which_extra_to_install(tmp_path):
     blocker = write(tmp_path / "blocker", "pygls.py", 'raise ModuleNotFoundError("No module named \'pygls\'", name="pygls")\n')
     completed = subprocess.run(
@@ -423,3 +440,109 @@ def test_without_pygls_the_command_says_which_extra_to_install(tmp_path):
     assert completed.returncode == 2
     assert completed.stderr == "graphlint server needs the server extra: pip install 'torch-graphlint[server]'\n"
     assert completed.stdout == ""
+
+
+class StrictClient:
+    """A client that reads the server's stdout byte by byte as the protocol frames it, and fails on anything else
+    (pygls' own reader skips stray lines; editors such as VS Code do not)."""
+
+    HEADER = re.compile(rb"(Content-Length: \d+|Content-Type: [^\r\n]+)\r\n")
+
+    def __init__(self, folder: Path, env: dict) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "graphlint", "server"], cwd=folder, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.received: queue.Queue = queue.Queue()
+        self.stderr = b""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._id = 0
+
+    def send(self, method: str, params, request: bool = False) -> None:
+        message = {"jsonrpc": "2.0", "method": method, "params": params}
+        if request:
+            self._id += 1
+            message["id"] = self._id
+        body = json.dumps(message).encode()
+        self.process.stdin.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.process.stdin.flush()
+
+    def next_message(self, wanted) -> dict:
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            message = self.received.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert not isinstance(message, bytes), f"stdout carried something else than the protocol: {message!r}"
+            if wanted(message):
+                return message
+
+    def _read(self) -> None:
+        stream = self.process.stdout
+        while True:
+            length = None
+            while (line := stream.readline()) != b"\r\n":
+                if not line:
+                    return
+                if not self.HEADER.fullmatch(line):
+                    self.received.put(line)
+                    return
+                if line.startswith(b"Content-Length"):
+                    length = int(line.split(b":")[1])
+            self.received.put(json.loads(stream.read(length)))
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr += line
+
+
+@pytest.mark.cli
+def test_what_libraries_print_in_the_server_process_never_reaches_the_protocol(tmp_path):
+    # An installed library that prints at import, from Python and from its file descriptor: the warm parent
+    # imports it after a child did, so that later children inherit it.
+    site = tmp_path / "env" / "site-packages"
+    write(site / "noisy", "__init__.py", 'import os\nprint("noise from print")\nos.write(1, b"noise from fd 1\\n")\n')
+    folder = tmp_path / "project"
+    model = project_with(folder, "import noisy  # noqa: F401\n" + attention())
+    client = StrictClient(folder, {**os.environ, "PYTHONPATH": str(site), "PYTHONWARNINGS": "ignore"})
+    try:
+        client.send("initialize", {"processId": os.getpid(), "rootUri": folder.as_uri(), "capabilities": {}}, True)
+        client.next_message(lambda m: m.get("id") == 1)
+        client.send("initialized", {})
+        client.send("textDocument/didOpen", {"textDocument": {"uri": model.as_uri(), "languageId": "python",
+                                                             "version": 1, "text": model.read_text()}})
+
+        def gl101(message) -> bool:
+            return message.get("method") == "textDocument/publishDiagnostics" and \
+                [d["code"] for d in message["params"]["diagnostics"]] == ["GL101"]
+
+        client.next_message(gl101)  # the first child imported noisy, and so did the server process after it
+        model.write_text(model.read_text() + "\n")
+        client.send("textDocument/didSave", {"textDocument": {"uri": model.as_uri()}})
+        client.next_message(gl101)
+        client.send("shutdown", None, True)
+        client.next_message(lambda m: m.get("id") == 2)
+        client.send("exit", None)
+        assert client.process.wait(PATIENCE) == 0
+    finally:
+        client.process.kill()
+    assert client.received.empty()
+    assert client.stderr.count(b"noise from print") >= 2 and client.stderr.count(b"noise from fd 1") >= 2
+
+
+def test_columns_count_in_the_unit_the_client_chose(tmp_path):
+    from graphlint.report.columns import SourceColumns
+
+    path = str(write(tmp_path, "m.py", 'x = "😀ï"; y = 1\n'))
+    column = 'x = "😀ï"; y = 1'.index("y") + 1  # graphlint's 1-based code-point column
+    assert [SourceColumns(unit).convert(path, 1, column) for unit in ("utf-32", "utf-16", "utf-8")] == [
+        column, column + 1, column + 3 + 1]  # the emoji is 2 UTF-16 units, 4 UTF-8 bytes; ï is 2 bytes
+
+
+def test_a_failure_is_placed_where_its_message_says_else_on_the_targets_first_line(tmp_path):
+    from graphlint.results import TargetError
+    from graphlint.server.diagnostics import error_place
+
+    model = str(write(tmp_path, "model.py", "def make():\n    raise ValueError\n"))
+    raised = TargetError("model.py:make", "the factory raised ValueError (at model.py:2)")
+    assert error_place(raised, model, str(tmp_path)) == (model, 2)
+    crashed = TargetError("model.py:make", "its process exited with code 3 during the factory")
+    assert error_place(crashed, model, str(tmp_path)) == (model, 1)
+    assert error_place(TargetError("pkg.models:make", "cannot import module 'pkg'"), None, str(tmp_path)) is None
