@@ -5,7 +5,7 @@ A file event re-lints the targets it affects: a target whose inputs did not chan
 cache; the others run in fresh children of the warm parent, at most `jobs` at a time, and a newer save of a
 target still being linted kills the older child. Whenever targets of a project finish, the project's report is
 made again (the policy stage across its targets) and every file that has diagnostics, or had them, is
-published.
+published. The warm parent warms up (imports torch) in a thread of its own once a project with targets is met.
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ class Linter:
         self._shown: dict[Path, dict[str, list[Shown]]] = {}  # per project: what it published, per file
 
     def start(self, close_in_children: tuple[int, ...] = ()) -> None:
-        """Start warming the parent up and the thread; children close the file descriptors given."""
+        """Start the thread; children close the file descriptors given."""
         self._close_in_children = close_in_children
-        self._warming.start()
         self._thread.start()
 
     def opened(self, path: str) -> None:
@@ -132,6 +131,10 @@ class Linter:
         except GraphlintError as error:
             self.tell(ERROR, f"graphlint: {error}")
             return
+        if own is not None and self._warming.ident is None:
+            # The first project with targets: torch is imported now, while the cache answers what it can (an
+            # editor may start the server in every Python folder, most without targets).
+            self._warming.start()
         first = own is not None and not own.results and not any(p is own for p in self._waiting.values()) \
             and not any(p is own for p in self._running.values())
         touched = [(own, target) for target in own.targets] if first else []
@@ -234,6 +237,8 @@ class Linter:
     def _warm_children(self):
         """The children of the warm parent, once it is warm; None if it could not start."""
         if self._children is None:
+            if self._warming.ident is None:
+                self._warming.start()
             self._warming.join()
             if self._parent is None:
                 return None
