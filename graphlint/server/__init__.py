@@ -49,8 +49,12 @@ class GraphlintServer(LanguageServer):
     def _from_linter(self, handler):
         """`handler` run on the event loop's thread, which alone talks to the client."""
         def call(*args) -> None:
-            if self._loop is not None and not self._loop.is_closed():
+            if self._loop is None:
+                return
+            try:
                 self._loop.call_soon_threadsafe(handler, *args)
+            except RuntimeError:
+                pass  # the loop has closed: the server is ending and the client gone
         return call
 
     def _publish(self, files: dict[str, list[Shown]]) -> None:
