@@ -3,6 +3,7 @@
     python benchmarks/run.py              # every scenario, 5 repeats
     python benchmarks/run.py --repeat 9 --quick
     python benchmarks/run.py --only many  # the many-targets scenario alone
+    python benchmarks/run.py --only server  # the language server alone (benchmarks/server.py)
 
 For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
 so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
@@ -14,6 +15,9 @@ The many-targets scenario measures whole runs over 12 small targets (each in its
 `layers.py`) at -j 1 and -j 2, and over 6 `transformers` models, against one cold target of each kind in the
 same run. Its memory is the peak of the whole process tree's proportional set size (PSS, sampled every 20 ms):
 pages a forked child shares with the warm parent count once, split between them, not once per process.
+
+The server scenario (benchmarks/server.py) times `graphlint server` from opening the GPT-2-small shape to its
+first diagnostics, and from saving a change to the new diagnostics, against a cold `graphlint check` of it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from library_file import write_scenario  # noqa: E402  (beside this script)
 from many_targets import write_small_targets, write_transformers_targets  # noqa: E402
+import server  # noqa: E402
 
 MODELS = HERE / "models.py"
 PYTHON = sys.executable
@@ -150,12 +155,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the 7B target and the size sweep")
-    parser.add_argument("--only", choices=("many",), help="run only this scenario")
+    parser.add_argument("--only", choices=("many", "server"), help="run only this scenario")
     options = parser.parse_args()
     print(f"graphlint benchmark, {date.today()}, {platform.machine()} {platform.processor() or ''} "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, median of {options.repeat}")
     if options.only == "many":
         many_targets(options.repeat)
+        return
+    if options.only == "server":
+        server.measure(options.repeat)
         return
     targets = {"gpt2-small (12 x 768, batch 2, seq 128)": "gpt2_small"}
     if not options.quick:
@@ -197,6 +205,7 @@ def main() -> None:
         wall, memory = run({"cached": graphlint(target, Path(cache))}, options.repeat)["cached"]
         print(f"\ngraphlint re-run with nothing changed (result cache): {wall:.2f} s, {memory:.0f} MiB")
     many_targets(options.repeat)
+    server.measure(options.repeat)
 
 
 if __name__ == "__main__":

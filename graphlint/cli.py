@@ -4,6 +4,7 @@
     graphlint graph [TARGET]         report one target's autograd graph (text, JSON, DOT or SVG)
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
+    graphlint server                 a Language Server on stdio, for editors (needs the server extra)
 
 `check --fix` applies the fixes graphlint proved on the model, `--diff` shows them, `--unsafe-fixes` adds the
 unproven ones (graphlint.fix).
@@ -100,6 +101,23 @@ def _parser() -> argparse.ArgumentParser:
                          help="markdown writes the full rule reference (docs/rules.md)")
     one = commands.add_parser("rule", help="show one rule's documentation", description="Show a rule's documentation.")
     one.add_argument("rule_id", metavar="RULE", help="a rule ID, such as GL101")
+
+    server = commands.add_parser(
+        "server", help="run the Language Server on stdio (for editors)",
+        description="A Language Server on stdin and stdout: diagnostics for the [tool.graphlint] targets of the "
+                    "project of each opened or saved file, quick fixes and rule documentation. Needs the server "
+                    "extra: pip install 'torch-graphlint[server]'.",
+    )
+    server.add_argument("--device", choices=DEVICES, default=None, help="as for check")
+    server.add_argument("--baseline", metavar="FILE", type=Path,
+                        help="show only findings that are not in this baseline file")
+    server.add_argument("--no-cache", action="store_true", help="capture every target again, ignoring the result cache")
+    server.add_argument("--cache-dir", metavar="DIR", help="as for check")
+    server.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="lint N targets at once (default: 2)")
+    server.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="stop a target's process after SECONDS (default: timeout in [tool.graphlint], else 600; "
+                             "0: no limit)")
+    server.add_argument("--debug", action="store_true", help="print tracebacks of internal errors on stderr")
     return parser
 
 
@@ -110,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule}[args.command](args)
+        return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule, "server": _server}[args.command](args)
     except UsageError as error:
         print(single_line(f"graphlint: error: {error}"), file=sys.stderr)
         return EXIT_ERROR
@@ -328,3 +346,26 @@ def _rule(args: argparse.Namespace) -> int:
         raise UsageError(f"no rule {args.rule_id!r}; the rules are {known} (graphlint rules lists them)")
     sys.stdout.write(rule.docs_text(with_examples=True))
     return EXIT_CLEAN
+
+
+SERVER_EXTRA = "graphlint server needs the server extra: pip install 'torch-graphlint[server]'"
+
+
+def _server(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise UsageError("--jobs must be 1 or more")
+    if args.timeout is not None and args.timeout < 0:
+        raise UsageError("--timeout must be a number of seconds (0 for no limit)")
+    try:
+        import lsprotocol  # noqa: F401 - checked here so that a missing extra is one line, not a traceback
+        import pygls  # noqa: F401
+    except ModuleNotFoundError:
+        print(SERVER_EXTRA, file=sys.stderr)
+        return EXIT_ERROR
+    from graphlint.server import Settings, serve
+
+    return serve(Settings(
+        device=args.device, timeout=args.timeout,
+        baseline=args.baseline.resolve() if args.baseline is not None else None,
+        cache_dir=args.cache_dir, no_cache=args.no_cache, jobs=args.jobs, debug=args.debug,
+    ))

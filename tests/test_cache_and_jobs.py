@@ -8,6 +8,8 @@ import pty
 import subprocess
 import sys
 
+import pytest
+
 from conftest import run_graphlint, write
 from test_cli import ATTENTION, CLEAN
 
@@ -202,3 +204,19 @@ def test_progress_is_shown_on_a_terminal_only(project_dir):
     assert "capturing model.py:make" in shown and "model.py:make: captured on meta in" in shown
     piped = run_graphlint("check", "model.py:make", "--no-cache", cwd=project_dir)
     assert piped.stderr == ""
+
+
+def test_runs_given_one_warm_parent_start_every_child_from_it(tmp_path, monkeypatch):
+    from graphlint.config import Config
+    from graphlint.project import Project
+    from graphlint.run import Options, check
+    from graphlint.run import scheduler
+    from graphlint.run.parent import WarmParent
+
+    parent = WarmParent()  # the language server keeps one for its whole life
+    monkeypatch.setattr(scheduler, "WarmParent", lambda: pytest.fail("a run made a warm parent of its own"))
+    for name in ("first", "second"):
+        path = write(tmp_path / name, "model.py", ATTENTION)
+        project = Project(root=path.parent, first_party_folders=[path.parent])
+        report = check([f"{path}:make"], project, Config(), Options(), parent=parent)
+        assert [f.rule_id for f in report.findings] == ["GL101"]

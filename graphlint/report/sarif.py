@@ -15,7 +15,8 @@ import attr
 import sarif_om as sarif
 
 import graphlint
-from graphlint.files import read_source, split_lines, writable
+from graphlint.files import writable
+from graphlint.report.columns import SourceColumns
 from graphlint.results import Edit, Fix, Finding, Location, Report, RuleInfo
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -34,7 +35,7 @@ def render_sarif(report: Report) -> str:
 def build_log(report: Report) -> sarif.SarifLog:
     rules = list(report.rules)
     index = {rule.id: i for i, rule in enumerate(rules)}
-    columns = _Utf16Columns()
+    columns = SourceColumns("utf-16")
     root = Path(report.project_root)
     results = [_result(f, index, columns, root, report.baseline is not None) for f in report.findings]
     notifications = [
@@ -76,7 +77,7 @@ def _rule(rule: RuleInfo, level: str) -> sarif.ReportingDescriptor:
     )
 
 
-def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, root: Path,
+def _result(finding: Finding, index: dict[str, int], columns: SourceColumns, root: Path,
             against_baseline: bool) -> sarif.Result:
     related = [
         sarif.Location(id=i, physical_location=_physical(r.location, columns, root), message=sarif.Message(text=r.message))
@@ -101,7 +102,7 @@ def _result(finding: Finding, index: dict[str, int], columns: _Utf16Columns, roo
     )
 
 
-def _fix(fix: Fix, columns: _Utf16Columns, root: Path) -> sarif.Fix:
+def _fix(fix: Fix, columns: SourceColumns, root: Path) -> sarif.Fix:
     """The rule's rewrite, one artifactChange per file; offered as is, before graphlint proved it (--fix does)."""
     by_file: dict[str, list[Edit]] = {}
     for edit in fix.edits:
@@ -125,7 +126,7 @@ def _fix(fix: Fix, columns: _Utf16Columns, root: Path) -> sarif.Fix:
     return sarif.Fix(description=sarif.Message(text=fix.message), artifact_changes=changes)
 
 
-def _physical(location: Location, columns: _Utf16Columns, root: Path) -> sarif.PhysicalLocation:
+def _physical(location: Location, columns: SourceColumns, root: Path) -> sarif.PhysicalLocation:
     path = Path(location.path)
     try:
         artifact = sarif.ArtifactLocation(uri=quote(path.relative_to(root).as_posix()), uri_base_id=SRCROOT)
@@ -140,23 +141,6 @@ def _physical(location: Location, columns: _Utf16Columns, root: Path) -> sarif.P
             end_column=columns.convert(location.path, location.end_line, location.end_column),
         ),
     )
-
-
-class _Utf16Columns:
-    """Code-point columns to UTF-16 columns: characters outside the BMP count twice."""
-
-    def __init__(self) -> None:
-        self._lines: dict[str, list[str]] = {}
-
-    def convert(self, path: str, line: int, column: int) -> int:
-        lines = self._lines.get(path)
-        if lines is None:
-            text = read_source(path)
-            lines = self._lines[path] = split_lines(text) if text is not None else []
-        if not 1 <= line <= len(lines):
-            return column
-        prefix = lines[line - 1][: column - 1]
-        return len(prefix.encode("utf-16-le")) // 2 + 1 + max(0, column - 1 - len(prefix))
 
 
 def _to_json(value):

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from graphlint.baseline import read_baseline
 from graphlint.cache import ResultCache
@@ -20,6 +21,9 @@ from graphlint.project import Project
 from graphlint.results import Report, RuleInfo, TargetResult
 from graphlint.selection import select
 from graphlint.target import TargetSpec
+
+if TYPE_CHECKING:
+    from graphlint.run.parent import WarmParent  # imported only when a child has to start (see _lint)
 
 
 @dataclass(frozen=True)
@@ -41,43 +45,80 @@ def check(
     config: Config | None = None,
     options: Options = Options(),
     base: Path | None = None,
+    parent: WarmParent | None = None,
 ) -> Report:
-    """Lint every target string; relative paths are read from `base` (default: the working directory)."""
-    config = config if config is not None else project.config
-    base = base or Path.cwd()
-    for text in targets:  # every target's folder is first-party from the start, for every target
-        try:
-            spec = TargetSpec.parse(text, base)
-        except GraphlintError:
-            continue  # reported as that target's error when it is linted
-        if spec.file is not None:
-            project.add_first_party(spec.file.parent)
-    cache = ResultCache(options.cache) if options.cache is not None else None
-    rules = select(config, _rule_infos(cache))
-    baseline = read_baseline(options.baseline) if options.baseline is not None else None
+    """Lint every target string; relative paths are read from `base` (default: the working directory).
+    `parent` is a warm parent to start the children from (the language server keeps one); None: a new one
+    when a target has to be captured."""
+    run = Run(targets, project, config, options, base)
     results: dict[str, TargetResult] = {}
-    keys: dict[str, str] = {}
     pending = []
     for text in dict.fromkeys(targets):
-        if cache is not None:
-            keys[text] = cache.key(text, base, project, config.device, tuple(rule.id for rule in rules))
-            cached = cache.load(keys[text])
-            if cached is not None:
-                results[text] = cached
-                _tell(options, text, "cached", result=cached)
-                continue
+        cached = run.cached(text)
+        if cached is not None:
+            results[text] = cached
+            _tell(options, text, "cached", result=cached)
+            continue
         pending.append(text)
     if pending:
-        for text, result, seconds in _lint(pending, base, project, config, tuple(r.id for r in rules), options):
+        for text, result, seconds in _lint(pending, run, parent):
             results[text] = result
-            if cache is not None and not result.errors:
-                cache.store(keys[text], result)
+            run.store(text, result)
             _tell(options, text, "done", result=result, seconds=seconds)
-    report = Report(results=[results[t] for t in dict.fromkeys(targets)], project_root=str(project.root),
-                    rules=rules, show_suppressed=options.show_suppressed, fail_on=config.fail_on,
-                    baseline=str(options.baseline) if options.baseline is not None else None)
-    apply_policy(report, config, project, baseline)
-    return report
+    return run.report([results[t] for t in dict.fromkeys(targets)])
+
+
+class Run:
+    """What linting targets of one project needs besides the targets' own results: the rules that run, the
+    result cache, the baseline; and the report that the policy stage makes of the results."""
+
+    def __init__(self, targets: list[str], project: Project, config: Config | None = None,
+                 options: Options = Options(), base: Path | None = None) -> None:
+        self.project = project
+        self.config = config if config is not None else project.config
+        self.options = options
+        self.base = base or Path.cwd()
+        for text in targets:  # every target's folder is first-party from the start, for every target
+            try:
+                spec = TargetSpec.parse(text, self.base)
+            except GraphlintError:
+                continue  # reported as that target's error when it is linted
+            if spec.file is not None:
+                project.add_first_party(spec.file.parent)
+        self.cache = ResultCache(options.cache) if options.cache is not None else None
+        self.rules = select(self.config, _rule_infos(self.cache))
+        self.rule_ids = tuple(rule.id for rule in self.rules)
+        self.baseline = read_baseline(options.baseline) if options.baseline is not None else None
+        self._keys: dict[str, str] = {}
+
+    def cached(self, text: str) -> TargetResult | None:
+        """The target's result from the cache, when nothing it depends on changed."""
+        if self.cache is None:
+            return None
+        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids)
+        return self.cache.load(self._keys[text])
+
+    def store(self, text: str, result: TargetResult) -> None:
+        """Keep a fresh result in the cache (not a failure: the next run tries again)."""
+        if self.cache is not None and not result.errors:
+            key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
+                                                         self.rule_ids)
+            self.cache.store(key, result)
+
+    def request(self, text: str) -> dict:
+        """What a child needs to lint the target."""
+        from graphlint.run.child import request
+
+        return request(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug)
+
+    def report(self, results: list[TargetResult]) -> Report:
+        """The report of these results under the configuration, suppressions and baseline."""
+        options = self.options
+        report = Report(results=results, project_root=str(self.project.root), rules=self.rules,
+                        show_suppressed=options.show_suppressed, fail_on=self.config.fail_on,
+                        baseline=str(options.baseline) if options.baseline is not None else None)
+        apply_policy(report, self.config, self.project, self.baseline)
+        return report
 
 
 def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
@@ -91,22 +132,18 @@ def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
     return infos
 
 
-def _lint(pending: list[str], base: Path, project: Project, config: Config, rule_ids: tuple[str, ...],
-          options: Options) -> Iterator[tuple[str, TargetResult, float]]:
+def _lint(pending: list[str], run: Run, parent: WarmParent | None) -> Iterator[tuple[str, TargetResult, float]]:
     """Each pending target in its own child process; (target, result, seconds) as they finish."""
-    from graphlint.run.child import request
     from graphlint.run.scheduler import lint_in_children
 
+    options = run.options
     starts: dict[str, float] = {}
 
     def started(text: str) -> None:
         starts[text] = time.monotonic()
         _tell(options, text, "started")
 
-    def request_for(text: str) -> dict:
-        return request(text, base, project, config.device, rule_ids, options.debug)
-
-    for text, result in lint_in_children(pending, request_for, options.jobs, options.timeout, started):
+    for text, result in lint_in_children(pending, run.request, options.jobs, options.timeout, started, parent):
         yield text, result, time.monotonic() - starts.get(text, time.monotonic())
 
 

@@ -32,6 +32,11 @@ def request(target: str, base: Path, project, device: str, rules: tuple[str, ...
 
 def child_main(request: dict, connection) -> None:
     """Lint the requested target and send its result (the entry point of every child process)."""
+    for descriptor in request.get("close_fds", ()):  # the parent's own pipes are none of the target's business
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass
     os.dup2(2, 1)  # everything the model prints, Python or native, goes to stderr: stdout carries the report
     if request.get("single_threaded"):
         import torch

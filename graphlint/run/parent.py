@@ -23,10 +23,13 @@ def start_method() -> str:
 
 
 class WarmParent:
-    """Starts one child process per target; `preload` imports libraries that children keep importing."""
+    """Starts one child process per target; `preload` imports libraries that children keep importing.
+    `close_in_children` are file descriptors of the parent that a forked child closes first (the language
+    server's protocol pipes, which must close when the server does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_in_children: tuple[int, ...] = ()) -> None:
         self.context = multiprocessing.get_context(start_method())
+        self.close_in_children = tuple(close_in_children)
         if self.context.get_start_method() == "fork":
             _warm_up()
         self._tried: set[str] = set()
@@ -41,7 +44,7 @@ class WarmParent:
             # (graphlint.run.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
             # thread; captures on the meta device compute nothing, and -j N parallelises across targets.
-            request = {**request, "single_threaded": True}
+            request = {**request, "single_threaded": True, "close_fds": list(self.close_in_children)}
         process = self.context.Process(target=child_main, args=(request, sending), daemon=True)
         process.start()
         sending.close()  # the child holds the only writing end: its death closes the pipe

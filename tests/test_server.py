@@ -1,0 +1,548 @@
+"""`graphlint server`, driven by a real Language Server client (pytest-lsp) over stdio, as an editor drives it:
+diagnostics where they belong, cleared and brought back by saves, quick fixes, hovers, failures that leave the
+server serving, and a clean exit with no child left."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pytest_lsp import client_capabilities, make_test_lsp_client
+
+from conftest import line_of, write
+
+# Long enough for a cold server on a loaded machine; a safety net, not a measure of speed.
+PATIENCE = 180
+
+PYPROJECT = '''
+[project]
+name = "user-project"
+version = "0"
+
+[tool.graphlint]
+targets = ["model.py:make"]
+{extra}
+'''
+
+ATTENTION = '''
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        {body}
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def make():
+    {setup}return Attention(), (torch.randn(2, 16, 32),)
+'''
+UNFUSED = '''att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mood = "😀 naïve"; att = F.softmax(att, dim=-1)
+        y = att @ v'''
+FUSED = "y = F.scaled_dot_product_attention(q, k, v)"
+
+GATE = '''
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        gate = torch.sigmoid(self.proj(x))
+        gate *= 2
+        return gate
+
+
+def make():
+    return Gate(), (torch.randn(4, 16),)
+'''
+
+
+def attention(body: str = UNFUSED, setup: str = "") -> str:
+    return ATTENTION.replace("{body}", body).replace("{setup}", setup)
+
+
+def project_with(folder: Path, model: str, extra: str = "") -> Path:
+    write(folder, "pyproject.toml", PYPROJECT.replace("{extra}", extra))
+    return write(folder, "model.py", model)
+
+
+async def start_server(folder: Path, editor: str = "visual-studio-code", *options: str):
+    client = make_test_lsp_client()
+    await client.start_io(sys.executable, "-m", "graphlint", "server", *options, cwd=str(folder),
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    await client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities(editor),
+        root_uri=folder.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=folder.as_uri(), name=folder.name)],
+    ))
+    return client
+
+
+@pytest_asyncio.fixture
+async def servers():
+    """Starts servers on folders; each is shut down at the end of the test if the test did not."""
+    started = []
+
+    async def start(folder: Path, editor: str = "visual-studio-code", *options: str):
+        client = await start_server(folder, editor, *options)
+        started.append(client)
+        return client
+
+    yield start
+    for client in started:
+        if client._server is not None and client._server.returncode is None:
+            await client.shutdown_session()
+        await client.stop()
+
+
+def open_file(client, path: Path) -> None:
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
+        uri=path.as_uri(), language_id="python", version=1, text=path.read_text(encoding="utf-8"))))
+
+
+def save_file(client, path: Path, text: str) -> None:
+    """What an editor does when the user saves: the new text is on disk, then didSave."""
+    path.write_text(text, encoding="utf-8")
+    client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=types.TextDocumentIdentifier(
+        uri=path.as_uri())))
+
+
+async def diagnostics_until(client, path: Path, wanted, patience: float = PATIENCE) -> list[types.Diagnostic]:
+    """The file's published diagnostics once they satisfy `wanted`."""
+    uri = path.as_uri()
+
+    async def poll():
+        while True:
+            found = client.diagnostics.get(uri)
+            if found is not None and wanted(found):
+                return list(found)
+            await asyncio.sleep(0.05)
+
+    try:
+        return await asyncio.wait_for(poll(), patience)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"diagnostics of {path.name} never satisfied the test; last: "
+                             f"{client.diagnostics.get(uri)!r}; messages: {client.messages!r}") from None
+
+
+def codes(diagnostics) -> list:
+    return [d.code for d in diagnostics]
+
+
+def has(code: str):
+    return lambda diagnostics: code in codes(diagnostics)
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def a_child_of(client) -> int:
+    async def poll():
+        while not (found := children_of(client._server.pid)):
+            await asyncio.sleep(0.05)
+        return found[0]
+
+    return await asyncio.wait_for(poll(), PATIENCE)
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_columns(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    line = line_of(model, "F.softmax")
+    text = model.read_text(encoding="utf-8").splitlines()[line - 1]
+    start = text.index("F.softmax")
+    utf16 = len(text[:start].encode("utf-16-le")) // 2  # the emoji counts twice
+    assert diagnostic.range == types.Range(
+        start=types.Position(line=line - 1, character=utf16),
+        end=types.Position(line=line - 1, character=utf16 + len("F.softmax(att, dim=-1)")),
+    )
+    assert diagnostic.severity == types.DiagnosticSeverity.Warning
+    assert diagnostic.source == "graphlint"
+    assert diagnostic.code_description.href.endswith("docs/rules.md#gl101-unfused-attention")
+    assert "scaled_dot_product_attention" in diagnostic.message
+    related = {r.message: r.location for r in diagnostic.related_information}
+    assert "attention scores: matmul" in related
+    assert related["attention scores: matmul"].range.start.line == line_of(model, "q @ k.transpose") - 1
+    assert client.messages == []
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    client = await servers(tmp_path, "neovim")  # Neovim 0.11 prefers UTF-8 positions
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    text = model.read_text(encoding="utf-8").splitlines()[line_of(model, "F.softmax") - 1]
+    assert diagnostic.range.start.character == len(text[:text.index("F.softmax")].encode("utf-8"))
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_brings_it_back(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    client = await servers(tmp_path)
+    open_file(client, model)
+    await diagnostics_until(client, model, has("GL101"))
+    save_file(client, model, attention(FUSED))
+    assert await diagnostics_until(client, model, lambda d: not d) == []
+    save_file(client, model, attention())
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    assert diagnostic.range.start.line == line_of(model, "F.softmax") - 1
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps_serving(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    client = await servers(tmp_path)
+    open_file(client, model)
+    await diagnostics_until(client, model, has("GL101"))
+    broken = attention().replace("def make():", "def make(:")
+    save_file(client, model, broken)
+    [diagnostic] = await diagnostics_until(client, model, lambda d: len(d) == 1 and d[0].code is None)
+    assert "syntax error" in diagnostic.message and "model.py:make" in diagnostic.message
+    assert diagnostic.severity == types.DiagnosticSeverity.Error
+    assert diagnostic.range.start.line == line_of(model, "def make(:") - 1
+    save_file(client, model, attention())
+    await diagnostics_until(client, model, has("GL101"))
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("setup", "expected"), [
+    ("import os; os._exit(3)\n    ", "exited with code 3"),
+    ("import time; time.sleep(600)\n    ", "did not finish within 2 s"),
+    ('raise ValueError("no weights here")\n    ', "the factory raised ValueError: no weights here"),
+], ids=["crash", "hang", "raises"])
+async def test_a_target_that_crashes_hangs_or_raises_is_one_diagnostic_that_says_so(servers, tmp_path, setup, expected):
+    model = project_with(tmp_path, attention(setup=setup), extra="timeout = 2")
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, lambda d: len(d) == 1)
+    assert expected in diagnostic.message
+    save_file(client, model, attention())  # and the server goes on serving
+    await diagnostics_until(client, model, has("GL101"))
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+@linux_only
+async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp_path):
+    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "))
+    client = await servers(tmp_path)
+    open_file(client, model)
+    hanging = await a_child_of(client)
+    save_file(client, model, attention())
+    await diagnostics_until(client, model, has("GL101"))
+    assert not alive(hanging)
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(servers, tmp_path):
+    model = project_with(tmp_path, GATE)
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL201"))
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), range=diagnostic.range,
+        context=types.CodeActionContext(diagnostics=[diagnostic])))
+    [action] = actions
+    assert action.kind == types.CodeActionKind.QuickFix
+    assert action.title == "Fix GL201: gate *= 2 → gate = gate * 2"
+    [edit] = action.edit.changes[model.as_uri()]
+    line = line_of(model, "gate *= 2") - 1
+    assert edit.range.start.line == edit.range.end.line == line
+    lines = model.read_text(encoding="utf-8").splitlines()
+    lines[line] = lines[line][:edit.range.start.character] + edit.new_text + lines[line][edit.range.end.character:]
+    assert lines[line] == "        gate = gate * 2"
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(servers, tmp_path):
+    model = project_with(tmp_path, GATE)
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL201"))
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=model.as_uri(), version=2),
+        content_changes=[types.TextDocumentContentChangeWholeDocument(text="# edited\n" + GATE)]))
+    actions = await client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), range=diagnostic.range,
+        context=types.CodeActionContext(diagnostics=[diagnostic])))
+    assert actions is None
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_hovering_a_diagnostic_shows_its_rules_documentation(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    hover = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=diagnostic.range.start))
+    assert hover.contents.kind == types.MarkupKind.Markdown
+    assert hover.contents.value.startswith("# GL101 unfused-attention")
+    assert "## Why it matters" in hover.contents.value and "## Use instead" in hover.contents.value
+    elsewhere = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=types.Position(line=0, character=0)))
+    assert elsewhere is None
+
+
+GATED = UNFUSED + """
+        y = torch.sigmoid(y)
+        y *= 2"""
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_command_line(servers, tmp_path):
+    model = project_with(tmp_path, attention(GATED.replace("y *= 2", "y *= 2  # graphlint: ignore[GL201]")),
+                         extra='per-file-ignores = { "legacy/*.py" = ["GL101"] }\n'
+                               '[tool.graphlint.severity]\nGL101 = "error"')
+    model.parent.joinpath("pyproject.toml").write_text(
+        model.parent.joinpath("pyproject.toml").read_text().replace('["model.py:make"]',
+                                                                    '["model.py:make", "legacy/old.py:make"]'))
+    legacy = write(tmp_path / "legacy", "old.py", attention(GATED))
+    client = await servers(tmp_path)
+    open_file(client, model)
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    assert diagnostic.severity == types.DiagnosticSeverity.Error  # and GL201 is suppressed by its comment
+    assert codes(await diagnostics_until(client, legacy, has("GL201"))) == ["GL201"]  # GL101 ignored there
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_files_of_no_target_get_nothing(servers, tmp_path):
+    model = project_with(tmp_path, attention())
+    helpers = write(tmp_path, "helpers.py", attention())  # nothing imports it
+    client = await servers(tmp_path)
+    open_file(client, helpers)
+    open_file(client, model)
+    await diagnostics_until(client, model, has("GL101"))
+    save_file(client, helpers, attention() + "\n")
+    save_file(client, model, attention(FUSED))
+    await diagnostics_until(client, model, lambda d: not d)
+    assert helpers.as_uri() not in client.diagnostics
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_baselined_findings_are_not_shown(servers, tmp_path):
+    model = project_with(tmp_path, attention(GATED))
+    baseline = write(tmp_path, "baseline.json", '{"version": 1, "tool": "graphlint", "findings": []}')
+    client = await servers(tmp_path, "visual-studio-code", "--baseline", str(baseline))
+    open_file(client, model)
+    diagnostics = await diagnostics_until(client, model, lambda d: set(codes(d)) == {"GL101", "GL201"})
+    [gl101] = [d for d in diagnostics if d.code == "GL101"]
+    baseline.write_text(json.dumps({"version": 1, "tool": "graphlint", "findings": [
+        {"rule": "GL101", "path": "model.py", "fingerprint": gl101.data["fingerprint"], "message": gl101.message}]}))
+    pyproject = tmp_path / "pyproject.toml"
+    save_file(client, pyproject, pyproject.read_text())  # the configuration is read again, with the baseline
+    assert codes(await diagnostics_until(client, model, lambda d: codes(d) == ["GL201"])) == ["GL201"]
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibling_lints_again(servers, tmp_path):
+    write(tmp_path, "layers.py", attention())
+    model = project_with(tmp_path, "from layers import Attention, make  # noqa: F401\n")
+    layers = tmp_path / "layers.py"
+    client = await servers(tmp_path)
+    open_file(client, model)
+    await diagnostics_until(client, layers, has("GL101"))
+    save_file(client, layers, attention(FUSED))
+    await diagnostics_until(client, layers, lambda d: not d)
+
+
+@pytest.mark.cli
+@pytest.mark.asyncio
+@linux_only
+async def test_shutdown_and_exit_end_the_server_and_its_children(tmp_path):
+    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "))
+    client = await start_server(tmp_path)
+    try:
+        open_file(client, model)
+        hanging = await a_child_of(client)
+        await asyncio.wait_for(client.shutdown_session(), PATIENCE)
+        assert client._server.returncode == 0
+        assert not alive(hanging)
+    finally:
+        await client.stop()
+
+
+@pytest.mark.cli
+def test_without_pygls_the_command_says_which_extra_to_install(tmp_path):
+    blocker = write(tmp_path / "blocker", "pygls.py", 'raise ModuleNotFoundError("No module named \'pygls\'", name="pygls")\n')
+    completed = subprocess.run(
+        [sys.executable, "-m", "graphlint", "server"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(blocker.parent)}, stdin=subprocess.DEVNULL,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr == "graphlint server needs the server extra: pip install 'torch-graphlint[server]'\n"
+    assert completed.stdout == ""
+
+
+class StrictClient:
+    """A client that reads the server's stdout byte by byte as the protocol frames it, and fails on anything else
+    (pygls' own reader skips stray lines; editors such as VS Code do not)."""
+
+    HEADER = re.compile(rb"(Content-Length: \d+|Content-Type: [^\r\n]+)\r\n")
+
+    def __init__(self, folder: Path, env: dict) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "graphlint", "server"], cwd=folder, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.received: queue.Queue = queue.Queue()
+        self.stderr = b""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._id = 0
+
+    def send(self, method: str, params, request: bool = False) -> None:
+        message = {"jsonrpc": "2.0", "method": method, "params": params}
+        if request:
+            self._id += 1
+            message["id"] = self._id
+        body = json.dumps(message).encode()
+        self.process.stdin.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.process.stdin.flush()
+
+    def next_message(self, wanted) -> dict:
+        deadline = time.monotonic() + PATIENCE
+        while True:
+            message = self.received.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert not isinstance(message, bytes), f"stdout carried something else than the protocol: {message!r}"
+            if wanted(message):
+                return message
+
+    def _read(self) -> None:
+        stream = self.process.stdout
+        while True:
+            length = None
+            while (line := stream.readline()) != b"\r\n":
+                if not line:
+                    return
+                if not self.HEADER.fullmatch(line):
+                    self.received.put(line)
+                    return
+                if line.startswith(b"Content-Length"):
+                    length = int(line.split(b":")[1])
+            self.received.put(json.loads(stream.read(length)))
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr += line
+
+
+@pytest.mark.cli
+def test_what_libraries_print_in_the_server_process_never_reaches_the_protocol(tmp_path):
+    # An installed library that prints at import, from Python and from its file descriptor: the warm parent
+    # imports it after a child did, so that later children inherit it.
+    site = tmp_path / "env" / "site-packages"
+    write(site / "noisy", "__init__.py", 'import os\nprint("noise from print")\nos.write(1, b"noise from fd 1\\n")\n')
+    folder = tmp_path / "project"
+    model = project_with(folder, "import noisy  # noqa: F401\n" + attention())
+    client = StrictClient(folder, {**os.environ, "PYTHONPATH": str(site), "PYTHONWARNINGS": "ignore"})
+    try:
+        client.send("initialize", {"processId": os.getpid(), "rootUri": folder.as_uri(), "capabilities": {}}, True)
+        client.next_message(lambda m: m.get("id") == 1)
+        client.send("initialized", {})
+        client.send("textDocument/didOpen", {"textDocument": {"uri": model.as_uri(), "languageId": "python",
+                                                             "version": 1, "text": model.read_text()}})
+
+        def gl101(message) -> bool:
+            return message.get("method") == "textDocument/publishDiagnostics" and \
+                [d["code"] for d in message["params"]["diagnostics"]] == ["GL101"]
+
+        client.next_message(gl101)  # the first child imported noisy, and so did the server process after it
+        model.write_text(model.read_text() + "\n")
+        client.send("textDocument/didSave", {"textDocument": {"uri": model.as_uri()}})
+        client.next_message(gl101)
+        client.send("shutdown", None, True)
+        client.next_message(lambda m: m.get("id") == 2)
+        client.send("exit", None)
+        assert client.process.wait(PATIENCE) == 0
+    finally:
+        client.process.kill()
+    assert client.received.empty()
+    assert client.stderr.count(b"noise from print") >= 2 and client.stderr.count(b"noise from fd 1") >= 2
+
+
+def test_columns_count_in_the_unit_the_client_chose(tmp_path):
+    from graphlint.report.columns import SourceColumns
+
+    path = str(write(tmp_path, "m.py", 'x = "😀ï"; y = 1\n'))
+    column = 'x = "😀ï"; y = 1'.index("y") + 1  # graphlint's 1-based code-point column
+    assert [SourceColumns(unit).convert(path, 1, column) for unit in ("utf-32", "utf-16", "utf-8")] == [
+        column, column + 1, column + 3 + 1]  # the emoji is 2 UTF-16 units, 4 UTF-8 bytes; ï is 2 bytes
+
+
+def test_a_failure_is_placed_where_its_message_says_else_on_the_targets_first_line(tmp_path):
+    from graphlint.results import TargetError
+    from graphlint.server.diagnostics import error_place
+
+    model = str(write(tmp_path, "model.py", "def make():\n    raise ValueError\n"))
+    raised = TargetError("model.py:make", "the factory raised ValueError (at model.py:2)")
+    assert error_place(raised, model, str(tmp_path)) == (model, 2)
+    crashed = TargetError("model.py:make", "its process exited with code 3 during the factory")
+    assert error_place(crashed, model, str(tmp_path)) == (model, 1)
+    assert error_place(TargetError("pkg.models:make", "cannot import module 'pkg'"), None, str(tmp_path)) is None
