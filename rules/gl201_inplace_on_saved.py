@@ -8,7 +8,7 @@ import libcst as cst
 from torch import fx
 
 from graphlint.capture.autograd import AutogradNode, SavedTensor
-from graphlint.fix.rewrite import FixSite, Rewrite, code_of
+from graphlint.fix.rewrite import FixSite, Rewrite, atom, code_of
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -20,8 +20,6 @@ _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "ha
 _OPERATORS = {"add_": "+", "sub_": "-", "mul_": "*", "div_": "/", "pow_": "**"}
 _AUGMENTED = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
               cst.DivideAssign: cst.Divide, cst.PowerAssign: cst.Power, cst.MatrixMultiplyAssign: cst.MatrixMultiply}
-# Operands that need no parentheses on the right of a binary operator.
-_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
 
 
 class InplaceOnSaved(Rule):
@@ -284,7 +282,7 @@ def _out_of_place(site: FixSite) -> Rewrite | str:
         operator = _AUGMENTED.get(type(node.operator))
         if operator is None or not isinstance(node.target, (cst.Name, cst.Attribute)):
             return "only x op= y on a name or attribute can be rewritten as x = x op y"
-        value = node.value if isinstance(node.value, _ATOMS) or node.value.lpar else _parenthesized(node.value)
+        value = atom(node.value)
         new = cst.Assign(targets=[cst.AssignTarget(node.target)],
                          value=cst.BinaryOperation(node.target, operator(), value))
         return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
@@ -314,10 +312,6 @@ def _out_of_place(site: FixSite) -> Rewrite | str:
     new = cst.Assign(targets=[cst.AssignTarget(receiver)],
                      value=node.with_changes(func=method.with_changes(attr=cst.Name(method.attr.value[:-1]))))
     return Rewrite(site.statement, new, f"{code_of(node)} → {code_of(new)}")
-
-
-def _parenthesized(value: cst.BaseExpression) -> cst.BaseExpression:
-    return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def _producer_name(autograd_node: AutogradNode) -> str:

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, code_of, functional_name, names_read
+from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, functional_name, is_namespace, names_read
 
 _LONG_LINE = 80  # a longer call is written over three lines
 _CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
 _MATMULS = {"matmul", "bmm"}
-_FUNCTIONAL = {"F", "torch", "functional"}  # receivers whose `.softmax(x, ...)` takes the input first
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
             "float(\"-Inf\")", "-np.inf", "-numpy.inf")
 
@@ -120,8 +119,8 @@ class _Rewriter:
             raise _Refused("the softmax is not a call graphlint can rewrite")
         func = call.func
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        if isinstance(func, cst.Attribute) and not _is_namespace(func.value):
-            if _code(func.value) == "self" or _code(func.value).startswith("self."):
+        if isinstance(func, cst.Attribute) and not is_namespace(func.value):
+            if code_of(func.value) == "self" or code_of(func.value).startswith("self."):
                 if len(positional) != 1:
                     raise _Refused("the softmax module is called with more than the scores")
                 return positional[0]
@@ -165,21 +164,21 @@ class _Rewriter:
                     _mask_before(scaled)
                     node = tensor
                     continue
-                raise _Refused(f"the scores pass through `{_code(node)}`, which the fused call cannot express")
+                raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
             if isinstance(node, cst.Call):
-                name, receiver, positional, keywords = _parts(node)
-                if name in _CASTS and receiver is not None and not _is_namespace(receiver):
+                name, receiver, positional, keywords = call_parts(node)
+                if name in _CASTS and receiver is not None and not is_namespace(receiver):
                     node = receiver
                     continue
                 if name == "masked_fill":
-                    target, args = (receiver, positional) if receiver is not None and not _is_namespace(receiver) \
+                    target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver) \
                         else (positional[0] if positional else None, positional[1:])
                     condition = args[0] if args else keywords.get("mask")
                     fill = args[1] if len(args) > 1 else keywords.get("value")
                     if target is None or condition is None or fill is None:
                         raise _Refused("masked_fill's arguments could not be read")
                     if not _very_negative(fill):
-                        raise _Refused(f"masked_fill fills with {_code(fill)}, not with -inf or the dtype's minimum")
+                        raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(_negated(condition), condition, False)
                     _mask_before(scaled)
                     node = target
@@ -196,7 +195,7 @@ class _Rewriter:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
                     _mask_before(scaled)
                     continue
-                if name in ("mul", "div") and receiver is not None and not _is_namespace(receiver) and len(positional) == 1:
+                if name in ("mul", "div") and receiver is not None and not is_namespace(receiver) and len(positional) == 1:
                     scaled = True
                     (chain.factors if name == "mul" else chain.divisors).append(positional[0])
                     node = receiver
@@ -208,7 +207,7 @@ class _Rewriter:
                 if name == "einsum":
                     self._einsum_scores(positional)
                     return
-            raise _Refused(f"the scores pass through `{_code(node)}`, which the fused call cannot express")
+            raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
 
     def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
         """Of `a + b`, (the scores, the mask): the scores are the side that leads back to the product."""
@@ -230,10 +229,10 @@ class _Rewriter:
             return isinstance(node.operator, cst.MatrixMultiply) or any(
                 self._leads_to_product(n, statement, depth + 1) for n in (node.left, node.right))
         if isinstance(node, cst.Call):
-            name, receiver, positional, _ = _parts(node)
+            name, receiver, positional, _ = call_parts(node)
             if name in _MATMULS or name == "einsum":
                 return True
-            candidates = ([receiver] if receiver is not None and not _is_namespace(receiver) else []) + positional
+            candidates = ([receiver] if receiver is not None and not is_namespace(receiver) else []) + positional
             return any(self._leads_to_product(n, statement, depth + 1) for n in candidates)
         return False
 
@@ -291,7 +290,7 @@ class _Rewriter:
                 parent = path[-3]
             if isinstance(parent, cst.Attribute) and len(path) >= 3 and isinstance(path[-3], cst.Call):
                 call = path[-3]  # current.to(dtype), current.matmul(v)
-                name, _, positional, _ = _parts(call)
+                name, _, positional, _ = call_parts(call)
                 if name in _CASTS:
                     current = call
                     continue
@@ -304,8 +303,8 @@ class _Rewriter:
                 self._values(parent, parent.right, statement)
                 return
             if isinstance(parent, cst.Call):
-                name, receiver, positional, keywords = _parts(parent)
-                if name in _MATMULS and receiver is not None and _is_namespace(receiver) and \
+                name, receiver, positional, keywords = call_parts(parent)
+                if name in _MATMULS and receiver is not None and is_namespace(receiver) and \
                         len(positional) == 2 and positional[0] is current:
                     self._values(parent, positional[1], statement)
                     return
@@ -315,17 +314,17 @@ class _Rewriter:
                         raise _Refused("the values einsum is not of the form '...qk,...kd->...qd'")
                     self._values(parent, positional[2], statement)
                     return
-                if name == "dropout" and receiver is not None and _is_namespace(receiver) and positional and \
+                if name == "dropout" and receiver is not None and is_namespace(receiver) and positional and \
                         positional[0] is current:
                     self._functional_dropout(positional, keywords)
                     current = parent
                     continue
-                if receiver is not None and (_code(receiver) == "self" or _code(receiver).startswith("self.")) and \
+                if receiver is not None and (code_of(receiver) == "self" or code_of(receiver).startswith("self.")) and \
                         len(positional) == 1 and positional[0] is current and self.dropout_after:
-                    self._set_dropout(cst.parse_expression(f"{_code(parent.func)}.p"), True)
+                    self._set_dropout(cst.parse_expression(f"{code_of(parent.func)}.p"), True)
                     current = parent
                     continue
-            raise _Refused(f"the probabilities pass through `{_code(parent)}`, which the fused call cannot express")
+            raise _Refused(f"the probabilities pass through `{code_of(parent)}`, which the fused call cannot express")
 
     def _values(self, product: cst.BaseExpression, values: cst.BaseExpression,
                 statement: cst.SimpleStatementLine) -> None:
@@ -338,10 +337,10 @@ class _Rewriter:
         training = positional[2] if len(positional) > 2 else keywords.get("training")
         if training is None:
             self._set_dropout(p, False)  # F.dropout trains by default
-        elif _code(training) == "self.training":
+        elif code_of(training) == "self.training":
             self._set_dropout(p, True)
-        elif _code(training) != "False":
-            raise _Refused(f"dropout runs with training={_code(training)}, which the rewrite cannot keep")
+        elif code_of(training) != "False":
+            raise _Refused(f"dropout runs with training={code_of(training)}, which the rewrite cannot keep")
 
     def _set_dropout(self, p: cst.BaseExpression, training_only: bool) -> None:
         if self.chain.dropout_p is not None:
@@ -368,7 +367,7 @@ class _Rewriter:
         for _ in range(8):
             if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
                 comparison = node.comparisons[0]
-                value = _code(comparison.comparator)
+                value = code_of(comparison.comparator)
                 if isinstance(comparison.operator, cst.Equal) and value in ("0", "0.0", "False"):
                     keep = not keep
                 elif not ((isinstance(comparison.operator, cst.NotEqual) and value in ("0", "0.0", "False")) or
@@ -381,20 +380,20 @@ class _Rewriter:
                 if not all(isinstance(e.slice, cst.Slice) for e in node.slice):
                     return False
                 node = node.value
-            elif isinstance(node, cst.Call) and _parts(node)[0] in ("bool", "logical_not") and _parts(node)[1] is not None:
-                keep = keep if _parts(node)[0] == "bool" else not keep
-                node = _parts(node)[1]
+            elif call_parts(node)[0] in ("bool", "logical_not") and call_parts(node)[1] is not None:
+                name, node = call_parts(node)[:2]
+                keep = keep if name == "bool" else not keep
             else:
                 break
         built = self._built_from(node)
         if built is None:
             return False
-        text = _code(built).replace(" ", "")
+        text = code_of(built).replace(" ", "")
         root = _root_name(built)
         if root is not None and "tril(" not in text and "triu(" not in text and self.site.classdef is not None:
             made = _local_assignments(self.site.classdef, root)  # `causal = torch.tril(...)`, then the buffer
             if len(made) == 1:
-                text += _code(made[0]).replace(" ", "")
+                text += code_of(made[0]).replace(" ", "")
         if "ones" not in text:
             return False
         if "tril(" in text and "diagonal" not in text and text.count("tril(") == 1:
@@ -407,17 +406,17 @@ class _Rewriter:
         """The expression a mask variable or buffer was made from, when it is made once."""
         if isinstance(node, cst.Name):
             try:
-                return self._definition(node.value, self.softmax_statement, consume=False).body[0].value
+                return self._definition(node.value, self.softmax_statement).body[0].value
             except _Refused:
                 return None
-        if isinstance(node, cst.Attribute) and _code(node.value) == "self" and self.site.classdef is not None:
+        if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.site.classdef is not None:
             found = _self_assignments(self.site.classdef, node.attr.value)
             return found[0] if len(found) == 1 else None
         return None
 
     # -- checks and the call ----------------------------------------------------------------------------
 
-    def _definition(self, name: str, before: cst.SimpleStatementLine, consume: bool = True) -> cst.SimpleStatementLine:
+    def _definition(self, name: str, before: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`."""
         body = list(self.block)
         if before not in body:
@@ -489,14 +488,14 @@ class _Rewriter:
             if self._causal():
                 keywords.append(("is_causal", "True"))
             else:
-                keywords.append(("attn_mask", _code(chain.mask)))
+                keywords.append(("attn_mask", code_of(chain.mask)))
         if chain.dropout_p is not None:
-            p = _code(chain.dropout_p)
+            p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
-        scale = _scale(chain, self.site.module)
+        scale = _scale(chain)
         if scale is not None:
             keywords.append(("scale", scale))
-        inside = ", ".join([_code(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
+        inside = ", ".join([code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
         callee = functional_name(self.site.module, "scaled_dot_product_attention")
         if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
             inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
@@ -510,29 +509,8 @@ def _mask_before(scaled: bool) -> None:
 
 # -- helpers over libcst nodes ------------------------------------------------------------------------------
 
-def _code(node: cst.CSTNode) -> str:
-    return code_of(node).strip()
-
-
-def _is_namespace(node: cst.BaseExpression) -> bool:
-    text = _code(node)
-    return text in _FUNCTIONAL or text.endswith(".functional") or text == "torch.nn.functional"
-
-
-def _parts(call: cst.Call) -> tuple[str | None, cst.BaseExpression | None, list, dict]:
-    """(the called name, the receiver or None, positional arguments, keyword arguments)."""
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    func = call.func
-    if isinstance(func, cst.Attribute):
-        return func.attr.value, func.value, positional, keywords
-    if isinstance(func, cst.Name):
-        return func.value, None, positional, keywords
-    return None, None, positional, keywords
-
-
 def _operands(receiver, positional) -> tuple[cst.BaseExpression, cst.BaseExpression]:
-    if receiver is not None and not _is_namespace(receiver):
+    if receiver is not None and not is_namespace(receiver):
         if len(positional) != 1:
             raise _Refused("the scores product's operands could not be read")
         return receiver, positional[0]
@@ -549,7 +527,7 @@ def _split_scale(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.Bas
 
 
 def _scalar_like(node: cst.BaseExpression) -> bool:
-    text = _code(node)
+    text = code_of(node)
     return isinstance(node, (cst.Integer, cst.Float)) or any(
         marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
 
@@ -559,16 +537,14 @@ def _untransposed(key: cst.BaseExpression) -> cst.BaseExpression | None:
     if isinstance(key, cst.Attribute) and key.attr.value == "mT":
         return key.value
     if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value == "transpose":
-        dims = sorted(_code(a.value) for a in key.args)
+        dims = sorted(code_of(a.value) for a in key.args)
         if dims == ["-1", "-2"]:
             return key.func.value
     return None
 
 
 def _transpose(node: cst.BaseExpression) -> cst.BaseExpression:
-    atom = node if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else \
-        node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.parse_expression(f"{_code(atom)}.transpose(-2, -1)")
+    return cst.parse_expression(f"{code_of(atom(node))}.transpose(-2, -1)")
 
 
 def _einsum_spec(positional) -> tuple[tuple[str, str], str] | None:
@@ -591,7 +567,7 @@ def _values_spec(inputs: tuple[str, str], out: str) -> bool:
 
 
 def _very_negative(node: cst.BaseExpression) -> bool:
-    text = _code(node).replace(" ", "")
+    text = code_of(node).replace(" ", "")
     if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")) \
             or (text.startswith("-torch.finfo(") and text.endswith(").max")):
         return True
@@ -614,44 +590,25 @@ def _negated(condition: cst.BaseExpression) -> cst.BaseExpression:
             return condition.with_changes(comparisons=[comparison.with_changes(operator=operator)], lpar=[], rpar=[])
     if isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, cst.BitInvert):
         return condition.expression
-    atom = condition if isinstance(condition, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else \
-        condition.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom)
+    return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom(condition))
 
 
-def _scale(chain: _Chain, module: cst.Module | None) -> str | None:
+def _scale(chain: _Chain) -> str | None:
     """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension)."""
-    factors = [_code(f) for f in chain.factors]
-    divisors = [_code(d) for d in chain.divisors]
-    heads = {_code(chain.q), _code(chain.k)} if chain.q is not None and chain.k is not None else set()
-    defaults = set()
-    for name in heads:
-        for size in (f"{name}.size(-1)", f"{name}.shape[-1]"):
-            defaults.update({f"1.0 / math.sqrt({size})", f"1 / math.sqrt({size})", f"{size} ** -0.5",
-                             f"(1.0 / math.sqrt({size}))", f"(1 / math.sqrt({size}))", f"{size}**-0.5"})
-            if not divisors or divisors == [f"math.sqrt({size})"]:
-                pass
-    if len(factors) == 1 and not divisors and factors[0] in defaults:
-        return None
-    if not factors and len(divisors) == 1 and any(divisors[0] == f"math.sqrt({n}.{s})" for n in heads
-                                                  for s in ("size(-1)", "shape[-1]")):
+    def compact(node: cst.BaseExpression) -> str:
+        return code_of(node.with_changes(lpar=[], rpar=[])).replace(" ", "")
+
+    factors, divisors = [compact(f) for f in chain.factors], [compact(d) for d in chain.divisors]
+    sizes = [f"{code_of(head)}.{size}" for head in (chain.q, chain.k) if head is not None
+             for size in ("size(-1)", "shape[-1]")]
+    if (not divisors and len(factors) == 1 and factors[0] in {form for size in sizes for form in (
+            f"1/math.sqrt({size})", f"1.0/math.sqrt({size})", f"{size}**-0.5")}) or \
+            (not factors and len(divisors) == 1 and divisors[0] in {f"math.sqrt({size})" for size in sizes}):
         return None
     if not factors and not divisors:
         return "1.0"
-    numerator = " * ".join(_atom_text(f) for f in factors) if factors else "1"
-    if not divisors:
-        return numerator
-    return f"{numerator} / " + " / ".join(_atom_text(d) for d in divisors)
-
-
-def _atom_text(text: str) -> str:
-    try:
-        node = cst.parse_expression(text)
-    except cst.ParserSyntaxError:
-        return f"({text})"
-    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or node.lpar:
-        return text
-    return f"({text})"
+    numerator = " * ".join(code_of(atom(f)) for f in chain.factors) if factors else "1"
+    return " / ".join([numerator] + [code_of(atom(d)) for d in chain.divisors])
 
 
 def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
@@ -759,12 +716,12 @@ def _self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseEx
     class _Finder(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
-                if _code(target.target) == f"self.{attribute}":
+                if code_of(target.target) == f"self.{attribute}":
                     found.append(node.value)
 
         def visit_Call(self, node: cst.Call) -> None:
-            name, receiver, positional, keywords = _parts(node)
-            if name == "register_buffer" and receiver is not None and _code(receiver) == "self" and \
+            name, receiver, positional, keywords = call_parts(node)
+            if name == "register_buffer" and receiver is not None and code_of(receiver) == "self" and \
                     len(positional) >= 2 and isinstance(positional[0], cst.SimpleString) and \
                     positional[0].evaluated_value == attribute:
                 found.append(positional[1])

@@ -10,46 +10,22 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, code_of, dead_definitions, functional_name
-
-
-def _code(node: cst.CSTNode) -> str:
-    return code_of(node).strip()
-
-
-def _called(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None, list[cst.BaseExpression], dict]:
-    """(the called name, its receiver, positional arguments, keyword arguments) of a call; Nones otherwise."""
-    if not isinstance(node, cst.Call):
-        return None, None, [], {}
-    positional = [a.value for a in node.args if a.keyword is None and not a.star]
-    keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-    if isinstance(node.func, cst.Attribute):
-        return node.func.attr.value, node.func.value, positional, keywords
-    if isinstance(node.func, cst.Name):
-        return node.func.value, None, positional, keywords
-    return None, None, positional, keywords
-
-
-def _namespace(node: cst.BaseExpression | None) -> bool:
-    if node is None:
-        return True
-    text = _code(node)
-    return text in ("torch", "F", "functional", "torch.special") or text.endswith(".functional")
+from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, dead_definitions, functional_name, is_namespace
 
 
 def _input_of(node: cst.CSTNode, names: tuple[str, ...]) -> cst.BaseExpression | None:
     """`x` of `torch.<name>(x)`, `F.<name>(x)` or `x.<name>()`, for one of `names`."""
-    name, receiver, positional, _ = _called(node)
+    name, receiver, positional, _ = call_parts(node)
     if name not in names:
         return None
-    if _namespace(receiver):
+    if is_namespace(receiver):
         return positional[0] if positional else None
     return receiver
 
 
 def _is_number(node: cst.BaseExpression, value: float | None = None) -> bool:
     try:
-        number = float(_code(node))
+        number = float(code_of(node))
     except ValueError:
         return False
     return value is None or number == value
@@ -67,12 +43,12 @@ def activation_call(library: str):
             return x
         if library == "torch.softmax(x, dim)":
             x, dim = x
-            new = cst.parse_expression(f"torch.softmax({_code(x)}, {_code(dim)})")
+            new = cst.parse_expression(f"torch.softmax({code_of(x)}, {code_of(dim)})")
         else:
             name = library.split("(")[0].removeprefix("F.")
             extra = ', approximate="tanh"' if "tanh" in library else ""
-            new = cst.parse_expression(f"{functional_name(site.module, name)}({_code(x)}{extra})")
-        return Rewrite(node, new, f"{_code(node)} → {code_of(new)}",
+            new = cst.parse_expression(f"{functional_name(site.module, name)}({code_of(x)}{extra})")
+        return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}",
                        removed=dead_definitions(site.function, node, new))
 
     return fix
@@ -84,8 +60,8 @@ def _formula_input(node: cst.CSTNode, library: str):
         return "the formula is not one expression graphlint can rewrite"
     if library == "torch.softmax(x, dim)":
         top = _input_of(node.left, ("exp",))
-        name, receiver, positional, keywords = _called(node.right)
-        if top is None or name != "sum" or receiver is None or _code(receiver) != _code(node.left) or \
+        name, receiver, positional, keywords = call_parts(node.right)
+        if top is None or name != "sum" or receiver is None or code_of(receiver) != code_of(node.left) or \
                 len(positional) != 1 or not isinstance(node.operator, cst.Divide):
             return "the exponentials are not divided by their own sum in one expression"
         return top, positional[0]
@@ -99,7 +75,7 @@ def _formula_input(node: cst.CSTNode, library: str):
             if library == "F.mish(x)":
                 argument = _input_of(argument, ("softplus",))
             others = factors[:index] + factors[index + 1:]
-            if argument is not None and len(others) == 1 and _code(others[0]) == _code(argument):
+            if argument is not None and len(others) == 1 and code_of(others[0]) == code_of(argument):
                 return argument
         return "the formula's input is not written the same way on both sides"
     # GELU: 0.5 * x * (1 + core), in any order of the three factors.
@@ -127,26 +103,25 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
     inside = _input_of(node, ("log",))
     if inside is None:
         return "the log is not a call graphlint can rewrite"
-    name, receiver, positional, keywords = _called(inside)
+    name, receiver, positional, keywords = call_parts(inside)
     if name == "softmax":
-        x = positional[0] if _namespace(receiver) and positional else receiver
+        x = positional[0] if is_namespace(receiver) and positional else receiver
         rest = [a for a in inside.args if a.value is not x]
         if x is None or any(a.keyword is not None and a.keyword.value == "dtype" for a in inside.args):
             return "the softmax's arguments could not be read"
-        arguments = ", ".join([_code(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
+        arguments = ", ".join([code_of(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
         new = cst.parse_expression(f"{functional_name(site.module, 'log_softmax')}({arguments})")
     elif name == "sigmoid":
         x = _input_of(inside, ("sigmoid",))
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}({_code(x)})")
+        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}({code_of(x)})")
     elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Subtract) and \
             _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",)) is not None:
         x = _input_of(inside.right, ("sigmoid",))
-        negated = _code(x) if isinstance(x, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) else f"({_code(x)})"
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}(-{negated})")
+        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}(-{code_of(atom(x))})")
     else:
         return ("the probabilities are computed in another statement or picked from first; take the log of "
                 "the logits with F.log_softmax / F.logsigmoid where they are made")
-    return Rewrite(node, new, f"{_code(node)} → {code_of(new)}")
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
 
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
@@ -165,18 +140,18 @@ def library_norm(kind: str):
         eps = _eps(site.node)
         if eps is None:
             return "the epsilon could not be read from the normalising step"
-        weights = _self_attributes(function, exclude=_code(eps))
-        added = {_code(n) for n in _added_attributes(function)}
+        weights = _self_attributes(function, exclude=code_of(eps))
+        added = {code_of(n) for n in _added_attributes(function)}
         scale = [w for w in weights if w not in added]
         shift = [w for w in weights if w in added]
         if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
             return "the norm's learned scale and shift could not be told apart"
         weight = scale[0] if scale else "None"
         if kind == "RMSNorm":
-            call = f"{functional_name(site.module, 'rms_norm')}({x}, ({x}.shape[-1],), {weight}, {_code(eps)})"
+            call = f"{functional_name(site.module, 'rms_norm')}({x}, ({x}.shape[-1],), {weight}, {code_of(eps)})"
         else:
             bias = shift[0] if shift else "None"
-            call = f"{functional_name(site.module, 'layer_norm')}({x}, ({x}.shape[-1],), {weight}, {bias}, {_code(eps)})"
+            call = f"{functional_name(site.module, 'layer_norm')}({x}, ({x}.shape[-1],), {weight}, {bias}, {code_of(eps)})"
         statements = list(function.body.body)
         if statements and _is_docstring(statements[0]):
             statements = statements[1:]
@@ -201,7 +176,7 @@ def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
 
     class _Visitor(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            if _called(node)[0] in ("rsqrt", "sqrt"):
+            if call_parts(node)[0] in ("rsqrt", "sqrt"):
                 calls.append(node)
 
     step.visit(_Visitor())
@@ -211,7 +186,7 @@ def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
     if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
         return None
     for side in (inside.right, inside.left):
-        if _is_number(side) or (isinstance(side, cst.Attribute) and _code(side.value) == "self"):
+        if _is_number(side) or (isinstance(side, cst.Attribute) and code_of(side.value) == "self"):
             return side
     return None
 
@@ -221,8 +196,8 @@ def _self_attributes(function: cst.FunctionDef, exclude: str) -> list[str]:
 
     class _Visitor(cst.CSTVisitor):
         def visit_Attribute(self, node: cst.Attribute) -> bool:
-            text = _code(node)
-            if _code(node.value) == "self" and text != exclude and text not in found:
+            text = code_of(node)
+            if code_of(node.value) == "self" and text != exclude and text not in found:
                 found.append(text)
             return True
 
@@ -237,7 +212,7 @@ def _added_attributes(function: cst.FunctionDef) -> list[cst.Attribute]:
         def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
             if isinstance(node.operator, cst.Add):
                 found.extend(s for s in (node.left, node.right)
-                             if isinstance(s, cst.Attribute) and _code(s.value) == "self")
+                             if isinstance(s, cst.Attribute) and code_of(s.value) == "self")
 
     function.body.visit(_Visitor())
     return found
@@ -258,7 +233,7 @@ def without_bias(site: FixSite) -> Rewrite | str:
     else:
         if any(a.star for a in args):
             return "the layer is built with *args or **kwargs, which may already pass bias"
-        if len([a for a in args if a.keyword is None]) >= (3 if _called(node)[0] == "Linear" else 8):
+        if len([a for a in args if a.keyword is None]) >= (3 if call_parts(node)[0] == "Linear" else 8):
             return "bias is passed by position"
         if args:
             args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -266,4 +241,4 @@ def without_bias(site: FixSite) -> Rewrite | str:
                             equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                   whitespace_after=cst.SimpleWhitespace(""))))
     new = node.with_changes(args=args)
-    return Rewrite(node, new, f"{_code(node)} → {code_of(new)}")
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")

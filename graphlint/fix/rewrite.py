@@ -42,9 +42,45 @@ class Rewrite:
 Fixer = Callable[[FixSite], "Rewrite | str"]
 
 
+# Expressions that need no parentheses as an operand, a receiver or after a unary operator.
+ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
+# Receivers whose functions take the tensor as their first argument: `torch.log(x)`, `F.softmax(x, -1)`.
+_NAMESPACES = ("torch", "F", "functional", "torch.special")
+
+
 def code_of(node: cst.CSTNode) -> str:
     """The source text of a libcst node, as it would be written in a module."""
     return cst.Module(body=[]).code_for_node(node)
+
+
+def atom(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node`, in parentheses unless it is an atom or has them already."""
+    if isinstance(node, ATOMS) or node.lpar:
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def call_parts(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None, list[cst.BaseExpression], dict]:
+    """(the called name, its receiver or None, positional arguments, keyword arguments) of a call;
+    (None, None, [], {}) for anything else."""
+    if not isinstance(node, cst.Call):
+        return None, None, [], {}
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+    if isinstance(node.func, cst.Attribute):
+        return node.func.attr.value, node.func.value, positional, keywords
+    if isinstance(node.func, cst.Name):
+        return node.func.value, None, positional, keywords
+    return None, None, positional, keywords
+
+
+def is_namespace(receiver: cst.BaseExpression | None) -> bool:
+    """Whether a call on `receiver` takes its tensor first (`torch.`, `F.`, a bare name) rather than being a
+    method of the tensor (`x.softmax(-1)`)."""
+    if receiver is None:
+        return True
+    text = code_of(receiver)
+    return text in _NAMESPACES or text.endswith(".functional")
 
 
 def functional_name(module: cst.Module | None, name: str) -> str:
