@@ -26,7 +26,7 @@ from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit")
+FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit", "rdjson", "rdjsonl", "markdown")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    check.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE", type=_extra_report,
+                       help="also write the report in FORMAT to FILE (repeatable), from the same run")
     check.add_argument(
         "--device", choices=DEVICES, default=None,
         help="where to build and run the model; auto (default) uses the meta device and rebuilds on CPU "
@@ -78,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="print the fixes --fix would apply as unified diffs and write nothing (exit 1 when "
                             "there is something to fix)")
     check.add_argument("--unsafe-fixes", action="store_true",
-                       help="with --fix or --diff, also apply fixes that could not be proven")
+                       help="with --fix or --diff, also apply fixes that could not be proven; with rdjson, also "
+                            "suggest them")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -145,6 +148,8 @@ def _check(args: argparse.Namespace) -> int:
     from graphlint.baseline import write_baseline
     from graphlint.cache import default_folder
     from graphlint.report import FORMATS as RENDER
+    from graphlint.report import SUGGESTING
+    from graphlint.report.rdjson import keep_fixes
     from graphlint.report.text import diagnostics, summary
     from graphlint.run import Options, check
 
@@ -174,8 +179,10 @@ def _check(args: argparse.Namespace) -> int:
         cache=None if args.no_cache else default_folder(project, args.cache_dir),
         jobs=args.jobs, timeout=config.timeout or None, progress=_Progress(sys.stderr) if show_progress else None,
     )
-    if args.unsafe_fixes and not (args.fix or args.diff):
-        raise UsageError("--unsafe-fixes applies only with --fix or --diff")
+    outputs = [(args.format, args.output), *args.report]
+    suggesting = any(name in SUGGESTING for name, _ in outputs)
+    if args.unsafe_fixes and not (args.fix or args.diff or suggesting):
+        raise UsageError("--unsafe-fixes applies only with --fix, --diff or --format rdjson/rdjsonl")
     if args.write_baseline is not None and (args.fix or args.diff):
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
     report = check(targets, project, config, options, base)
@@ -191,21 +198,46 @@ def _check(args: argparse.Namespace) -> int:
         print(f"graphlint: wrote {len(kept)} finding{'' if len(kept) == 1 else 's'} to the baseline "
               f"{args.write_baseline}", file=sys.stderr)
         return EXIT_ERROR if report.errors else EXIT_CLEAN
-    rendered = RENDER[args.format](report)
-    if args.output:
-        try:
-            Path(args.output).write_text(rendered, encoding="utf-8")
-        except OSError as error:
-            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
-        if args.format != "text":
-            print(summary(report), file=sys.stderr)
-    else:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(rendered.encode("utf-8"))  # UTF-8 whatever the terminal's locale says
-        sys.stdout.flush()
+    # Suggestions are offered only for fixes proven as --fix would prove them (after --fix, none are left).
+    proven = keep_fixes(report, [] if args.fix else _proven(report, project, base, args.unsafe_fixes)) \
+        if suggesting else report
+    for name, output in outputs:
+        rendered = RENDER[name](proven if name in SUGGESTING else report)
+        if output:
+            try:
+                Path(output).write_text(rendered, encoding="utf-8")
+            except OSError as error:
+                raise UsageError(f"cannot write {output}: {error.strerror or error}") from error
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(rendered.encode("utf-8"))  # UTF-8 whatever the terminal's locale says
+            sys.stdout.flush()
+    if args.output and args.format != "text":
+        print(summary(report), file=sys.stderr)
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def _extra_report(value: str) -> tuple[str, str]:
+    name, _, output = value.partition("=")
+    if name not in FORMATS or not output:
+        raise argparse.ArgumentTypeError(f"{value!r} is not FORMAT=FILE with FORMAT one of {', '.join(FORMATS)}")
+    return name, output
+
+
+def _proven(report, project: Project, base: Path, unsafe: bool) -> list:
+    """The findings whose fixes --fix would apply, proven on the model (with `unsafe`, the unproven ones too)."""
+    from graphlint.fix.apply import fixable, plan_fixes
+
+    if not fixable(report):
+        return []
+    plan = plan_fixes(report, project, base, unsafe)
+    for finding, reason in plan.refused:
+        where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
+        how = "suggested anyway (--unsafe-fixes)" if unsafe else "not suggested"
+        print(single_line(f"graphlint: {where}: {finding.rule_id} fix {how}: {reason}"), file=sys.stderr)
+    return plan.applied
 
 
 def _diff(report, project: Project, base: Path, unsafe: bool) -> int:

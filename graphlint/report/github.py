@@ -2,16 +2,25 @@
 
     ::warning file=models/gpt.py,line=29,endLine=29,col=17,endColumn=39,title=GL101 unfused-attention::message
 
-GitHub shows at most 10 annotations of each kind per step (50 per job); the summary line follows them.
+GitHub shows at most 10 annotations of each level (error, warning, notice) per step and 50 per job, and drops
+the rest without a word. Past 10 of a level, the rest are printed as plain log lines and a last notice says how
+many were not shown as annotations and where every finding is (`--format markdown`, the job summary of
+graphlint's action, SARIF). The summary line follows them. In GitHub Actions, paths are relative to the
+repository's checkout (`$GITHUB_WORKSPACE`), as GitHub places annotations, whatever the working directory.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from graphlint.files import display_path, writable
+from graphlint.report.paths import relative_to, source_root
 from graphlint.report.text import summary
 from graphlint.results import Report
 
 _COMMAND = {"error": "error", "warning": "warning", "note": "notice"}
+LIMIT = 10  # annotations of one level that GitHub shows per step
 
 
 def escape_message(text: str) -> str:
@@ -22,12 +31,15 @@ def escape_property(text: str) -> str:
     return escape_message(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def render_github(report: Report) -> str:
-    lines = []
+def render_github(report: Report, environ: Mapping[str, str] | None = None) -> str:
+    environ = os.environ if environ is None else environ
+    root = source_root(report.project_root, environ) if environ.get("GITHUB_WORKSPACE") else None
+    commands: list[tuple[str, str, str]] = []  # (level, workflow command, the same as a plain log line)
     for finding in report.findings:
         loc = finding.location
+        path = relative_to(loc.path, root) if root is not None else display_path(loc.path)
         properties = {
-            "file": display_path(loc.path),
+            "file": path,
             "line": loc.line,
             "endLine": loc.end_line,
             "col": loc.column,
@@ -35,12 +47,35 @@ def render_github(report: Report) -> str:
             "title": f"{finding.rule_id} {finding.rule_name}",
         }
         fields = ",".join(f"{key}={escape_property(str(value))}" for key, value in properties.items())
-        suffix = " (suppressed)" if finding.suppressed else ""
-        lines.append(f"::{_COMMAND[finding.severity.value]} {fields}::{escape_message(finding.message + suffix)}")
+        message = finding.message + (" (suppressed)" if finding.suppressed else "")
+        level = _COMMAND[finding.severity.value]
+        commands.append((level, f"::{level} {fields}::{escape_message(message)}",
+                         f"{path}:{loc.line}:{loc.column}: {finding.rule_id} {' '.join(message.split())}"))
     for result in report.results:
         for note in result.notes:
-            lines.append(f"::notice title=graphlint::{escape_message(f'{result.target}: {note}')}")
+            text = f"{result.target}: {note}"
+            commands.append(("notice", f"::notice title=graphlint::{escape_message(text)}", f"graphlint: note: {text}"))
         for error in result.errors:
-            lines.append(f"::error title=graphlint::{escape_message(f'{error.target}: {error.message}')}")
+            text = f"{error.target}: {error.message}"
+            commands.append(("error", f"::error title=graphlint::{escape_message(text)}", f"graphlint: error: {text}"))
+    counts = {level: sum(1 for c in commands if c[0] == level) for level in ("error", "warning", "notice")}
+    # The last notice must itself be one of the notices shown.
+    shown = {level: count if count <= LIMIT else LIMIT - (level == "notice") for level, count in counts.items()}
+    lines, seen = [], dict.fromkeys(counts, 0)
+    for level, command, plain in commands:
+        seen[level] += 1
+        lines.append(command if seen[level] <= shown[level] else plain)
+    hidden = {level: counts[level] - shown[level] for level in counts if counts[level] > shown[level]}
+    if hidden:
+        lines.append(f"::notice title=graphlint: {sum(hidden.values())} not shown as annotations::"
+                     + escape_message(overflow_notice(hidden, len(report.findings))))
     lines.append(summary(report))
     return writable("\n".join(lines) + "\n")
+
+
+def overflow_notice(hidden: dict[str, int], findings: int) -> str:
+    """What the annotations leave out, and where to find everything."""
+    parts = " and ".join(f"{count} {level}{'' if count == 1 else 's'}" for level, count in hidden.items())
+    return (f"GitHub shows at most {LIMIT} annotations of each level per step; {parts} are only in this step's "
+            f"log. All {findings} finding{'' if findings == 1 else 's'} are listed in the job summary of "
+            "graphlint's action (--format markdown) and in its SARIF for code scanning (--format sarif).")

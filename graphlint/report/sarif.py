@@ -2,12 +2,14 @@
 
 sarif-om's usual serializer drops every value equal to its default, so `level: "warning"` would vanish and a
 result would inherit its rule's level; this module serializes the attrs classes itself and keeps levels
-explicit. Columns are UTF-16 code units (`run.columnKind`), as GitHub and VS Code expect.
+explicit. Columns are UTF-16 code units (`run.columnKind`), as GitHub and VS Code expect. `%SRCROOT%` is the
+project root, or in CI the repository's checkout that holds it (graphlint.report.paths).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,6 +19,7 @@ import sarif_om as sarif
 import graphlint
 from graphlint.files import writable
 from graphlint.report.columns import SourceColumns
+from graphlint.report.paths import source_root
 from graphlint.results import Edit, Fix, Finding, Location, Report, RuleInfo
 
 SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -36,7 +39,7 @@ def build_log(report: Report) -> sarif.SarifLog:
     rules = list(report.rules)
     index = {rule.id: i for i, rule in enumerate(rules)}
     columns = SourceColumns("utf-16")
-    root = Path(report.project_root)
+    root = Path(source_root(report.project_root, os.environ))  # GitHub reads paths from the repository root
     results = [_result(f, index, columns, root, report.baseline is not None) for f in report.findings]
     notifications = [
         sarif.Notification(level="error", message=sarif.Message(text=f"{e.target}: {e.message}"))
