@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from graphlint.files import display_path, writable
-from graphlint.report.paths import relative_to, source_root
+from graphlint.report.paths import is_inside, relative_to
 from graphlint.report.text import summary
 from graphlint.results import Report
 
@@ -32,12 +32,12 @@ def escape_property(text: str) -> str:
 
 
 def render_github(report: Report, environ: Mapping[str, str] | None = None) -> str:
-    environ = os.environ if environ is None else environ
-    root = source_root(report.project_root, environ) if environ.get("GITHUB_WORKSPACE") else None
+    workspace = (os.environ if environ is None else environ).get("GITHUB_WORKSPACE")
     commands: list[tuple[str, str, str]] = []  # (level, workflow command, the same as a plain log line)
     for finding in report.findings:
         loc = finding.location
-        path = relative_to(loc.path, root) if root is not None else display_path(loc.path)
+        inside = workspace and is_inside(os.path.abspath(loc.path), os.path.abspath(workspace))
+        path = relative_to(loc.path, workspace) if inside else display_path(loc.path)
         properties = {
             "file": path,
             "line": loc.line,

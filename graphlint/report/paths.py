@@ -19,7 +19,7 @@ def source_root(project_root: str, environ: Mapping[str, str]) -> str:
     project = os.path.abspath(project_root)
     for name in CHECKOUT_VARIABLES:
         checkout = environ.get(name)
-        if checkout and _inside(project, os.path.abspath(checkout)):
+        if checkout and is_inside(project, os.path.abspath(checkout)):
             return os.path.abspath(checkout)
     return project
 
@@ -27,12 +27,13 @@ def source_root(project_root: str, environ: Mapping[str, str]) -> str:
 def relative_to(path: str, root: str) -> str:
     """`path` relative to `root` with forward slashes when it is inside it; absolute (forward slashes) otherwise."""
     absolute = os.path.abspath(path)
-    if _inside(absolute, os.path.abspath(root)):
+    if is_inside(absolute, os.path.abspath(root)):
         return Path(os.path.relpath(absolute, root)).as_posix()
     return Path(absolute).as_posix()
 
 
-def _inside(path: str, folder: str) -> bool:
+def is_inside(path: str, folder: str) -> bool:
+    """Whether the absolute `path` is `folder` or below it."""
     try:
         return os.path.commonpath([path, folder]) == folder
     except ValueError:  # another drive on Windows
