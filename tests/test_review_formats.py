@@ -4,6 +4,7 @@ limit hides, and the Markdown list of every finding."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -17,7 +18,7 @@ from graphlint.report.github import render_github
 from graphlint.report.markdown import render_markdown
 from graphlint.report.rdjson import diagnostics, suggestions
 from graphlint.report.sarif import build_log
-from graphlint.results import Edit, Finding, Fix, Location, Severity
+from graphlint.results import Edit, Finding, Fix, Location, Report, Severity, TargetError, TargetResult
 
 RDF_SCHEMAS = Path(__file__).resolve().parent / "data" / "reviewdog-rdf"
 CI_VARIABLES = ("GITHUB_WORKSPACE", "CI_PROJECT_DIR", "GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_SHA",
@@ -293,3 +294,26 @@ def test_fixes_whose_lines_overlap_are_one_suggestion_on_the_first_finding(tmp_p
     second = _finding(str(path), 2, 3, [Edit(str(path), 3, 5, 3, 6, "30")])
     found = suggestions([first, second])
     assert list(found) == [first] and found[first] == (1, 3, "a = 1\nb = 20\nc = 30")
+
+
+def test_suppressed_findings_are_left_out_of_rdjson_even_when_shown(many):
+    _, _, report = many
+    hidden = report.findings[0]
+    shown = dataclasses.replace(report, merged=[dataclasses.replace(hidden, suppressed=True), *report.findings[1:]],
+                                show_suppressed=True)
+    assert len(shown.findings) == len(report.findings)
+    codes = [d["code"]["value"] for d in diagnostics(shown, NO_CI)]
+    assert len(codes) == len(report.findings) - 1 and codes == [f.rule_id for f in report.findings[1:]]
+    assert "(suppressed)" in render_markdown(shown, NO_CI)  # the list for people says so instead
+
+
+def test_markdown_names_the_targets_that_could_not_be_linted_and_escapes_table_cells():
+    finding = Finding("GL101", "unfused-attention", Severity.WARNING, "a | b <br> `x | y`",
+                      Location("/p/m.py", 3, 1, 3, 4))
+    report = Report(results=[TargetResult("m.py:make", findings=[finding]),
+                             TargetResult("bad.py:make", errors=[TargetError("bad.py:make", "file bad.py does not exist")])],
+                    project_root="/p")
+    text = render_markdown(report, NO_CI)
+    [row] = [line for line in text.splitlines() if line.startswith("| warning")]
+    assert row.endswith("| a \\| b &lt;br&gt; `x \\| y` |")
+    assert "### Targets that could not be linted\n\n- `bad.py:make`: file bad.py does not exist" in text
