@@ -199,3 +199,17 @@ def test_the_action_says_when_graphlint_is_not_installed(checkout, tmp_path):
     code, seen = run_action(checkout, python=str(bare / "bin" / "python"))
     assert code == 2
     assert "::error title=graphlint::graphlint is not installed" in seen["stdout"]
+
+
+def test_the_readme_pins_every_action_by_commit_as_the_action_does():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    used = re.findall(r"uses: ([\w./-]+)@(\S+)(?: # (v[\d.]+))?", readme)
+    pinned = {name: sha for name, sha, _ in re.findall(r"uses: ([\w./-]+)@([0-9a-f]{40}) # (v[\d.]+)",
+                                                       ACTION.read_text(encoding="utf-8"))}
+    others = [(name, sha, version) for name, sha, version in used if name != "torch-graphlint/torch-graphlint"]
+    assert {name for name, _, _ in others} == {"actions/checkout", "actions/setup-python",
+                                               "github/codeql-action/upload-sarif"}
+    for name, sha, version in others:
+        assert re.fullmatch(r"[0-9a-f]{40}", sha) and version, f"{name}@{sha} is not pinned by commit"
+        assert sha == pinned.get(name, sha), f"README and action.yml pin different commits of {name}"
+    assert "upload-sarif@" in readme and all(v.startswith("v4.") for n, _, v in others if n.endswith("upload-sarif"))
