@@ -67,8 +67,8 @@ def render_github(report: Report, environ: Mapping[str, str] | None = None) -> s
         lines.append(command if seen[level] <= shown[level] else plain)
     hidden = {level: counts[level] - shown[level] for level in counts if counts[level] > shown[level]}
     if hidden:
-        lines.append(f"::notice title=graphlint: {sum(hidden.values())} not shown as annotations::"
-                     + escape_message(overflow_notice(hidden, len(report.findings))))
+        title = escape_property(f"graphlint: {sum(hidden.values())} not shown as annotations")
+        lines.append(f"::notice title={title}::{escape_message(overflow_notice(hidden, len(report.findings)))}")
     lines.append(summary(report))
     return writable("\n".join(lines) + "\n")
 
@@ -76,6 +76,7 @@ def render_github(report: Report, environ: Mapping[str, str] | None = None) -> s
 def overflow_notice(hidden: dict[str, int], findings: int) -> str:
     """What the annotations leave out, and where to find everything."""
     parts = " and ".join(f"{count} {level}{'' if count == 1 else 's'}" for level, count in hidden.items())
-    return (f"GitHub shows at most {LIMIT} annotations of each level per step; {parts} are only in this step's "
+    verb = "is" if sum(hidden.values()) == 1 else "are"
+    return (f"GitHub shows at most {LIMIT} annotations of each level per step; {parts} {verb} only in this step's "
             f"log. All {findings} finding{'' if findings == 1 else 's'} are listed in the job summary of "
             "graphlint's action (--format markdown) and in its SARIF for code scanning (--format sarif).")
