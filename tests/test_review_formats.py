@@ -317,3 +317,12 @@ def test_markdown_names_the_targets_that_could_not_be_linted_and_escapes_table_c
     [row] = [line for line in text.splitlines() if line.startswith("| warning")]
     assert row.endswith("| a \\| b &lt;br&gt; `x \\| y` |")
     assert "### Targets that could not be linted\n\n- `bad.py:make`: file bad.py does not exist" in text
+
+
+def test_past_ten_notices_the_last_notice_is_still_one_of_the_ten_shown():
+    notes = [Finding("GL203", "unused-parameter", Severity.NOTE, f"unused {i}", Location("/p/m.py", i, 1, i, 2))
+             for i in range(1, 13)]
+    out = render_github(Report(results=[TargetResult("m.py:make", findings=notes)], project_root="/p"), NO_CI)
+    notices = [line for line in out.splitlines() if line.startswith("::notice ")]
+    assert len(notices) == 10 and "3 notices are only in this step's log" in notices[-1]
+    assert "title=graphlint%3A 3 not shown as annotations::" in notices[-1]
