@@ -326,3 +326,19 @@ def test_past_ten_notices_the_last_notice_is_still_one_of_the_ten_shown():
     notices = [line for line in out.splitlines() if line.startswith("::notice ")]
     assert len(notices) == 10 and "3 notices are only in this step's log" in notices[-1]
     assert "title=graphlint%3A 3 not shown as annotations::" in notices[-1]
+
+
+def test_a_checkout_named_through_a_symbolic_link_still_gives_paths_from_the_repository_root(many, tmp_path):
+    checkout, _, report = many
+    link = tmp_path / "workspace"
+    link.symlink_to(checkout, target_is_directory=True)
+    environ = {"GITHUB_WORKSPACE": str(link)}
+    assert "::warning file=sub/model.py," in render_github(report, environ)
+    assert {d["location"]["path"] for d in diagnostics(report, environ)} == {"sub/model.py"}
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("GITHUB_WORKSPACE", str(link))
+    try:
+        uris = {r.locations[0].physical_location.artifact_location.uri for r in build_log(report).runs[0].results}
+    finally:
+        monkey.undo()
+    assert uris == {"sub/model.py"}

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from graphlint.files import display_path, writable
-from graphlint.report.paths import is_inside, relative_to
+from graphlint.report.paths import relative_to
 from graphlint.report.text import summary
 from graphlint.results import Report
 
@@ -36,8 +37,9 @@ def render_github(report: Report, environ: Mapping[str, str] | None = None) -> s
     commands: list[tuple[str, str, str]] = []  # (level, workflow command, the same as a plain log line)
     for finding in report.findings:
         loc = finding.location
-        inside = workspace and is_inside(os.path.abspath(loc.path), os.path.abspath(workspace))
-        path = relative_to(loc.path, workspace) if inside else display_path(loc.path)
+        path = relative_to(loc.path, workspace) if workspace else display_path(loc.path)
+        if Path(path).is_absolute():  # outside the checkout: a library, shown as the text format shows it
+            path = display_path(loc.path)
         properties = {
             "file": path,
             "line": loc.line,

@@ -15,21 +15,27 @@ CHECKOUT_VARIABLES = ("GITHUB_WORKSPACE", "CI_PROJECT_DIR")  # where GitHub Acti
 
 
 def source_root(project_root: str, environ: Mapping[str, str]) -> str:
-    """The CI's checkout when the project is inside it, else the project root."""
-    project = os.path.abspath(project_root)
+    """The CI's checkout when the project is inside it, spelled as `project_root` spells its folders (the
+    checkout's variable may name it through a symbolic link); else `project_root` as it is."""
     for name in CHECKOUT_VARIABLES:
         checkout = environ.get(name)
-        if checkout and is_inside(project, os.path.abspath(checkout)):
-            return os.path.abspath(checkout)
-    return project
+        if not checkout:
+            continue
+        real_project, real_checkout = os.path.realpath(project_root), os.path.realpath(checkout)
+        if is_inside(real_project, real_checkout):
+            depth = len(Path(os.path.relpath(real_project, real_checkout)).parts) if real_project != real_checkout else 0
+            root = Path(os.path.abspath(project_root))
+            return str(root.parents[depth - 1]) if depth else str(root)
+    return project_root
 
 
 def relative_to(path: str, root: str) -> str:
-    """`path` relative to `root` with forward slashes when it is inside it; absolute (forward slashes) otherwise."""
-    absolute = os.path.abspath(path)
-    if is_inside(absolute, os.path.abspath(root)):
-        return Path(os.path.relpath(absolute, root)).as_posix()
-    return Path(absolute).as_posix()
+    """`path` relative to `root` with forward slashes when it is inside it (as spelled, else once symbolic
+    links are resolved); absolute, with forward slashes, otherwise."""
+    for inner, outer in ((os.path.abspath(path), os.path.abspath(root)), (os.path.realpath(path), os.path.realpath(root))):
+        if is_inside(inner, outer):
+            return Path(os.path.relpath(inner, outer)).as_posix()
+    return Path(os.path.abspath(path)).as_posix()
 
 
 def is_inside(path: str, folder: str) -> bool:
