@@ -1,7 +1,8 @@
 """The vocabulary rules use to read the forward graph: op families and argument access.
 
-Op names are the canonical names the capture gives (`node.meta["op"]`): `matmul` stands for `a @ b`,
-`torch.matmul(a, b)` and `a.matmul(b)` alike.
+Op names are the canonical names the capture gives: `matmul` stands for `a @ b`, `torch.matmul(a, b)`,
+`a.matmul(b)` and `torch.linalg.matmul(a, b)` alike, `mul` for `torch.multiply` (graphlint.opnames), so a
+family lists each op once.
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.files import is_installed_file
 
+# How far a rule walks from one op of a pattern to the next (a longer path is other code, and the bound keeps
+# every walk short): across the ops inside one pattern (attention's scale, mask and dropout; the work between
+# two casts), and through the views, casts and picks in front of one value.
+MAX_PATTERN_STEPS = 12
+MAX_PASS_THROUGH_STEPS = 8
+
 MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
 SOFTMAX = frozenset({"softmax", "_softmax", "_safe_softmax"})
-SCALE = frozenset({"mul", "mul_", "rmul", "div", "div_", "rdiv", "true_divide", "true_divide_"})
+MUL = frozenset({"mul"})  # a product of two values, as a hand-written formula spells it (`*`, torch.multiply)
+DIV = frozenset({"div"})  # a quotient (`/`, torch.divide, torch.true_divide)
+SCALE = MUL | DIV | frozenset({"mul_", "rmul", "div_", "rdiv"})
 MASK = frozenset({"add", "add_", "radd", "sub", "sub_", "rsub", "masked_fill", "masked_fill_", "where"})
 CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
 DROPOUT = frozenset({"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"})
@@ -32,8 +41,7 @@ NUMERICALLY_SENSITIVE = frozenset({
 })
 VIEW = frozenset({
     "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "contiguous", "squeeze",
-    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "swapaxes",
-    "movedim",
+    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "movedim",
 })
 
 
@@ -100,6 +108,6 @@ def ran_in_library(node: fx.Node) -> bool:
 def strip_casts(node: Any) -> Any:
     """The value before any dtype conversions (`x.float()` is still `x` for a formula's shape)."""
     seen = 0
-    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < 8:
+    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < MAX_PASS_THROUGH_STEPS:
         node, seen = node.args[0], seen + 1
     return node
