@@ -12,6 +12,7 @@ from typing import Any
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from graphlint.capture.contract import facts
 from graphlint.files import is_installed_file
 
 # How far a rule walks from one op of a pattern to the next (a longer path is other code, and the bound keeps
@@ -46,16 +47,17 @@ VIEW = frozenset({
 
 
 def op(node: fx.Node) -> str | None:
+    """`facts(node).op`, the one fact every walk reads, without making the record."""
     return node.meta.get("op")
 
 
 def is_own_code(node: fx.Node) -> bool:
     """Whether the project's own code made the call, not an installed library or one of torch.nn's modules."""
-    stack = node.meta.get("stack") or ()
-    modules = node.meta.get("module_stack") or ()
+    known = facts(node)
+    stack = known.stack
     if not stack or is_installed_file(stack[-1].file):
         return False
-    return not (modules and modules[-1].library)
+    return known.library_module is None
 
 
 def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -66,8 +68,9 @@ def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
 
 
 def tensor_meta(node: Any) -> TensorMetadata | None:
+    """The shape and dtype of a node's one output; None for a constant or a node with several outputs."""
     if isinstance(node, fx.Node):
-        meta = node.meta.get("tensor_meta")
+        meta = facts(node).tensor_meta
         if isinstance(meta, TensorMetadata):
             return meta
     return None
@@ -101,7 +104,7 @@ def is_static(node: Any) -> bool:
 def ran_in_library(node: fx.Node) -> bool:
     """Whether the op was called from an installed library's code (a `transformers` model's own RMSNorm),
     which its users cannot rewrite."""
-    stack = node.meta.get("stack") or ()
+    stack = facts(node).stack
     return bool(stack) and is_installed_file(stack[-1].file)
 
 

@@ -7,6 +7,7 @@ from functools import partial
 
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
@@ -286,7 +287,7 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]))
-        stack = softmax.meta.get("stack") or ()
+        stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
             fix = use_sdpa_in_transformers

@@ -7,6 +7,7 @@ from collections import defaultdict, deque
 import torch
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -210,7 +211,7 @@ def _dtypes(cast: fx.Node) -> tuple[torch.dtype, torch.dtype] | None:
 
 def _site(node: fx.Node) -> tuple:
     """The source position that ran the op: the same in every pass of a loop and every layer."""
-    stack = node.meta.get("stack") or ()
+    stack = facts(node).stack
     return stack[-1] if stack else ()
 
 

@@ -6,6 +6,7 @@ import math
 
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import without_bias
@@ -273,7 +274,7 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
 
 def _has_trained_bias(layer: fx.Node) -> bool:
     bias = arg(layer, 2, "bias")
-    return isinstance(bias, fx.Node) and bias.op == "get_attr" and bool(bias.meta.get("parameter"))
+    return isinstance(bias, fx.Node) and bias.op == "get_attr" and facts(bias).is_parameter
 
 
 def _cancelling_norm(layer: fx.Node, axis: int) -> fx.Node | None:
