@@ -3,7 +3,8 @@
 - `contract.py`: what rules may read, the `Capture` and each node's typed facts (`facts(node)`);
 - `session.py`: `capture_model`, one forward and one backward of a built model with every recorder attached
   (`forward.py` the forward graph, `autograd.py` the autograd graph and saved tensors, `modules.py` the
-  running modules and where they were built, `debug.py` debugging modes switched on);
+  running modules and where they were built, `debug.py` debugging modes switched on; `patches.py` the one
+  way they patch torch and undo it);
 - `device.py`: `capture_target`, the device policy, meta first and a CPU rebuild when the forward needs real
   values; `isolation.py` restores torch's global state after each target.
 """

@@ -1,7 +1,8 @@
 """The capture session: one forward and one backward of a built model, with every recorder attached.
 
 The recorders (graphlint.capture.forward, .autograd, .modules, .debug) are entered together and left
-together, so whatever the model raises, nothing of graphlint's stays installed in torch.
+together; what they patch in torch goes through graphlint.capture.patches, so whatever the model raises,
+nothing of graphlint's stays installed in torch.
 """
 
 from __future__ import annotations
