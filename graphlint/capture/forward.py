@@ -5,7 +5,7 @@ A `TorchFunctionMode` sees each torch function, tensor method and operator once,
 `nn.MultiheadAttention` is one `multi_head_attention_forward` node). The Python code simply runs, so
 data-dependent branches, graph breaks and library objects in outputs cost nothing.
 
-Each node's `meta` carries:
+Each node's `meta` carries (rules read these through `graphlint.capture.contract.facts(node)`):
 - `op`: the canonical op name (`"matmul"` for `@`, `torch.matmul` and `Tensor.matmul`; `"mul"` for
   `torch.multiply`, every alias folded by graphlint.opnames; `"data"` for `.data`).
 - `stack`: user frames (`Frame`), outermost first; `stack_trace`: the same in torch.fx's text form.
