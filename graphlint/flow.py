@@ -1,15 +1,17 @@
 """Data-flow questions about a capture that several rules ask: which values reach the model's output, which
-parameters get no gradient, and where a parameter's influence stops."""
+parameters get no gradient, and where a parameter's influence stops. The answers about a whole capture are
+computed once per capture (`Capture.answers`) and shared by every rule that asks; rules only read them."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
-from graphlint.capture import Capture
+from graphlint.capture import Capture, facts
 from graphlint.capture.forward import HOST_OPS
 from graphlint.ops import op
 
@@ -17,7 +19,7 @@ from graphlint.ops import op
 def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
     """Every node whose value flows into the loss the backward differentiated (a `Target.loss` may use only
     part of the output); the model's output when the loss is not in the graph."""
-    roots = [n for n in graph.nodes if n.meta.get("loss")]
+    roots = [n for n in graph.nodes if facts(n).is_loss]
     if not roots:
         output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
         roots = list(output.all_input_nodes) if output is not None else []
@@ -33,7 +35,15 @@ def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
 
 def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
     """The `get_attr` node of every parameter or buffer the forward read, by qualified name."""
-    return {n.target: n for n in graph.nodes if n.op == "get_attr" and n.meta.get("parameter")}
+    return {n.target: n for n in graph.nodes if n.op == "get_attr" and facts(n).is_parameter}
+
+
+def _once(capture: Capture, question: Callable[[Capture], Any]) -> Any:
+    """The answer to `question` about this capture, computed on the first ask."""
+    name = question.__name__
+    if name not in capture.answers:
+        capture.answers[name] = question(capture)
+    return capture.answers[name]
 
 
 def trainable_without_gradient(capture: Capture) -> list[str]:
@@ -41,6 +51,10 @@ def trainable_without_gradient(capture: Capture) -> list[str]:
     failed, those with no AccumulateGrad node in the graph of the loss, except those a reentrant checkpoint
     read (it hides its block's parameters from that graph, and only its backward could tell). Empty when
     there was no loss."""
+    return _once(capture, _trainable_without_gradient)
+
+
+def _trainable_without_gradient(capture: Capture) -> list[str]:
     if capture.autograd.root is None:
         return []
     backward = capture.autograd.backward
@@ -83,19 +97,19 @@ def cut_kind(node: fx.Node) -> str | None:
         return "host"
     if in_reentrant_checkpoint(node):
         return None  # the checkpoint's backward recomputes this with grad on
-    mode = node.meta.get("grad_mode", "enabled")
+    mode = facts(node).grad_mode
     return mode if mode != "enabled" else None
 
 
 def leaves_torch(node: fx.Node) -> bool:
     """Whether the op turned a tensor into a Python value (`.item()`, `float(t)`, `if t:`); the `.float()`,
     `.int()` and `.bool()` casts share those names but return tensors, so gradients flow through them."""
-    return op(node) in HOST_OPS and not isinstance(node.meta.get("tensor_meta"), TensorMetadata)
+    return op(node) in HOST_OPS and not isinstance(facts(node).tensor_meta, TensorMetadata)
 
 
 def in_reentrant_checkpoint(node: fx.Node) -> bool:
     """Whether the op ran inside the no_grad forward of a reentrant `torch.utils.checkpoint`."""
-    region = node.meta.get("grad_region")
+    region = facts(node).grad_region
     return region is not None and region.checkpoint
 
 
@@ -105,6 +119,10 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     loss drops cuts nothing); a value that left torch (`.item()`) cannot be followed, so that cut always
     counts; the ops of a reentrant checkpoint's block count only when nothing else cuts the parameter. An
     empty list: used, but its results never reach the loss."""
+    return _once(capture, _gradient_cuts)
+
+
+def _gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     reads = parameter_nodes(capture.forward)
     live = reaches_loss(capture.forward)
 

@@ -1,7 +1,8 @@
 """The vocabulary rules use to read the forward graph: op families and argument access.
 
-Op names are the canonical names the capture gives (`node.meta["op"]`): `matmul` stands for `a @ b`,
-`torch.matmul(a, b)` and `a.matmul(b)` alike.
+Op names are the canonical names the capture gives: `matmul` stands for `a @ b`, `torch.matmul(a, b)`,
+`a.matmul(b)` and `torch.linalg.matmul(a, b)` alike, `mul` for `torch.multiply` (graphlint.opnames), so a
+family lists each op once.
 """
 
 from __future__ import annotations
@@ -11,11 +12,20 @@ from typing import Any
 from torch import fx
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from graphlint.capture.contract import facts
 from graphlint.files import is_installed_file
+
+# How far a rule walks from one op of a pattern to the next (a longer path is other code, and the bound keeps
+# every walk short): across the ops inside one pattern (attention's scale, mask and dropout; the work between
+# two casts), and through the views, casts and picks in front of one value.
+MAX_PATTERN_STEPS = 12
+MAX_PASS_THROUGH_STEPS = 8
 
 MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
 SOFTMAX = frozenset({"softmax", "_softmax", "_safe_softmax"})
-SCALE = frozenset({"mul", "mul_", "rmul", "div", "div_", "rdiv", "true_divide", "true_divide_"})
+MUL = frozenset({"mul"})  # a product of two values, as a hand-written formula spells it (`*`, torch.multiply)
+DIV = frozenset({"div"})  # a quotient (`/`, torch.divide, torch.true_divide)
+SCALE = MUL | DIV | frozenset({"mul_", "rmul", "div_", "rdiv"})
 MASK = frozenset({"add", "add_", "radd", "sub", "sub_", "rsub", "masked_fill", "masked_fill_", "where"})
 CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
 DROPOUT = frozenset({"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"})
@@ -32,22 +42,22 @@ NUMERICALLY_SENSITIVE = frozenset({
 })
 VIEW = frozenset({
     "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "contiguous", "squeeze",
-    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "swapaxes",
-    "movedim",
+    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "movedim",
 })
 
 
 def op(node: fx.Node) -> str | None:
+    """`facts(node).op`, the one fact every walk reads, without making the record."""
     return node.meta.get("op")
 
 
 def is_own_code(node: fx.Node) -> bool:
     """Whether the project's own code made the call, not an installed library or one of torch.nn's modules."""
-    stack = node.meta.get("stack") or ()
-    modules = node.meta.get("module_stack") or ()
+    known = facts(node)
+    stack = known.stack
     if not stack or is_installed_file(stack[-1].file):
         return False
-    return not (modules and modules[-1].library)
+    return known.library_module is None
 
 
 def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -58,8 +68,9 @@ def arg(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
 
 
 def tensor_meta(node: Any) -> TensorMetadata | None:
+    """The shape and dtype of a node's one output; None for a constant or a node with several outputs."""
     if isinstance(node, fx.Node):
-        meta = node.meta.get("tensor_meta")
+        meta = facts(node).tensor_meta
         if isinstance(meta, TensorMetadata):
             return meta
     return None
@@ -93,13 +104,13 @@ def is_static(node: Any) -> bool:
 def ran_in_library(node: fx.Node) -> bool:
     """Whether the op was called from an installed library's code (a `transformers` model's own RMSNorm),
     which its users cannot rewrite."""
-    stack = node.meta.get("stack") or ()
+    stack = facts(node).stack
     return bool(stack) and is_installed_file(stack[-1].file)
 
 
 def strip_casts(node: Any) -> Any:
     """The value before any dtype conversions (`x.float()` is still `x` for a formula's shape)."""
     seen = 0
-    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < 8:
+    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < MAX_PASS_THROUGH_STEPS:
         node, seen = node.args[0], seen + 1
     return node

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from torch import fx
 
+from graphlint.capture.contract import facts
 from graphlint.capture.frames import Frame
 from graphlint.results import Severity
 
@@ -56,17 +57,31 @@ class Example:
         return lines
 
 
+# Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
+MERGE_PLACEHOLDERS = frozenset({"where", "occurrences", "count", "parameters"})
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def fill(template: str, values: Mapping[str, object]) -> str:
+    """The one formatter of messages: `{name}` becomes `values[name]` in a single pass (a value that contains
+    braces is never filled again); braces around a name not in `values` stay."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]) if m.group(1) in values else m.group(0), template)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One occurrence of what a rule looks for, anchored at a forward-graph node, or at a user stack: the one
     that built something that never ran (an unused parameter), or a chosen outer frame of an op.
 
-    `message` is one sentence in the user's terms. Problems at the same source location merge into one finding;
-    these placeholders are then filled in from all of them:
+    `message` is one sentence in the user's terms, a template that `fill` completes: `{name}` for a name in
+    `facts` is that fact (`Problem(message="The in-place {op} ...", facts={"op": "mul_"})`). Problems at the
+    same source location merge into one finding (graphlint.locate.place); these placeholders are then filled
+    in from all the problems with the same message:
     - `{where}`: the module paths (`blocks.0.attn … blocks.11.attn`);
     - `{occurrences}`: `" (12 occurrences)"`, or nothing for one;
     - `{count}`: the number of occurrences;
     - `{parameters}`: the union of `parameters`, grouped (`enc.0.weight, enc.0.bias, ... (4 tensors in enc)`).
+    Braces around any other word are left as they are.
 
     `related` are other nodes of the same pattern with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
@@ -81,10 +96,20 @@ class Problem:
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
+    facts: Mapping[str, object] = field(default_factory=dict, compare=False)  # what the message names
+
+    def __post_init__(self) -> None:
+        if MERGE_PLACEHOLDERS & set(self.facts):
+            raise ValueError(f"a problem's facts cannot be named {sorted(MERGE_PLACEHOLDERS & set(self.facts))}")
+
+    @property
+    def own_message(self) -> str:
+        """The message with this problem's own facts filled in; the placeholders of a merge remain."""
+        return fill(self.message, self.facts)
 
     @property
     def where(self) -> str:
-        return self.node.meta.get("module_path", "") if self.node is not None else self.module_path
+        return facts(self.node).module_path if self.node is not None else self.module_path
 
 
 class Rule:

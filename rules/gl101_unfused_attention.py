@@ -7,15 +7,16 @@ from functools import partial
 
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
+from graphlint.ops import MAX_PATTERN_STEPS
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul.
 _BETWEEN = SCALE | MASK | CAST | DROPOUT | VIEW
-_MAX_STEPS = 12
 _STEP_NAMES = [(SCALE, "scale"), (MASK, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
 
 
@@ -286,7 +287,7 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]))
-        stack = softmax.meta.get("stack") or ()
+        stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
             fix = use_sdpa_in_transformers
@@ -339,7 +340,7 @@ def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
             while parent[path[-1]] is not None:
                 path.append(parent[path[-1]])
             return path if upstream else path[::-1]
-        if op(node) not in _BETWEEN or depth >= _MAX_STEPS:
+        if op(node) not in _BETWEEN or depth >= MAX_PATTERN_STEPS:
             continue
         for following in (node.all_input_nodes if upstream else node.users):
             if following not in parent:

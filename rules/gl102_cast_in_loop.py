@@ -7,12 +7,12 @@ from collections import defaultdict, deque
 import torch
 from torch import fx
 
-from graphlint.ops import CAST, MATMUL_CLASS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
+from graphlint.capture import facts
+from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
 _PRECISION = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
-_MAX_STEPS = 12
 
 
 class CastInLoop(Rule):
@@ -211,7 +211,7 @@ def _dtypes(cast: fx.Node) -> tuple[torch.dtype, torch.dtype] | None:
 
 def _site(node: fx.Node) -> tuple:
     """The source position that ran the op: the same in every pass of a loop and every layer."""
-    stack = node.meta.get("stack") or ()
+    stack = facts(node).stack
     return stack[-1] if stack else ()
 
 
@@ -233,7 +233,7 @@ def _round_trip(down: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
     seen = set()
     while queue:
         node, work, depth = queue.popleft()
-        if node in seen or depth > _MAX_STEPS or op(node) in NUMERICALLY_SENSITIVE:
+        if node in seen or depth > MAX_PATTERN_STEPS or op(node) in NUMERICALLY_SENSITIVE:
             continue
         seen.add(node)
         if op(node) in CAST:

@@ -7,7 +7,7 @@ from collections import deque
 import torch
 from torch import fx
 
-from graphlint.ops import is_own_code, op
+from graphlint.ops import MAX_PASS_THROUGH_STEPS, is_own_code, op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
@@ -17,7 +17,6 @@ FACTORIES = frozenset({
     "randint", "randperm", "tensor", "as_tensor", "scalar_tensor",
 })
 _FROM_PYTHON_DATA = frozenset({"tensor", "as_tensor"})
-_MAX_STEPS = 8
 
 
 class HostTensorInForward(Rule):
@@ -145,7 +144,7 @@ def _first_move(factory: fx.Node) -> fx.Node | None:
     queue = deque((user, 1) for user in factory.users)
     while queue:
         node, depth = queue.popleft()
-        if node in host or depth > _MAX_STEPS:
+        if node in host or depth > MAX_PASS_THROUGH_STEPS:
             continue
         if _moves(node) and node.args and node.args[0] in host:
             return node

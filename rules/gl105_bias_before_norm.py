@@ -6,7 +6,8 @@ import math
 
 from torch import fx
 
-from graphlint.ops import CAST, arg, op, ran_in_library, tensor_meta
+from graphlint.capture import facts
+from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import without_bias
 from graphlint.rule import Example, Problem, Rule
@@ -16,7 +17,6 @@ _LAYERS = {"linear": 0, "conv1d": 1, "conv2d": 2, "conv3d": 3,
            "conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 _SAME_AXES = CAST | frozenset({"contiguous", "clone"})
 _RESHAPES = frozenset({"view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze"})
-_MAX_STEPS = 8
 
 
 class BiasBeforeNorm(Rule):
@@ -274,14 +274,14 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
 
 def _has_trained_bias(layer: fx.Node) -> bool:
     bias = arg(layer, 2, "bias")
-    return isinstance(bias, fx.Node) and bias.op == "get_attr" and bool(bias.meta.get("parameter"))
+    return isinstance(bias, fx.Node) and bias.op == "get_attr" and facts(bias).is_parameter
 
 
 def _cancelling_norm(layer: fx.Node, axis: int) -> fx.Node | None:
     """The norm that alone uses the layer's output, through views that keep the bias's axis as its channel
     axis, when it subtracts a mean per channel; None otherwise."""
     node = layer
-    for _ in range(_MAX_STEPS):
+    for _ in range(MAX_PASS_THROUGH_STEPS):
         if len(node.users) != 1:
             return None
         user = next(iter(node.users))
@@ -315,7 +315,7 @@ def _axis_after(view: fx.Node, axis: int) -> int | None:
     if before is None or after is None:
         return None
     ndim = len(before.shape)
-    if name in ("transpose", "swapaxes") and len(view.args) >= 3:
+    if name == "transpose" and len(view.args) >= 3:
         first, second = (d % ndim for d in view.args[1:3])
         return second if axis == first else first if axis == second else axis
     if name == "permute":

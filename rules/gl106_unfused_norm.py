@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from torch import fx
 
-from graphlint.ops import arg, op, ran_in_library, strip_casts, tensor_meta
+from graphlint.ops import DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import library_norm
 from graphlint.rule import Example, Problem, Rule
-
-_MUL = frozenset({"mul", "multiply"})
-_DIV = frozenset({"div", "true_divide", "divide"})
 
 
 class UnfusedNorm(Rule):
@@ -309,9 +306,9 @@ def _normalised(step: fx.Node, root: fx.Node):
     if len(step.args) != 2:
         return None
     first, second = step.args
-    if op(root) == "rsqrt" and op(step) in _MUL:
+    if op(root) == "rsqrt" and op(step) in MUL:
         return first if second is root else second if first is root else None
-    if op(root) == "sqrt" and op(step) in _DIV and second is root:
+    if op(root) == "sqrt" and op(step) in DIV and second is root:
         return first
     return None
 
@@ -342,7 +339,7 @@ def _squared(value):
     name = op(value)
     if name == "pow" and arg(value, 1, "exponent") in (2, 2.0):
         return strip_casts(value.args[0])
-    if name in _MUL and len(value.args) == 2 and value.args[0] is value.args[1]:
+    if name in MUL and len(value.args) == 2 and value.args[0] is value.args[1]:
         return strip_casts(value.args[0])
     if name == "square":
         return strip_casts(value.args[0])

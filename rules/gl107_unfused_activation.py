@@ -7,14 +7,12 @@ import math
 from torch import fx
 
 from graphlint.fix.library_calls import activation_call
-from graphlint.ops import arg, op, ran_in_library
+from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
-_MUL = frozenset({"mul", "multiply"})
-_DIV = frozenset({"div", "true_divide", "divide"})
 _ADD = frozenset({"add"})
-_TANH_INNER = frozenset({"mul", "multiply", "add", "pow"})
+_TANH_INNER = MUL | frozenset({"add", "pow"})
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
 
@@ -295,7 +293,7 @@ def _only_user(node: fx.Node) -> fx.Node | None:
 def _times(node: fx.Node, x: fx.Node) -> fx.Node | None:
     """The product `x * node` (either order), or None: a gate multiplies by another tensor."""
     user = _only_user(node)
-    if user is not None and op(user) in _MUL and _other(user, node) is x:
+    if user is not None and op(user) in MUL and _other(user, node) is x:
         return user
     return None
 
@@ -305,11 +303,11 @@ def _scaled(node: fx.Node, factor: float) -> fx.Node | None:
     if not isinstance(node, fx.Node) or len(node.args) != 2:
         return None
     first, second = node.args
-    if op(node) in _MUL:
+    if op(node) in MUL:
         for value, constant in ((first, second), (second, first)):
             if isinstance(value, fx.Node) and _close(constant, factor):
                 return value
-    if op(node) in _DIV and isinstance(first, fx.Node) and _close(second, 1 / factor):
+    if op(node) in DIV and isinstance(first, fx.Node) and _close(second, 1 / factor):
         return first
     return None
 
@@ -320,7 +318,7 @@ def _half_x_times_one_plus(core: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
     if one_plus is None or op(one_plus) not in _ADD or not _close(_other(one_plus, core), 1):
         return []
     product = _only_user(one_plus)
-    if product is None or op(product) not in _MUL:
+    if product is None or op(product) not in MUL:
         return []
     factor = _other(product, one_plus)
     if not isinstance(factor, fx.Node):
@@ -365,7 +363,7 @@ def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
 def _softmax(exp: fx.Node, x: fx.Node) -> tuple[fx.Node, str] | None:
     """`exp(x) / exp(x).sum(dim, keepdim=True)`, the numerator being this exp."""
     for user in exp.users:
-        if op(user) not in _DIV or len(user.args) != 2 or user.args[0] is not exp:
+        if op(user) not in DIV or len(user.args) != 2 or user.args[0] is not exp:
             continue
         total = user.args[1]
         if not isinstance(total, fx.Node) or op(total) != "sum" or not arg(total, 2, "keepdim", False):

@@ -7,6 +7,7 @@ from collections import defaultdict
 import libcst as cst
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.capture.autograd import AutogradNode, SavedTensor
 from graphlint.fix.rewrite import FixSite, Rewrite, atom, code_of
 from graphlint.ops import op
@@ -241,12 +242,12 @@ class InplaceOnSaved(Rule):
     def check(self, capture):
         writers: dict[int, list[fx.Node]] = defaultdict(list)
         for node in capture.ops:
-            for storage in {m.storage for m in node.meta.get("mutated", ()) if m.storage is not None}:
+            for storage in {m.storage for m in facts(node).mutated if m.storage is not None}:
                 writers[storage].append(node)
         overwritten: dict[fx.Node, list[tuple[AutogradNode, SavedTensor]]] = defaultdict(list)
         for autograd_node, saved in capture.autograd.saved:
             for writer in writers.get(saved.storage, ()):
-                if writer.meta["saved_range"][0] > saved.index:  # written after it was saved
+                if facts(writer).ran_after_saving(saved.index):  # written after it was saved
                     overwritten[writer].append((autograd_node, saved))
         for writer, victims in overwritten.items():
             yield _problem(writer, victims)
@@ -329,8 +330,7 @@ def _inplace_flag(writer: fx.Node) -> bool:
 
 def _in_module(writer: fx.Node):
     """The torch.nn module the write ran in, when the user wrote a module rather than the call."""
-    modules = writer.meta.get("module_stack") or ()
-    return modules[-1] if modules and modules[-1].library else None
+    return facts(writer).library_module
 
 
 def _describe_write(writer: fx.Node) -> str:
@@ -342,7 +342,7 @@ def _describe_write(writer: fx.Node) -> str:
         return f"{name}(..., inplace=True)"
     if name == "setitem":
         return "The index assignment"
-    if any(m.position == "out" for m in writer.meta.get("mutated", ())):
+    if any(m.position == "out" for m in facts(writer).mutated):
         return f"{name}(..., out=...)"
     return f"The in-place {name}"
 
@@ -355,7 +355,7 @@ def _advice(writer: fx.Node, silent: bool) -> str:
         return "build it with inplace=False" if _in_module(writer) is not None else "drop inplace=True"
     if name == "setitem":
         return "clone the tensor before writing into it, or build the result with torch.where"
-    if any(m.position == "out" for m in writer.meta.get("mutated", ())):
+    if any(m.position == "out" for m in facts(writer).mutated):
         return "drop out= and use the returned tensor"
     if name in _OPERATORS:
         symbol = _OPERATORS[name]

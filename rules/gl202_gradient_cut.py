@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from torch import fx
 
+from graphlint.capture import facts
 from graphlint.flow import cut_kind, gradient_cuts, in_reentrant_checkpoint
 from graphlint.ops import op
 from graphlint.results import Severity
@@ -162,7 +163,7 @@ def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
                    "runs; pass use_reentrant=False or make an input require grad (transformers: "
                    "model.enable_input_require_grads()), or freeze them with requires_grad_(False) if that is "
                    "intended.")
-        call = cut.meta["grad_region"].entered_at
+        call = facts(cut).grad_region.entered_at
         if not call:  # no visible frame entered the checkpoint: the block's first op stands for it
             return Problem(message=message, node=cut, parameters=names)
         return Problem(message=message, stack=call, module_path=_user_module_path(cut), parameters=names)
@@ -180,22 +181,22 @@ def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
 
 def _user_module_path(node: fx.Node) -> str:
     """The innermost running module whose forward is the user's code, not torch.nn's."""
-    own = [m for m in node.meta.get("module_stack") or () if not m.library]
+    own = [m for m in facts(node).module_stack if not m.library]
     return own[-1].path if own else ""
 
 
 def _statement_in_block(cut: fx.Node) -> tuple | None:
     """For a cut made by a `no_grad` or `inference_mode` block: the user stack of the statement in the block."""
-    region = cut.meta.get("grad_region")
+    region = facts(cut).grad_region
     if region is None or cut_kind(cut) not in ("no_grad", "inference_mode"):
         return None
-    return region.statement_of(cut.meta.get("stack") or ())
+    return region.statement_of(facts(cut).stack)
 
 
 def _occasion(cut: fx.Node) -> tuple:
     """One cut as the user sees it: a detach is one op, but all the ops of one statement inside one entry of
     a `no_grad` block are one cut, and all the ops of one reentrant checkpoint call."""
     if cut_kind(cut) is None and in_reentrant_checkpoint(cut):
-        return (id(cut.meta["grad_region"]),)  # one checkpoint call
+        return (facts(cut).grad_region,)  # one checkpoint call
     statement = _statement_in_block(cut)
-    return (id(cut.meta["grad_region"]), statement) if statement is not None else (cut,)
+    return (facts(cut).grad_region, statement) if statement is not None else (cut,)

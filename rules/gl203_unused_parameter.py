@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from graphlint.capture import facts
 from graphlint.files import display_path
 from graphlint.flow import gradient_cuts, leaves_torch, trainable_without_gradient
 from graphlint.ops import op
@@ -110,9 +111,9 @@ class UnusedParameter(Rule):
 
 
 def _branch_note(capture) -> str:
-    branch = next((n for n in capture.ops if op(n) == "bool" and leaves_torch(n) and n.meta.get("stack")), None)
+    branch = next((n for n in capture.ops if op(n) == "bool" and leaves_torch(n) and facts(n).stack), None)
     if branch is None:
         return ""
-    frame = branch.meta["stack"][-1]
+    frame = facts(branch).stack[-1]
     return (f" (the forward branched on a tensor value at {display_path(frame.file)}:{frame.line}, "
             "and a branch this capture did not take may use them)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from graphlint.ops import CAST, SOFTMAX, VIEW, arg, op, ran_in_library
+from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.fix.library_calls import log_probabilities
 from graphlint.rule import Example, Problem, Rule
@@ -12,7 +12,6 @@ from graphlint.rule import Example, Problem, Rule
 _LOG = frozenset({"log", "log2", "log10"})
 # Picking probabilities out (a hand-written cross-entropy) keeps them probabilities.
 _PICK = VIEW | CAST | frozenset({"gather", "index_select", "take_along_dim", "select", "narrow"})
-_MAX_STEPS = 8
 
 
 class UnstableLogSoftmax(Rule):
@@ -206,7 +205,7 @@ class UnstableLogSoftmax(Rule):
 def _probabilities(value) -> tuple[fx.Node, bool] | None:
     """(the softmax or sigmoid the value was picked from, whether it is `1 - sigmoid`), or None."""
     complement = False
-    for _ in range(_MAX_STEPS):
+    for _ in range(MAX_PASS_THROUGH_STEPS):
         if not isinstance(value, fx.Node):
             return None
         name = op(value)

@@ -18,6 +18,17 @@ from graphlint.project import Project
 REPO = Path(__file__).resolve().parent.parent
 SARIF_SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 
+# Categories of tests that take seconds to minutes each; `pytest -m "not slow"` leaves them all out.
+SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config, items):
+    """Every test of a slow category is also `slow`, so that the fast loop needs one marker expression."""
+    for item in items:
+        if any(item.get_closest_marker(category) for category in SLOW_CATEGORIES):
+            item.add_marker(pytest.mark.slow)
+
 
 def write(folder: Path, name: str, source: str) -> Path:
     path = folder / name

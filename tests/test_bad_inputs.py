@@ -173,6 +173,7 @@ def test_inputs_that_can_still_be_linted_are_linted_with_a_note(project_dir, cas
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("output", OUTPUTS.values(), ids=OUTPUTS.keys())
 def test_structured_outputs_are_differentiated(tmp_path, output):
     from conftest import lint_file

@@ -192,6 +192,7 @@ def test_forcing_meta_on_a_data_dependent_forward_is_a_clear_failure(tmp_path):
         capture_file(path, device="meta")
 
 
+@pytest.mark.compile
 def test_graph_breaks_do_not_stop_the_capture(tmp_path):
     path = write(tmp_path, "breaky.py", '''
         import numpy as np

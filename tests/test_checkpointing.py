@@ -127,6 +127,7 @@ def non_reentrant():
 '''
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("factory", ["reentrant", "non_reentrant"])
 def test_a_transformers_model_with_gradient_checkpointing(tmp_path, factory):
     pytest.importorskip("transformers")

@@ -101,6 +101,7 @@ def _stamp(path):
     return path.read_bytes(), os.stat(path).st_mtime_ns
 
 
+@pytest.mark.proof
 @pytest.mark.cli
 def test_diff_prints_the_proven_fixes_and_writes_nothing(tmp_path):
     files = _project(tmp_path, model=GATE)
@@ -114,6 +115,7 @@ def test_diff_prints_the_proven_fixes_and_writes_nothing(tmp_path):
     assert _stamp(files["model"]) == before
 
 
+@pytest.mark.proof
 @pytest.mark.cli
 def test_fix_writes_proven_fixes_keeps_the_rest_and_a_second_run_changes_nothing(tmp_path):
     files = _project(tmp_path, model="import helper\n" + GATE, helper=HELPER)  # an imported file with no fixes
@@ -133,6 +135,7 @@ def test_fix_writes_proven_fixes_keeps_the_rest_and_a_second_run_changes_nothing
     assert _stamp(files["model"]) == fixed
 
 
+@pytest.mark.proof
 @pytest.mark.cli
 def test_a_fix_that_changes_what_the_model_computes_is_refused_unless_unsafe(tmp_path):
     files = _project(tmp_path, model=ALIASED)
@@ -146,6 +149,7 @@ def test_a_fix_that_changes_what_the_model_computes_is_refused_unless_unsafe(tmp
     assert "        h = h.mul(2)\n" in files["model"].read_text(encoding="utf-8")
 
 
+@pytest.mark.proof
 @pytest.mark.cli
 def test_suppressed_findings_are_not_fixed(tmp_path):
     source = GATE.replace("gate *= 2   # scale the gate", "gate *= 2  # graphlint: ignore[GL201]")
@@ -168,6 +172,7 @@ def _with_fix(report, text):
     return fixed
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("mask, proven", [("~mask", True), ("mask", False)], ids=["exact", "flipped-mask"])
 def test_the_proof_accepts_an_exact_sdpa_rewrite_and_refuses_a_flipped_mask(tmp_path, mask, proven):
     """SDPA's boolean mask means "keep": `masked_fill(mask, -inf)` is `attn_mask=~mask`, and passing `mask`

@@ -142,6 +142,7 @@ def _project(tmp_path, source):
     return write(tmp_path, "model.py", source)
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("form", list(FORMS))
 def test_each_supported_spelling_is_rewritten_and_proven_on_the_model(tmp_path, form):
     forward, call = FORMS[form]
@@ -166,6 +167,7 @@ def test_chains_the_fused_call_cannot_express_are_left_alone_with_the_reason(tmp
     assert finding.no_fix.startswith(reason), finding.no_fix
 
 
+@pytest.mark.proof
 @pytest.mark.cli
 def test_fix_rewrites_the_attention_and_the_finding_is_gone(tmp_path):
     path = _project(tmp_path, _source(FORMS["causal-buffer-masked-fill-and-dropout-module"][0]))
@@ -178,6 +180,8 @@ def test_fix_rewrites_the_attention_and_the_finding_is_gone(tmp_path):
     assert again.returncode == 0 and "GL101" not in again.stdout
 
 
+@pytest.mark.proof
+@pytest.mark.transformers
 @pytest.mark.cli
 def test_transformers_models_get_attn_implementation_sdpa_on_the_users_call(tmp_path):
     source = '''

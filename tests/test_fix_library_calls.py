@@ -10,6 +10,8 @@ from graphlint.engine import load_rules
 from graphlint.fix.apply import plan_fixes
 from graphlint.project import Project
 
+pytestmark = pytest.mark.proof
+
 CASES = [(rule, example) for rule in load_rules() if rule.id in ("GL105", "GL106", "GL107", "GL204")
          for example in rule.bad_examples if example.fixed]
 

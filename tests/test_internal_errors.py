@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-import graphlint.capture
+import graphlint.capture.device
 from conftest import lint_file, run_graphlint, write
 from graphlint.capture.autograd import SavedTensorRecorder
 from graphlint.capture.forward import ForwardRecorder
@@ -34,14 +34,14 @@ def devices_tried(monkeypatch, tmp_path):
     """The devices the capture was attempted on, in order (written to a file: the target's own process makes
     the attempts)."""
     log = tmp_path / "devices.log"
-    original = graphlint.capture._capture_on
+    original = graphlint.capture.device._capture_on
 
     def counting(loaded, device, *rest):
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(device + "\n")
         return original(loaded, device, *rest)
 
-    monkeypatch.setattr(graphlint.capture, "_capture_on", counting)
+    monkeypatch.setattr(graphlint.capture.device, "_capture_on", counting)
     return lambda: log.read_text(encoding="utf-8").split() if log.exists() else []
 
 

@@ -43,6 +43,7 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
+@pytest.mark.packaging
 @pytest.mark.cli
 def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(tmp_path):
     with zipfile.ZipFile(_built_wheel(tmp_path)) as wheel:

@@ -12,7 +12,9 @@ import pytest
 from conftest import REPO, write
 from test_cli import ATTENTION, CLEAN
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")
+# pre-commit installs graphlint from this repository into a fresh environment
+pytestmark = [pytest.mark.packaging,
+              pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")]
 
 
 @pytest.fixture

@@ -197,6 +197,7 @@ async def a_child_of(client) -> int:
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_columns(servers, tmp_path):
@@ -222,6 +223,7 @@ async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_col
     assert client.messages == []
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_path):
@@ -233,6 +235,7 @@ async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_pa
     assert diagnostic.range.start.character == len(text[:text.index("F.softmax")].encode("utf-8"))
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_brings_it_back(servers, tmp_path):
@@ -247,6 +250,7 @@ async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_bring
     assert diagnostic.range.start.line == line_of(model, "F.softmax") - 1
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps_serving(servers, tmp_path):
@@ -264,6 +268,7 @@ async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps
     await diagnostics_until(client, model, has("GL101"))
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("setup", "expected"), [
@@ -281,6 +286,7 @@ async def test_a_target_that_crashes_hangs_or_raises_is_one_diagnostic_that_says
     await diagnostics_until(client, model, has("GL101"))
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 @linux_only
@@ -294,6 +300,7 @@ async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp
     assert not alive(hanging)
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(servers, tmp_path):
@@ -315,6 +322,7 @@ async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(serve
     assert lines[line] == "        gate = gate * 2"
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(servers, tmp_path):
@@ -331,6 +339,7 @@ async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(serv
     assert actions is None
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_hovering_a_diagnostic_shows_its_rules_documentation(servers, tmp_path):
@@ -353,6 +362,7 @@ GATED = UNFUSED + """
         y *= 2"""
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_command_line(servers, tmp_path):
@@ -370,6 +380,7 @@ async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_comm
     assert codes(await diagnostics_until(client, legacy, has("GL201"))) == ["GL201"]  # GL101 ignored there
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_files_of_no_target_get_nothing(servers, tmp_path):
@@ -385,6 +396,7 @@ async def test_files_of_no_target_get_nothing(servers, tmp_path):
     assert helpers.as_uri() not in client.diagnostics
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_baselined_findings_are_not_shown(servers, tmp_path):
@@ -401,6 +413,7 @@ async def test_baselined_findings_are_not_shown(servers, tmp_path):
     assert codes(await diagnostics_until(client, model, lambda d: codes(d) == ["GL201"])) == ["GL201"]
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibling_lints_again(servers, tmp_path):
@@ -414,6 +427,7 @@ async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibli
     await diagnostics_until(client, layers, lambda d: not d)
 
 
+@pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
 @linux_only
@@ -430,6 +444,7 @@ async def test_shutdown_and_exit_end_the_server_and_its_children(tmp_path):
         await client.stop()
 
 
+@pytest.mark.server
 @pytest.mark.cli
 def test_without_pygls_the_command_says_which_extra_to_install(tmp_path):
     blocker = write(tmp_path / "blocker", "pygls.py", 'raise ModuleNotFoundError("No module named \'pygls\'", name="pygls")\n')
@@ -493,6 +508,7 @@ class StrictClient:
             self.stderr += line
 
 
+@pytest.mark.server
 @pytest.mark.cli
 def test_what_libraries_print_in_the_server_process_never_reaches_the_protocol(tmp_path):
     # An installed library that prints at import, from Python and from its file descriptor: the warm parent

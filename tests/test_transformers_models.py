@@ -9,6 +9,7 @@ import pytest
 from conftest import findings_of, line_of, lint_file, write
 
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.transformers
 
 TARGETS = '''
 import torch

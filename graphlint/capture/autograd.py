@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from graphlint.capture.forward import storage_key
+from graphlint.capture.patches import Patches
 from graphlint.errors import call_user_code, one_line, raised_by_graphlint
 
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"
@@ -90,6 +91,7 @@ class SavedTensorRecorder:
         self.unpacked: list[_Packed] = []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._aside = 0  # how many torch.func transforms graphlint's hooks currently step aside for
+        self._patches = Patches()
 
     def count(self) -> int:
         return len(self.records)
@@ -110,11 +112,11 @@ class SavedTensorRecorder:
     def __enter__(self) -> SavedTensorRecorder:
         self._hooks.__enter__()
         self._disable = torch.autograd.graph.disable_saved_tensors_hooks
-        torch.autograd.graph.disable_saved_tensors_hooks = self._stepping_aside
+        self._patches.replace(torch.autograd.graph, "disable_saved_tensors_hooks", self._stepping_aside)
         return self
 
     def __exit__(self, *exc) -> None:
-        torch.autograd.graph.disable_saved_tensors_hooks = self._disable
+        self._patches.restore()
         self._hooks.__exit__(*exc)
 
     @contextlib.contextmanager

@@ -18,6 +18,7 @@ import torch.autograd.profiler
 import torch.profiler
 
 from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.capture.patches import Patches
 from graphlint.errors import call_user_code
 
 ANOMALY = "anomaly detection"
@@ -25,7 +26,6 @@ PROFILER = "the autograd profiler"
 NVTX = "emit_nvtx"
 
 
-_INHERITED = object()  # a replaced attribute that its owner only inherited: removed again, not set back
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class DebugSwitchWatch:
     def __init__(self, switches: tuple[DebugSwitch, ...] = ()) -> None:
         self.switches: list[DebugSwitch] = list(switches)  # those seen earlier, at the target's import
         self._stacks = StackRecorder()
-        self._restore: list[tuple[object, str, object]] = []
+        self._patches = Patches()
 
     def _seen(self, kind: str) -> bool:
         return any(switch.kind == kind for switch in self.switches)
@@ -74,9 +74,9 @@ class DebugSwitchWatch:
                 self._record(ANOMALY, sys._getframe(1))
             return call_user_code(set_anomaly, enabled, *args, **kwargs)
 
-        self._replace(torch, "set_anomaly_enabled", watched_set_anomaly)
+        self._patches.replace(torch, "set_anomaly_enabled", watched_set_anomaly)
         for cls, kind in _profilers():
-            self._replace(cls, "__enter__", self._watched_enter(cls.__enter__, kind))
+            self._patches.replace(cls, "__enter__", self._watched_enter(cls.__enter__, kind))
         return self
 
     def _watched_enter(self, enter, kind: str):
@@ -87,17 +87,8 @@ class DebugSwitchWatch:
 
         return watched_enter
 
-    def _replace(self, owner, name: str, value) -> None:
-        self._restore.append((owner, name, vars(owner).get(name, _INHERITED)))
-        setattr(owner, name, value)
-
     def __exit__(self, *exc) -> None:
-        while self._restore:
-            owner, name, original = self._restore.pop()
-            if original is _INHERITED:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+        self._patches.restore()
 
 
 @contextlib.contextmanager

@@ -5,8 +5,9 @@ A `TorchFunctionMode` sees each torch function, tensor method and operator once,
 `nn.MultiheadAttention` is one `multi_head_attention_forward` node). The Python code simply runs, so
 data-dependent branches, graph breaks and library objects in outputs cost nothing.
 
-Each node's `meta` carries:
-- `op`: the canonical op name (`"matmul"` for `@`, `torch.matmul` and `Tensor.matmul`; `"data"` for `.data`).
+Each node's `meta` carries (rules read these through `graphlint.capture.contract.facts(node)`):
+- `op`: the canonical op name (`"matmul"` for `@`, `torch.matmul` and `Tensor.matmul`; `"mul"` for
+  `torch.multiply`, every alias folded by graphlint.opnames; `"data"` for `.data`).
 - `stack`: user frames (`Frame`), outermost first; `stack_trace`: the same in torch.fx's text form.
 - `module_stack`: the running modules (`ModuleInfo`), outermost first; `module_path`: the innermost one's path.
 - `tensor_meta`: `torch.fx.passes.shape_prop.TensorMetadata` of the output (a tuple for several outputs).
@@ -37,6 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from graphlint.capture.frames import Frame, StackRecorder, format_stack
 from graphlint.errors import call_user_code
 from graphlint.capture.modules import ModuleCallTracker
+from graphlint.opnames import canonical
 
 # Calls that return no tensor but are still worth a node: the model's values leave torch here.
 HOST_OPS = frozenset({"item", "tolist", "numpy", "bool", "int", "float", "index"})
@@ -48,15 +50,16 @@ _PLAIN_TYPES = (int, float, bool, str, complex, type(None), type(Ellipsis), torc
 
 
 def op_name(func: Callable) -> str:
-    """The name rules match on: `softmax` for F.softmax, torch.softmax and Tensor.softmax alike."""
+    """The name rules match on: `softmax` for F.softmax, torch.softmax and Tensor.softmax alike, and one
+    name for all of an op's aliases (`mul` for torch.multiply; graphlint.opnames)."""
     name = getattr(func, "__name__", None)
     if name == "__get__":  # a tensor attribute read, such as `.data` or `.T`
         return getattr(getattr(func, "__self__", None), "__name__", "getattr")
     if name is None:
         return type(func).__name__
     if name.startswith("__") and name.endswith("__"):
-        return name[2:-2]  # __getitem__ -> getitem, __rsub__ -> rsub
-    return name
+        name = name[2:-2]  # __getitem__ -> getitem, __rsub__ -> rsub
+    return canonical(name)
 
 
 def _fx_call(func: Callable, name: str) -> tuple[str, Any]:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.capture.patches import Patches
 from graphlint.errors import call_user_code
 
 
@@ -46,11 +47,11 @@ class BuildSiteRecorder:
     def __init__(self, stacks: StackRecorder) -> None:
         self._stacks = stacks
         self._sites: dict[int, tuple[weakref.ref, tuple[Frame, ...]]] = {}
-        self._original = None
+        self._patches = Patches()
         self._parameter_hook = None
 
     def __enter__(self) -> BuildSiteRecorder:
-        original = self._original = nn.Module.__init__
+        original = nn.Module.__init__
         recorder = self
 
         def __init__(module, *args, **kwargs):
@@ -63,12 +64,12 @@ class BuildSiteRecorder:
             if parameter is not None and id(parameter) not in recorder._sites:
                 recorder._sites[id(parameter)] = (weakref.ref(parameter), recorder._stacks.user_stack(sys._getframe(1)))
 
-        nn.Module.__init__ = __init__
+        self._patches.replace(nn.Module, "__init__", __init__)
         self._parameter_hook = torch.nn.modules.module.register_module_parameter_registration_hook(parameter_registered)
         return self
 
     def __exit__(self, *exc) -> None:
-        nn.Module.__init__ = self._original
+        self._patches.restore()
         self._parameter_hook.remove()
 
     def built_at(self, thing: nn.Module | nn.Parameter) -> tuple[Frame, ...]:

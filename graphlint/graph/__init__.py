@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from graphlint.capture import Capture
+from graphlint.capture import Capture, facts
 from graphlint.engine import rule_by_id
 from graphlint.files import display_path
 from graphlint.graph.categories import CATEGORIES, categorize, is_fused
 from graphlint.locate.place import Locator, describe_where
 from graphlint.locate.sites import node_sites
+from graphlint.ops import op, tensor_meta
 from graphlint.results import Finding, Location
 
 TOP_LINES = 10
@@ -86,13 +87,13 @@ def describe(capture: Capture, locator: Locator) -> GraphReport:
     nodes = []
     for node in autograd.nodes:
         forward = node.forward_node
-        in_loss = forward is not None and forward.meta.get("phase") == "loss"
+        in_loss = forward is not None and facts(forward).phase == "loss"
         if node.parameter is not None:
             module_path = node.parameter.rpartition(".")[0]
         elif in_loss:
             module_path = "(loss)"
         else:
-            module_path = forward.meta.get("module_path", "") if forward is not None else ""
+            module_path = facts(forward).module_path if forward is not None else ""
         nodes.append(NodeView(
             index=node.index,
             name=node.name,
@@ -114,7 +115,7 @@ def describe(capture: Capture, locator: Locator) -> GraphReport:
         nodes=nodes,
         categories={c: dict(counts.most_common()) for c, counts in categories.items()},
         fused=dict(Counter(v.name for v in nodes if is_fused(v.name)).most_common()),
-        fused_calls=dict(Counter(n.meta["op"] for n in capture.ops if n.meta.get("op") in _FUSED_CALLS).most_common()),
+        fused_calls=dict(Counter(op(n) for n in capture.ops if op(n) in _FUSED_CALLS).most_common()),
         could_fuse=_hand_written_attention(capture, locator),
         sinks=len(sinks),
         trainable=len(trainable),
@@ -169,10 +170,10 @@ def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[
         line = lines.setdefault(where, SavedLine(where, [], "", 0, 0))
         line.bytes += saved.storage_nbytes
         line.tensors += 1
-        op = forward.meta.get("op", node.name) if forward is not None else node.name
-        if op not in line.ops:
-            line.ops.append(op)
-        paths.setdefault(where, []).append(forward.meta.get("module_path", "") if forward is not None else "")
+        name = (facts(forward).op or node.name) if forward is not None else node.name
+        if name not in line.ops:
+            line.ops.append(name)
+        paths.setdefault(where, []).append(facts(forward).module_path if forward is not None else "")
     for where, line in lines.items():
         line.where = describe_where(paths[where])
     ranked = sorted(lines.values(), key=lambda line: -line.bytes)
@@ -185,8 +186,7 @@ def _hand_written_attention(capture: Capture, locator: Locator) -> list[Finding]
 
 
 def _device_note(capture: Capture) -> str:
-    calls = sum(1 for n in capture.ops if n.meta.get("op") in ("scaled_dot_product_attention",
-                                                                "multi_head_attention_forward"))
+    calls = sum(1 for n in capture.ops if op(n) in ("scaled_dot_product_attention", "multi_head_attention_forward"))
     if capture.device == "meta":
         note = ("Captured on the meta device: nothing was allocated and sizes come from shapes, so the graph "
                 "has the same structure as on a real device.")
@@ -225,7 +225,7 @@ def input_size(capture: Capture, kind: str) -> int | None:
     """The batch (or sequence) size the capture ran with: the first input tensor's dimension 0 (or 1)."""
     dim = {"batch": 0, "seq": 1}[kind]
     for node in capture.forward.nodes:
-        meta = node.meta.get("tensor_meta")
+        meta = tensor_meta(node)
         if node.op == "placeholder" and meta is not None and len(meta.shape) > dim:
             return meta.shape[dim]
     return None

@@ -1,44 +1,73 @@
 """Locate: turn the problems a rule found into findings at exact source spans, one finding per location.
 
 A pattern that repeats in 12 layers runs the same source line 12 times: those problems share a location and
-become one finding that says "12 occurrences" and names the module paths.
+become one finding that says "12 occurrences" and names the module paths. The merge is explicit: problems
+with different messages at one location each keep their sentence in the finding's message (in the order the
+forward ran them, each with its own count), and when they offer different fixes the finding has none and
+says why.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from collections.abc import Iterable
 
-from graphlint.capture import Capture
+from graphlint.capture import Capture, facts
 from graphlint.files import library_name
 from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
 from graphlint.results import Finding, Fix, Location, Related
-from graphlint.rule import Problem, Rule
+from graphlint.rule import Problem, Rule, fill
 
 if TYPE_CHECKING:
     from graphlint.locate.spans import SourceSpans
 
 
 @dataclass
-class _Group:
-    message: str
+class _Said:
+    """The problems at one location that say the same thing."""
+
+    first: Problem
     count: int = 0
     paths: list[str] = field(default_factory=list)
     parameters: dict[str, None] = field(default_factory=dict)  # ordered set
-    related: dict[Location, str] = field(default_factory=dict)
-    fix: Fix | str | None = None  # the first problem's fix there, or why it has none
 
     def render(self) -> str:
-        return (
-            self.message.replace("{where}", describe_where(self.paths))
-            .replace("{occurrences}", f" ({self.count} occurrences)" if self.count > 1 else "")
-            .replace("{count}", str(self.count))
-            .replace("{parameters}", describe_parameters(list(self.parameters)))
-        )
+        return fill(self.first.message, {
+            **self.first.facts,
+            "where": describe_where(self.paths),
+            "occurrences": f" ({self.count} occurrences)" if self.count > 1 else "",
+            "count": self.count,
+            "parameters": describe_parameters(list(self.parameters)),
+        })
+
+
+@dataclass
+class _Group:
+    """Every problem of one rule at one location."""
+
+    said: dict[str, _Said] = field(default_factory=dict)  # by message with the problem's own facts filled in
+    related: dict[Location, str] = field(default_factory=dict)
+    fixes: dict[object, Fix | str] = field(default_factory=dict)  # each distinct fixer's answer here
+
+    @property
+    def count(self) -> int:
+        return sum(said.count for said in self.said.values())
+
+    def message(self) -> str:
+        return " ".join(said.render() for said in self.said.values())
+
+    def fix(self) -> Fix | str | None:
+        """The fix all the problems here agree on, or why there is none; None when none offers one."""
+        answers = list(dict.fromkeys(self.fixes.values()))
+        if len(answers) <= 1:
+            return answers[0] if answers else None
+        refusal = next((answer for answer in answers if isinstance(answer, str)), None)
+        return refusal or "the occurrences at this location need different rewrites"
 
 
 class Locator:
@@ -83,14 +112,15 @@ class Locator:
             if primary is None:
                 continue  # nothing of the user's and no factory: there is no line to show it on
             location = self.location(primary)
-            group = groups.setdefault(location, _Group(problem.message))
-            group.count += 1
-            group.paths.append(problem.where)
-            group.parameters.update(dict.fromkeys(problem.parameters))
-            if problem.fix is not None and group.fix is None and location.first_party:
-                group.fix = self.spans.fix(primary, problem.fix)
+            group = groups.setdefault(location, _Group())
+            said = group.said.setdefault(problem.own_message, _Said(problem))
+            said.count += 1
+            said.paths.append(problem.where)
+            said.parameters.update(dict.fromkeys(problem.parameters))
+            if problem.fix is not None and location.first_party and _fixer_key(problem.fix) not in group.fixes:
+                group.fixes[_fixer_key(problem.fix)] = self.spans.fix(primary, problem.fix)
             if library is not None:
-                what = problem.node.meta.get("op", "op") if problem.node is not None else "built"
+                what = (facts(problem.node).op or "op") if problem.node is not None else "built"
                 group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
             for node, label in problem.related:
                 related, related_library = node_sites(node, self.project, capture.factory)
@@ -101,21 +131,35 @@ class Locator:
                     where = self.location(related_library)  # all in a library: show the library line
                 if where != location:
                     group.related.setdefault(where, label)
-        return [
-            Finding(
+        findings = []
+        for location, group in groups.items():
+            fix = group.fix()
+            findings.append(Finding(
                 rule_id=rule.id,
                 rule_name=rule.name,
                 severity=rule.severity,
-                message=group.render(),
+                message=group.message(),
                 location=location,
                 related=tuple(Related(where, label) for where, label in group.related.items()),
                 occurrences=group.count,
                 targets=(capture.target,),
-                fix=group.fix if isinstance(group.fix, Fix) else None,
-                no_fix=group.fix if isinstance(group.fix, str) else "",
-            )
-            for location, group in groups.items()
-        ]
+                fix=fix if isinstance(fix, Fix) else None,
+                no_fix=fix if isinstance(fix, str) else "",
+            ))
+        return findings
+
+
+def _fixer_key(fixer) -> object:
+    """Fixers that rewrite alike: the same function, or partials of it with equal arguments (a rule makes one
+    partial per problem)."""
+    if isinstance(fixer, functools.partial):
+        key = (fixer.func, fixer.args, tuple(sorted(fixer.keywords.items())))
+        try:
+            hash(key)
+        except TypeError:  # an argument that cannot be compared: this partial is its own kind
+            return fixer
+        return key
+    return fixer
 
 
 def describe_where(paths: list[str]) -> str:

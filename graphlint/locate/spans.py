@@ -17,11 +17,12 @@ from graphlint.files import read_source, split_lines
 from graphlint.fix.rewrite import Fixer, FixSite, code_of
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
+from graphlint.opnames import spellings
 from graphlint.results import Edit, Fix
 
 # Ops that users write as operators rather than calls.
 _BINARY = {
-    "matmul": cst.MatrixMultiply, "mul": cst.Multiply, "div": cst.Divide, "true_divide": cst.Divide,
+    "matmul": cst.MatrixMultiply, "mul": cst.Multiply, "div": cst.Divide,
     "add": cst.Add, "sub": cst.Subtract, "rsub": cst.Subtract, "pow": cst.Power,
     "floor_divide": cst.FloorDivide, "remainder": cst.Modulo,
 }
@@ -245,13 +246,13 @@ def _matches_op(node: cst.CSTNode, op: str) -> bool:
     if isinstance(node, cst.Call):
         func = node.func
         name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
-        return name == op
+        return name in spellings(op)  # `torch.multiply(...)` for the op recorded as `mul`
     if isinstance(node, cst.BinaryOperation):
         return isinstance(node.operator, _BINARY.get(op, ()))
     if isinstance(node, cst.AugAssign):
         return isinstance(node.operator, _AUGMENTED.get(op, ()))
     if isinstance(node, cst.Attribute):
-        return node.attr.value == op
+        return node.attr.value in spellings(op)
     if isinstance(node, cst.Subscript):
         return op in ("getitem", "setitem")
     return False

@@ -1,0 +1,138 @@
+"""The device policy: build a target on the meta device first (no parameter memory, a cost independent of
+tensor sizes) and rebuild it on CPU when the forward needs real values, saying why in a note.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from graphlint.capture.contract import Capture
+from graphlint.capture.debug import DebugSwitchWatch
+from graphlint.capture.frames import Frame, StackRecorder
+from graphlint.capture.isolation import preserved_global_state
+from graphlint.capture.modules import BuildSiteRecorder
+from graphlint.capture.session import ForwardFailure, capture_model, model_tensors
+from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
+from graphlint.files import display_path
+from graphlint.stages import reached
+from graphlint.target import LoadedTarget, Target, normalize_factory_result
+
+
+def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None) -> Capture:
+    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
+    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary)."""
+    if device != "auto":
+        try:
+            return _capture_on(loaded, device, vary_inputs)
+        except _NeedsRealValues as meta_failure:
+            raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
+                                "use --device auto (the default) or --device cpu") from meta_failure
+    try:
+        return _capture_on(loaded, "meta", vary_inputs)
+    except _NeedsRealValues as meta_failure:
+        capture = _capture_on(loaded, "cpu", vary_inputs)
+        capture.notes.insert(0, f"captured on CPU because {meta_failure}")
+        return capture
+
+
+class _NeedsRealValues(Exception):
+    """The meta-device attempt failed; its message says why, for the note shown after the CPU rebuild."""
+
+
+_REAL_VALUE_OPS = {
+    "bool": "a Python branch on a tensor value",
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "nonzero": "nonzero()",
+    "masked_select": "masked_select()",
+    "unique": "unique()",
+    "cpu": ".cpu()",
+    "int": "int() of a tensor",
+    "float": "float() of a tensor",
+    "index": "a tensor used as a Python index",
+}
+
+
+def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None) -> Capture:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
+    with preserved_global_state():
+        if device != "meta":
+            torch.manual_seed(0)  # the same inputs and dropout masks on every run
+        stacks = StackRecorder()
+        build_sites = BuildSiteRecorder(stacks)
+        stacks.boundary = sys._getframe()
+        reached("factory")
+        debug = DebugSwitchWatch(loaded.import_switches)
+        try:
+            with torch.device(device), build_sites, debug:
+                made = normalize_factory_result(call_user_code(loaded.factory))
+        except TargetFailure:
+            raise
+        except Exception as error:
+            if raised_by_graphlint(error):
+                raise  # no CPU retry for graphlint's own bug
+            if device == "meta":
+                raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
+            raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
+        if device == "meta":
+            _move_to_meta(made)
+        if vary_inputs is not None:
+            made.args, made.kwargs = vary_inputs(made.args, made.kwargs)
+        try:
+            with torch.device(device):
+                return capture_model(
+                    made.model, made.args, made.kwargs, made.loss,
+                    target=loaded.spec.text, device=device, build_sites=build_sites, factory=_definition(loaded),
+                    debug=debug,
+                )
+        except ForwardFailure as failure:
+            if device != "meta":
+                raise
+            raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+
+
+def _why_meta_failed(failure: ForwardFailure) -> str:
+    if failure.failed_op is not None and failure.failed_op[0] in _REAL_VALUE_OPS:
+        op, stack = failure.failed_op
+        where = f" at {display_path(stack[-1].file)}:{stack[-1].line}" if stack else ""
+        return f"the forward needs real values ({_REAL_VALUE_OPS[op]}{where})"
+    return f"the forward failed on the meta device ({failure})"
+
+
+def _move_to_meta(made: Target) -> None:
+    """Tensors the factory pinned to another device (loaded data, `device="cpu"`) join the meta model."""
+    model = made.model
+    if any(t.device.type != "meta" for t in model_tensors(model)):
+        model.to("meta")
+    made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
+
+
+def inputs_to_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A forward's inputs with every tensor in them (nested in lists, dicts...) moved to the meta device."""
+    return (tuple(torch.utils._pytree.tree_map(_to_meta, list(args))),
+            torch.utils._pytree.tree_map(_to_meta, kwargs))
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device.type != "meta":
+        return value.to("meta")
+    return value
+
+
+def _definition(loaded: LoadedTarget) -> Frame:
+    """The factory's `def` line: where a finding goes when no frame of the project's own code is involved."""
+    try:
+        code = inspect.unwrap(loaded.factory).__code__
+        return Frame(os.path.abspath(code.co_filename), code.co_firstlineno, code.co_name)
+    except AttributeError:  # a callable object or a builtin: point at the target file
+        return Frame(str(loaded.spec.file or loaded.spec.search_root), 1, loaded.spec.name)
+
+
