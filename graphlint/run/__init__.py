@@ -19,6 +19,7 @@ from graphlint.errors import GraphlintError
 from graphlint.policy import apply_policy
 from graphlint.project import Project
 from graphlint.results import Report, RuleInfo, TargetResult
+from graphlint.run.heap import long_lived
 from graphlint.selection import select
 from graphlint.target import TargetSpec
 
@@ -124,9 +125,10 @@ class Run:
 def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
     infos = cache.rule_infos() if cache is not None else None
     if infos is None:
-        from graphlint.engine import load_rules  # imports the rules, and torch with them
+        with long_lived():
+            from graphlint.engine import load_rules  # imports the rules, and torch with them
 
-        infos = tuple(RuleInfo.of(rule) for rule in load_rules())
+            infos = tuple(RuleInfo.of(rule) for rule in load_rules())
         if cache is not None:
             cache.store_rule_infos(infos)
     return infos

@@ -15,6 +15,7 @@ from pathlib import Path
 from graphlint import stages
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult, to_wire
+from graphlint.run.heap import leave_parent_heap, long_lived
 
 
 def request(target: str, base: Path, project, device: str, rules: tuple[str, ...], debug: bool) -> dict:
@@ -32,6 +33,7 @@ def request(target: str, base: Path, project, device: str, rules: tuple[str, ...
 
 def child_main(request: dict, connection) -> None:
     """Lint the requested target and send its result (the entry point of every child process)."""
+    leave_parent_heap()
     for descriptor in request.get("close_fds", ()):  # the parent's own pipes are none of the target's business
         try:
             os.close(descriptor)
@@ -62,10 +64,11 @@ def child_main(request: dict, connection) -> None:
 
 
 def _lint(request: dict) -> TargetResult:
-    from graphlint.engine import load_rules
-    from graphlint.locate.place import Locator
-    from graphlint.pipeline import lint_target
-    from graphlint.project import Project
+    with long_lived():  # a spawned child imports these itself; a forked one has them already
+        from graphlint.engine import load_rules
+        from graphlint.locate.place import Locator
+        from graphlint.pipeline import lint_target
+        from graphlint.project import Project
 
     project = Project(root=Path(request["root"]), first_party_folders=[Path(f) for f in request["first_party_folders"]])
     rules = tuple(rule for rule in load_rules() if rule.id in set(request["rules"]))

@@ -15,6 +15,7 @@ import multiprocessing
 import sys
 
 from graphlint.run.child import child_main
+from graphlint.run.heap import long_lived
 
 
 def start_method() -> str:
@@ -31,7 +32,8 @@ class WarmParent:
         self.context = multiprocessing.get_context(start_method())
         self.close_in_children = tuple(close_in_children)
         if self.context.get_start_method() == "fork":
-            _warm_up()
+            with long_lived():
+                _warm_up()
         self._tried: set[str] = set()
 
     def start(self, request: dict):
@@ -59,7 +61,8 @@ class WarmParent:
                 continue
             self._tried.add(name)
             try:
-                importlib.import_module(name)
+                with long_lived():
+                    importlib.import_module(name)
             except Exception:  # a library that fails here is only imported again, by the child that needs it
                 continue
 
