@@ -25,6 +25,7 @@ from graphlint.target import TargetSpec
 
 if TYPE_CHECKING:
     from graphlint.run.parent import WarmParent  # imported only when a child has to start (see _lint)
+    from graphlint.run.wire import LintJob
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,11 @@ class Run:
                                                          self.rule_ids)
             self.cache.store(key, result)
 
-    def request(self, text: str) -> dict:
+    def job(self, text: str) -> LintJob:
         """What a child needs to lint the target."""
-        from graphlint.run.child import request
+        from graphlint.run.wire import LintJob
 
-        return request(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug)
+        return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug)
 
     def report(self, results: list[TargetResult]) -> Report:
         """The report of these results under the configuration, suppressions and baseline."""
@@ -145,7 +146,7 @@ def _lint(pending: list[str], run: Run, parent: WarmParent | None) -> Iterator[t
         starts[text] = time.monotonic()
         _tell(options, text, "started")
 
-    for text, result in lint_in_children(pending, run.request, options.jobs, options.timeout, started, parent):
+    for text, result in lint_in_children(pending, run.job, options.jobs, options.timeout, started, parent):
         yield text, result, time.monotonic() - starts.get(text, time.monotonic())
 
 

@@ -1,6 +1,6 @@
-"""Runs targets in child processes of the warm parent, each within its time limit, and turns every way a child
-can end into that target's result: its own result, or one error line that says what happened and the last
-stage it reached.
+"""Runs jobs in child processes of the warm parent, each within its time limit, and turns every way a child
+can end into the job's answer: a lint job's own result, or one error line that says what happened and the last
+stage it reached; a proof job's verdict, or why it has none.
 
 `Children` keeps the running children of one warm parent: the command line's run (`lint_in_children`) starts
 at most `jobs` at a time and waits for them all; the language server (graphlint.server) keeps one for its whole
@@ -9,27 +9,33 @@ life, starts a child whenever a file is saved, and kills the child of a target t
 
 from __future__ import annotations
 
+import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from graphlint.results import TargetError, TargetResult, from_wire
+from graphlint.results import TargetError, TargetResult
 from graphlint.run.parent import WarmParent
+from graphlint.run.wire import Job, Linted, LintJob, Proved, Stage
 
 
 @dataclass
 class _Child:
     key: object  # what the caller knows the child by: the target, unless it said otherwise
-    target: str
+    job: Job
     process: object
     connection: object
     started: float
     timeout: float | None = None  # seconds; None or 0: no limit
     stage: str = "import"
-    result: TargetResult | None = None
-    imported: list[str] = field(default_factory=list)
+    result: TargetResult | Proved | None = None
+    imported: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> str:
+        return self.job.target
 
 
 class Children:
@@ -43,17 +49,17 @@ class Children:
     def __len__(self) -> int:
         return len(self.running)
 
-    def start(self, target: str, request: dict, timeout: float | None = None, key: object = None) -> None:
-        """Start a child that lints `target`, known as `key` (default: the target); `timeout` overrides the
+    def start(self, job: Job, timeout: float | None = None, key: object = None) -> None:
+        """Start a child that runs `job`, known as `key` (default: the job's target); `timeout` overrides the
         default limit for this one."""
-        process, connection = self.parent.start(request)
-        self.running.append(_Child(target if key is None else key, target, process, connection, time.monotonic(),
+        process, connection = self.parent.start(job)
+        self.running.append(_Child(job.target if key is None else key, job, process, connection, time.monotonic(),
                                    self.timeout if timeout is None else timeout))
 
-    def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[str, TargetResult]]:
+    def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[object, TargetResult | Proved]]:
         """Wait until a child finishes, its time runs out, one of the `also` handles is ready, or `limit`
-        seconds pass; the keys of the children that finished, with their results, in the order they were
-        started."""
+        seconds pass; the keys of the children that finished, with their answers (a lint job's TargetResult, a
+        proof job's Proved), in the order they were started."""
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
@@ -104,7 +110,7 @@ class Children:
 
 
 def lint_in_children(
-    targets: list[str], request_for: Callable[[str], dict], jobs: int, timeout: float | None,
+    targets: list[str], job_for: Callable[[str], LintJob], jobs: int, timeout: float | None,
     started: Callable[[str], None] | None = None, parent: WarmParent | None = None,
 ) -> Iterator[tuple[str, TargetResult]]:
     """Each target in its own child of `parent` (a new warm parent when None); results as the children finish."""
@@ -114,7 +120,7 @@ def lint_in_children(
         while waiting or children:
             while waiting and len(children) < max(jobs, 1):
                 text = waiting.pop(0)
-                children.start(text, request_for(text))
+                children.start(job_for(text))
                 if started is not None:
                     started(text)
             yield from children.wait()
@@ -122,17 +128,30 @@ def lint_in_children(
         children.kill_all()  # interrupted (Ctrl-C): no child outlives the run
 
 
+def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Proved:
+    """Run one job in a child of `parent` and wait for its answer."""
+    children = Children(parent, timeout)
+    children.start(job)
+    try:
+        while True:
+            for _, answer in children.wait():
+                return answer
+    finally:
+        children.kill_all()
+
+
 def _read(child: _Child) -> None:
     """Everything the child has sent so far."""
     try:
         while child.connection.poll():
             message = child.connection.recv()
-            if "stage" in message:
-                child.stage = message["stage"]
-            elif "result" in message:
-                child.result = from_wire(message["result"])
-                child.imported = list(message.get("imported", ()))
-    except (EOFError, OSError, KeyError, TypeError, ValueError):
+            if isinstance(message, Stage):
+                child.stage = message.name
+            elif isinstance(message, Linted):
+                child.result, child.imported = message.result, message.imported
+            elif isinstance(message, Proved):
+                child.result = message
+    except (EOFError, OSError, TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
         pass  # a child that died mid-message, or sent something else: judged by its exit below
 
 
@@ -158,5 +177,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _failed(child: _Child, message: str) -> TargetResult:
-    return TargetResult(target=child.target, errors=[TargetError(child.target, message)])
+def _failed(child: _Child, message: str) -> TargetResult | Proved:
+    if not isinstance(child.job, LintJob):
+        return Proved(message)
+    return TargetResult(target=child.target, errors=[TargetError(child.target, message, stage=child.stage)])

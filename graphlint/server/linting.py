@@ -10,7 +10,6 @@ published. The warm parent warms up (imports torch) in a thread of its own once 
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
@@ -184,7 +183,7 @@ class Linter:
             if children is None:
                 self._record(project, target, TargetResult(target=target, errors=[TargetError(target, self._parent_error)]))
                 continue
-            children.start(target, project.run.request(target), timeout=project.timeout, key=key)
+            children.start(project.run.job(target), timeout=project.timeout, key=key)
             self._running[key] = project
 
     def _record(self, project: ProjectTargets, target: str, result: TargetResult) -> None:
@@ -194,7 +193,7 @@ class Linter:
         for note in result.notes:
             self.tell(LOG, single_line(f"graphlint: note: {target}: {note}"))
         for error in result.errors:  # a failure without a place in a file is a message instead of a diagnostic
-            if error_place(error, project.files.get(target), os.getcwd()) is None:
+            if error_place(error, project.files.get(target)) is None:
                 self.tell(ERROR, failure_message(error))
 
     def _publish_dirty(self) -> None:
@@ -202,7 +201,7 @@ class Linter:
         for pyproject, project in dirty.items():
             if self.workspace.projects.get(pyproject) is not project:
                 continue
-            files = shown_by_file(project.report(), project.files, SourceColumns(self.unit), os.getcwd())
+            files = shown_by_file(project.report(), project.files, SourceColumns(self.unit))
             self._publish_project(pyproject, files)
 
     def _publish_project(self, pyproject: Path, files: dict[str, list[Shown]]) -> None:
