@@ -24,9 +24,9 @@ import graphlint
 from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
+from graphlint.report import FORMATS
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args); "
              "default: [tool.graphlint] targets in the nearest pyproject.toml",
     )
-    check.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    check.add_argument("--format", choices=tuple(FORMATS), default="text", help="output format (default: text)")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument(
         "--device", choices=DEVICES, default=None,
@@ -144,7 +144,6 @@ def _check(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be captured: a cached run never does.
     from graphlint.baseline import write_baseline
     from graphlint.cache import default_folder
-    from graphlint.report import FORMATS as RENDER
     from graphlint.report.text import diagnostics, summary
     from graphlint.run import Options, check
 
@@ -191,7 +190,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"graphlint: wrote {len(kept)} finding{'' if len(kept) == 1 else 's'} to the baseline "
               f"{args.write_baseline}", file=sys.stderr)
         return EXIT_ERROR if report.errors else EXIT_CLEAN
-    rendered = RENDER[args.format](report)
+    rendered = FORMATS[args.format](report)
     if args.output:
         try:
             Path(args.output).write_text(rendered, encoding="utf-8")
