@@ -19,12 +19,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import graphlint
 from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
+
+if TYPE_CHECKING:
+    from graphlint.results import Report
+    from graphlint.session import Session
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -145,7 +150,7 @@ def _check(args: argparse.Namespace) -> int:
     from graphlint.baseline import write_baseline
     from graphlint.cache import default_folder
     from graphlint.report.text import diagnostics, summary
-    from graphlint.run import Options, check
+    from graphlint.session import Options, Session
 
     project = Project.discover()
     config = project.config.overridden(
@@ -177,13 +182,14 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--unsafe-fixes applies only with --fix or --diff")
     if args.write_baseline is not None and (args.fix or args.diff):
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
-    report = check(targets, project, config, options, base)
+    session = Session(targets, project, config, options, base)
+    report = session.report(session.results(targets))
     for line in diagnostics(report):
         print(line, file=sys.stderr)
     if args.diff:
-        return _diff(report, project, base, args.unsafe_fixes)
+        return _diff(session, report, args.unsafe_fixes)
     if args.fix:
-        _fix(report, project, base, args.unsafe_fixes)
+        report = _fix(session, report, args.unsafe_fixes)
     if args.write_baseline is not None:
         kept = [f for f in report.all_findings if not f.suppressed]
         write_baseline(args.write_baseline, kept, lambda path: project.relative(path) or path)
@@ -207,12 +213,10 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
 
 
-def _diff(report, project: Project, base: Path, unsafe: bool) -> int:
-    from graphlint.fix.apply import plan_fixes
-
-    plan = plan_fixes(report, project, base, unsafe)
-    _tell_refused(plan, project, unsafe)
-    diffs = plan.diffs(project)
+def _diff(session: Session, report: Report, unsafe: bool) -> int:
+    plan = session.fixes(report, unsafe)
+    _tell_refused(plan, session.project, unsafe)
+    diffs = plan.diffs(session.project)
     sys.stdout.buffer.write(diffs.encode("utf-8"))
     sys.stdout.flush()
     count = len(plan.applied)
@@ -222,18 +226,15 @@ def _diff(report, project: Project, base: Path, unsafe: bool) -> int:
     return EXIT_FINDINGS if diffs else EXIT_CLEAN
 
 
-def _fix(report, project: Project, base: Path, unsafe: bool) -> None:
-    """Write the fixes, and leave in the report only what is left."""
-    from graphlint.fix.apply import plan_fixes
-
-    plan = plan_fixes(report, project, base, unsafe)
-    _tell_refused(plan, project, unsafe)
+def _fix(session: Session, report: Report, unsafe: bool) -> Report:
+    """Write the fixes; the report of what is left."""
+    plan = session.fixes(report, unsafe)
+    _tell_refused(plan, session.project, unsafe)
     written = plan.write()
-    fixed = set(plan.applied)
-    report.merged = [f for f in report.all_findings if f not in fixed]
-    count = len(fixed)
+    count = len(plan.applied)
     print(f"graphlint: fixed {count} finding{'' if count == 1 else 's'} in {len(written)} "
           f"file{'' if len(written) == 1 else 's'}", file=sys.stderr)
+    return session.without(report, plan.applied)
 
 
 def _tell_refused(plan, project: Project, unsafe: bool) -> None:

@@ -7,15 +7,19 @@ on every target whose finding it is; fixes that failed are applied only with `--
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from graphlint.fix.edits import unified_diff
 from graphlint.errors import UsageError, one_line
 from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
 from graphlint.results import Finding, Report
-from graphlint.run.parent import WarmParent
+
+if TYPE_CHECKING:
+    from graphlint.run.parent import WarmParent
 
 
 @dataclass
@@ -58,16 +62,14 @@ def fixable(report: Report) -> list[Finding]:
             if f.fix is not None and not f.suppressed and not f.baselined and f.location.first_party]
 
 
-def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, parent: WarmParent | None = None) -> FixPlan:
+def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
+               parent: Callable[[], WarmParent]) -> FixPlan:
     """Prove each target's fixes (all together, else one by one, then the ones that passed together again), in
-    children of `parent` (the warm parent that linted the targets; None: a new one when there is a proof)."""
+    children of the warm parent that `parent()` gives (asked for only when there is something to prove)."""
     candidates = fixable(report)
-    warm: list[WarmParent] = [parent] if parent is not None else []
 
     def proved(result, fixes, original) -> Verdict:
-        if not warm:
-            warm.append(WarmParent())
-        return _prove(result, fixes, project, base, original, warm[0])
+        return _prove(result, fixes, project, base, original, parent())
 
     failed: dict[Finding, str] = {}
     for result in report.results:

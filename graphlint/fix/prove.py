@@ -117,7 +117,7 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
 def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
           parent: WarmParent) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
-    from graphlint.run import Options, check
+    from graphlint.session import Options, check
 
     rules = sorted({f.rule_id for f in fixed})
     try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports

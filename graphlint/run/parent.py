@@ -45,7 +45,7 @@ class WarmParent:
         launch = Launch()
         if self.context.get_start_method() == "fork":
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
-            # (graphlint.run.check in a test session, a notebook): its first parallel op would wait forever. The
+            # (graphlint.session.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
             # thread; captures on the meta device compute nothing, and -j N parallelises across targets.
             launch = Launch(single_threaded=True, close_fds=self.close_in_children)

@@ -175,7 +175,7 @@ class Linter:
             key = next(iter(self._waiting))
             project = self._waiting.pop(key)
             target = key[1]
-            cached = project.run.cached(target)
+            cached = project.session.cached(target)
             if cached is not None:
                 self._record(project, target, cached)
                 continue
@@ -183,11 +183,11 @@ class Linter:
             if children is None:
                 self._record(project, target, TargetResult(target=target, errors=[TargetError(target, self._parent_error)]))
                 continue
-            children.start(project.run.job(target), timeout=project.timeout, key=key)
+            children.start(project.session.job(target), timeout=project.timeout, key=key)
             self._running[key] = project
 
     def _record(self, project: ProjectTargets, target: str, result: TargetResult) -> None:
-        project.run.store(target, result)
+        project.session.store(target, result)
         project.record(target, result)
         self._dirty[project.pyproject] = project
         for note in result.notes:
