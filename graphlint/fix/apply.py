@@ -63,13 +63,22 @@ def fixable(report: Report) -> list[Finding]:
 
 
 def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
-               parent: Callable[[], WarmParent]) -> FixPlan:
+               parent: Callable[[], WarmParent] | None = None) -> FixPlan:
     """Prove each target's fixes (all together, else one by one, then the ones that passed together again), in
-    children of the warm parent that `parent()` gives (asked for only when there is something to prove)."""
+    children of the warm parent that `parent()` gives (asked for only when there is something to prove; by
+    default a new one)."""
     candidates = fixable(report)
+    made: list[WarmParent] = []
+
+    def warm() -> WarmParent:
+        if not made:
+            from graphlint.run.parent import WarmParent
+
+            made.append(WarmParent())
+        return made[0]
 
     def proved(result, fixes, original) -> Verdict:
-        return _prove(result, fixes, project, base, original, parent())
+        return _prove(result, fixes, project, base, original, (parent or warm)())
 
     failed: dict[Finding, str] = {}
     for result in report.results:

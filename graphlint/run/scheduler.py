@@ -109,23 +109,95 @@ class Children:
         return max(0.0, min(limits) - time.monotonic()) if limits else None
 
 
+class Scheduler:
+    """Keyed jobs waiting for a child and the children running them: at most `jobs` at once, in the order they
+    were put, except that jobs put `first` go ahead of those waiting (the file the user just saved); putting a
+    key that is waiting moves it, and one that is running is killed and started again when `supersede` (a newer
+    save: the older result is no longer wanted). The command line's run and the language server both use it.
+
+    `children()` gives the warm parent's `Children`, asked for when a job first has to start; `start(key, item)`
+    makes the job for a waiting item, or None when the caller answered it without a child (the result cache);
+    `timeout(item)` is its time limit (None: the children's default); `started(key)` is told once it runs."""
+
+    def __init__(self, children: Callable[[], Children], jobs: int, start: Callable[[object, object], Job | None],
+                 timeout: Callable[[object], float | None] = lambda item: None,
+                 started: Callable[[object], None] = lambda key: None) -> None:
+        self._children = children
+        self.jobs = max(jobs, 1)
+        self._start = start
+        self._timeout = timeout
+        self._started = started
+        self.waiting: dict[object, object] = {}  # key -> the caller's item, in the order they start
+        self.running: dict[object, object] = {}
+        self._made: Children | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def put(self, items: list[tuple[object, object]], first: bool = False, supersede: bool = False) -> None:
+        front = {}
+        for key, item in items:
+            if key in self.running:
+                if not supersede:
+                    continue
+                self._made.kill(key)
+                del self.running[key]
+            self.waiting.pop(key, None)
+            front[key] = item
+        self.waiting = {**front, **self.waiting} if first else {**self.waiting, **front}
+
+    def drop(self, unwanted: Callable[[object], bool]) -> None:
+        """Forget the waiting jobs and kill the running children whose key is unwanted."""
+        for key in [k for k in self.running if unwanted(k)]:
+            self._made.kill(key)
+            del self.running[key]
+        self.waiting = {k: item for k, item in self.waiting.items() if not unwanted(k)}
+
+    def start_waiting(self) -> None:
+        """Start waiting jobs while fewer than `jobs` run."""
+        while self.waiting and len(self.running) < self.jobs:
+            key = next(iter(self.waiting))
+            item = self.waiting.pop(key)
+            job = self._start(key, item)
+            if job is None:
+                continue
+            if self._made is None:
+                self._made = self._children()
+            self._made.start(job, timeout=self._timeout(item), key=key)
+            self.running[key] = item
+            self._started(key)
+
+    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Proved]]:
+        """Start what may start, then wait until a child finishes or one of the `also` handles is ready;
+        (key, item, answer) of the jobs that finished."""
+        self.start_waiting()
+        if not self.running:
+            if also:
+                wait(also)
+            return []
+        return [(key, self.running.pop(key), answer) for key, answer in self._made.wait(also=also)
+                if key in self.running]
+
+    def kill_all(self) -> None:
+        if self._made is not None:
+            self._made.kill_all()
+        self.running.clear()
+
+
 def lint_in_children(
     targets: list[str], job_for: Callable[[str], LintJob], jobs: int, timeout: float | None,
     started: Callable[[str], None] | None = None, parent: WarmParent | None = None,
 ) -> Iterator[tuple[str, TargetResult]]:
     """Each target in its own child of `parent` (a new warm parent when None); results as the children finish."""
-    children = Children(parent or WarmParent(), timeout)
-    waiting = list(targets)
+    scheduler = Scheduler(lambda: Children(parent or WarmParent(), timeout), jobs, lambda text, _: job_for(text),
+                          started=started or (lambda text: None))
+    scheduler.put([(text, text) for text in targets])
     try:
-        while waiting or children:
-            while waiting and len(children) < max(jobs, 1):
-                text = waiting.pop(0)
-                children.start(job_for(text))
-                if started is not None:
-                    started(text)
-            yield from children.wait()
+        while scheduler:
+            for text, _, result in scheduler.wait():
+                yield text, result
     finally:
-        children.kill_all()  # interrupted (Ctrl-C): no child outlives the run
+        scheduler.kill_all()  # interrupted (Ctrl-C): no child outlives the run
 
 
 def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Proved:
