@@ -4,6 +4,8 @@
     python benchmarks/run.py --repeat 9 --quick
     python benchmarks/run.py --only many  # the many-targets scenario alone
     python benchmarks/run.py --only server  # the language server alone (benchmarks/server.py)
+    python benchmarks/run.py --only fix     # check --diff against check on the shipped example
+    python benchmarks/run.py --only floor   # the floor table alone (GPT-2-small and Llama-7B shapes)
 
 For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
 so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
@@ -15,6 +17,10 @@ The many-targets scenario measures whole runs over 12 small targets (each in its
 `layers.py`) at -j 1 and -j 2, and over 6 `transformers` models, against one cold target of each kind in the
 same run. Its memory is the peak of the whole process tree's proportional set size (PSS, sampled every 20 ms):
 pages a forked child shares with the warm parent count once, split between them, not once per process.
+
+The fix scenario times `graphlint check --diff` on the shipped example (examples/attention/model.py:make_model,
+whose GL101 fix is proven: the original and rewritten models run in float64 and the rewritten one is linted
+again) against a plain `graphlint check` of it, in the same run.
 
 The server scenario (benchmarks/server.py) times `graphlint server` from opening the GPT-2-small shape to its
 first diagnostics, and from saving a change to the new diagnostics, against a cold `graphlint check` of it.
@@ -40,6 +46,7 @@ from many_targets import write_small_targets, write_transformers_targets  # noqa
 import server  # noqa: E402
 
 MODELS = HERE / "models.py"
+EXAMPLE = HERE.parent / "examples" / "attention" / "model.py"
 PYTHON = sys.executable
 
 
@@ -125,6 +132,15 @@ def many_targets(repeat: int) -> None:
         print(f"  {label:<22} {wall:>6.2f} s {memory:>8.0f} MiB   {ratio(wall, base[0])} time, {ratio(memory, base[1])} memory")
 
 
+def fix_proof(repeat: int) -> None:
+    target = f"{EXAMPLE}:make_model"
+    medians = run({"check": graphlint(target), "check --diff": graphlint(target) + ["--diff"]}, repeat)
+    print("\nproving a fix: check --diff on the shipped example against a plain check")
+    for label, (wall, memory) in medians.items():
+        print(f"  {label:<13} {wall:>6.2f} s {memory:>8.0f} MiB")
+    print(f"  ratio         {ratio(medians['check --diff'][0], medians['check'][0])} time")
+
+
 def floor(target: str) -> list[str]:
     return [PYTHON, str(HERE / "floor.py"), target]
 
@@ -155,7 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the 7B target and the size sweep")
-    parser.add_argument("--only", choices=("many", "server"), help="run only this scenario")
+    parser.add_argument("--only", choices=("many", "server", "fix", "floor"), help="run only this scenario")
     options = parser.parse_args()
     print(f"graphlint benchmark, {date.today()}, {platform.machine()} {platform.processor() or ''} "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, median of {options.repeat}")
@@ -164,6 +180,9 @@ def main() -> None:
         return
     if options.only == "server":
         server.measure(options.repeat)
+        return
+    if options.only == "fix":
+        fix_proof(options.repeat)
         return
     targets = {"gpt2-small (12 x 768, batch 2, seq 128)": "gpt2_small"}
     if not options.quick:
@@ -183,6 +202,8 @@ def main() -> None:
             print(f"{title:<41} {command:<10} {wall:>8.2f} {memory:>10.0f}   {versus_floor:<22} {versus_dynamo}")
         if "dynamo" not in medians:
             print(f"{title:<41} {'dynamo':<10}  skipped: the float32 weights do not fit in this machine's memory")
+    if options.only == "floor":
+        return
     if not options.quick:
         print("\ngraphlint on the GPT-2 shape as the input grows (cost should follow ops, not tensor sizes)")
         sizes = {"batch 1, seq 128": "gpt2_small_batch1", "batch 2, seq 128": "gpt2_small",
@@ -205,6 +226,7 @@ def main() -> None:
         wall, memory = run({"cached": graphlint(target, Path(cache))}, options.repeat)["cached"]
         print(f"\ngraphlint re-run with nothing changed (result cache): {wall:.2f} s, {memory:.0f} MiB")
     many_targets(options.repeat)
+    fix_proof(options.repeat)
     server.measure(options.repeat)
 
 

@@ -16,10 +16,10 @@ from graphlint.capture.isolation import preserved_global_state
 from graphlint.engine import load_rules, run_rules
 from graphlint.errors import TargetFailure
 from graphlint.locate.place import Locator
-from graphlint.policy import apply_policy
 from graphlint.project import Project
 from graphlint.results import Report, RuleInfo, TargetResult
 from graphlint.selection import select
+from graphlint.session import finish
 
 
 def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Callable | None = None,
@@ -64,10 +64,7 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
     findings, errors = run_rules(rules, capture, Locator(project))
     result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=notes + capture.notes,
                           device=capture.device)
-    report = Report(results=[result], project_root=str(project.root), rules=tuple(RuleInfo.of(r) for r in rules),
-                    fail_on=project.config.fail_on)
-    apply_policy(report, project.config, project)
-    return report
+    return finish([result], project, project.config, tuple(RuleInfo.of(r) for r in rules))
 
 
 def _capture_meta_copy(model, args, kwargs, loss, target, factory) -> Capture:

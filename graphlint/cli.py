@@ -19,14 +19,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import graphlint
 from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
+from graphlint.report import FORMATS
+
+if TYPE_CHECKING:
+    from graphlint.results import Report
+    from graphlint.session import Session
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit", "rdjson", "rdjsonl", "markdown")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args); "
              "default: [tool.graphlint] targets in the nearest pyproject.toml",
     )
-    check.add_argument("--format", choices=FORMATS, default="text", help="output format (default: text)")
+    check.add_argument("--format", choices=tuple(FORMATS), default="text", help="output format (default: text)")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE", type=_extra_report,
                        help="also write the report in FORMAT to FILE (repeatable), from the same run")
@@ -147,11 +152,10 @@ def _check(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be captured: a cached run never does.
     from graphlint.baseline import write_baseline
     from graphlint.cache import default_folder
-    from graphlint.report import FORMATS as RENDER
     from graphlint.report import SUGGESTING
     from graphlint.report.rdjson import keep_fixes
     from graphlint.report.text import diagnostics, summary
-    from graphlint.run import Options, check
+    from graphlint.session import Options, Session
 
     project = Project.discover()
     config = project.config.overridden(
@@ -185,13 +189,14 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--unsafe-fixes applies only with --fix, --diff or --format rdjson/rdjsonl")
     if args.write_baseline is not None and (args.fix or args.diff):
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
-    report = check(targets, project, config, options, base)
+    session = Session(targets, project, config, options, base)
+    report = session.report(session.results(targets))
     for line in diagnostics(report):
         print(line, file=sys.stderr)
     if args.diff:
-        return _diff(report, project, base, args.unsafe_fixes)
+        return _diff(session, report, args.unsafe_fixes)
     if args.fix:
-        _fix(report, project, base, args.unsafe_fixes)
+        report = _fix(session, report, args.unsafe_fixes)
     if args.write_baseline is not None:
         kept = [f for f in report.all_findings if not f.suppressed]
         write_baseline(args.write_baseline, kept, lambda path: project.relative(path) or path)
@@ -199,10 +204,10 @@ def _check(args: argparse.Namespace) -> int:
               f"{args.write_baseline}", file=sys.stderr)
         return EXIT_ERROR if report.errors else EXIT_CLEAN
     # Suggestions are offered only for fixes proven as --fix would prove them (after --fix, none are left).
-    proven = keep_fixes(report, [] if args.fix else _proven(report, project, base, args.unsafe_fixes)) \
+    proven = keep_fixes(report, [] if args.fix else _proven(session, report, args.unsafe_fixes)) \
         if suggesting else report
     for name, output in outputs:
-        rendered = RENDER[name](proven if name in SUGGESTING else report)
+        rendered = FORMATS[name](proven if name in SUGGESTING else report)
         if output:
             try:
                 Path(output).write_text(rendered, encoding="utf-8")
@@ -226,26 +231,25 @@ def _extra_report(value: str) -> tuple[str, str]:
     return name, output
 
 
-def _proven(report, project: Project, base: Path, unsafe: bool) -> list:
+def _proven(session: Session, report: Report, unsafe: bool) -> list:
     """The findings whose fixes --fix would apply, proven on the model (with `unsafe`, the unproven ones too)."""
-    from graphlint.fix.apply import fixable, plan_fixes
+    from graphlint.fix.apply import fixable
 
     if not fixable(report):
         return []
-    plan = plan_fixes(report, project, base, unsafe)
+    plan = session.fixes(report, unsafe)
     for finding, reason in plan.refused:
+        project = session.project
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
         how = "suggested anyway (--unsafe-fixes)" if unsafe else "not suggested"
         print(single_line(f"graphlint: {where}: {finding.rule_id} fix {how}: {reason}"), file=sys.stderr)
     return plan.applied
 
 
-def _diff(report, project: Project, base: Path, unsafe: bool) -> int:
-    from graphlint.fix.apply import plan_fixes
-
-    plan = plan_fixes(report, project, base, unsafe)
-    _tell_refused(plan, project, unsafe)
-    diffs = plan.diffs(project)
+def _diff(session: Session, report: Report, unsafe: bool) -> int:
+    plan = session.fixes(report, unsafe)
+    _tell_refused(plan, session.project, unsafe)
+    diffs = plan.diffs(session.project)
     sys.stdout.buffer.write(diffs.encode("utf-8"))
     sys.stdout.flush()
     count = len(plan.applied)
@@ -255,18 +259,15 @@ def _diff(report, project: Project, base: Path, unsafe: bool) -> int:
     return EXIT_FINDINGS if diffs else EXIT_CLEAN
 
 
-def _fix(report, project: Project, base: Path, unsafe: bool) -> None:
-    """Write the fixes, and leave in the report only what is left."""
-    from graphlint.fix.apply import plan_fixes
-
-    plan = plan_fixes(report, project, base, unsafe)
-    _tell_refused(plan, project, unsafe)
+def _fix(session: Session, report: Report, unsafe: bool) -> Report:
+    """Write the fixes; the report of what is left."""
+    plan = session.fixes(report, unsafe)
+    _tell_refused(plan, session.project, unsafe)
     written = plan.write()
-    fixed = set(plan.applied)
-    report.merged = [f for f in report.all_findings if f not in fixed]
-    count = len(fixed)
+    count = len(plan.applied)
     print(f"graphlint: fixed {count} finding{'' if count == 1 else 's'} in {len(written)} "
           f"file{'' if len(written) == 1 else 's'}", file=sys.stderr)
+    return session.without(report, plan.applied)
 
 
 def _tell_refused(plan, project: Project, unsafe: bool) -> None:

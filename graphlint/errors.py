@@ -33,10 +33,26 @@ def one_line(error: BaseException) -> str:
 
 def raised_at(error: BaseException) -> str:
     """` (at file:line)` for the innermost frame of user code in an exception's traceback."""
+    where = raised_where(error)
+    return f" (at {display_path(where[0])}:{where[1]})" if where is not None else ""
+
+
+def raised_where(error: BaseException) -> tuple[str, int] | None:
+    """(absolute file, line) of the innermost frame of user code in an exception's traceback; for a syntax
+    error, the line that does not parse."""
+    if isinstance(error, SyntaxError) and error.filename and error.lineno:
+        return os.path.abspath(error.filename), error.lineno
     frames = [f for f in traceback.extract_tb(error.__traceback__) if not is_hidden_file(os.path.abspath(f.filename))]
-    if not frames:
-        return ""
-    return f" (at {display_path(frames[-1].filename)}:{frames[-1].lineno})"
+    if not frames or frames[-1].lineno is None:
+        return None
+    return os.path.abspath(frames[-1].filename), frames[-1].lineno
+
+
+def failure_where(error: GraphlintError) -> tuple[str | None, int | None]:
+    """(file, line) where a target's failure happened, when the exception it was raised from shows it."""
+    cause = error.__cause__
+    where = raised_where(cause) if cause is not None else None
+    return where if where is not None else (None, None)
 
 
 def call_user_code(function, /, *args, **kwargs):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from graphlint.capture import Capture, capture_target
 from graphlint.engine import run_rules
-from graphlint.errors import GraphlintError, one_line
+from graphlint.errors import GraphlintError, failure_where, one_line
 from graphlint.libraries import loaded_libraries
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
-from graphlint.stages import reached
+from graphlint.stages import last as last_stage, reached
 from graphlint.target import TargetSpec, load_factory
 
 
@@ -37,22 +37,23 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     """Load and capture one target; a failure is an error in the result (and no capture), never an exception."""
     result = TargetResult(target=text)
     try:
+        reached("import")
         spec = TargetSpec.parse(text, base)
         if spec.file is not None:
             locator.project.add_first_party(spec.file.parent)
         # The target's folder stays importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-            reached("import")
             capture = capture_target(load_factory(spec), device, vary_inputs)
     except GraphlintError as error:
-        result.errors.append(TargetError(text, str(error)))
+        path, line = failure_where(error)
+        result.errors.append(TargetError(text, str(error), path, line, last_stage()))
         return result, None
     except Exception as error:  # a bug in graphlint: still one line, and the other targets go on
         if debug:
             traceback.print_exc()
         result.errors.append(TargetError(text, f"internal error in graphlint while capturing ({one_line(error)}); "
-                                               "please report it with the output of --debug"))
+                                               "please report it with the output of --debug", stage=last_stage()))
         return result, None
     project = locator.project
     result.device = capture.device

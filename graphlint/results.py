@@ -128,10 +128,14 @@ class RuleInfo:
 
 @dataclass(frozen=True)
 class TargetError:
-    """Why a target could not be linted, in one line, with the fix where there is one."""
+    """Why a target could not be linted, in one line, with the fix where there is one; where it happened (the
+    file and line that raised, or that does not parse) when that is known, and the stage it reached."""
 
     target: str
     message: str
+    path: str | None = None  # absolute
+    line: int | None = None
+    stage: str | None = None  # graphlint.stages
 
 
 @dataclass

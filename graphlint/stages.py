@@ -12,6 +12,12 @@ from collections.abc import Callable
 STAGES = ("import", "factory", "forward", "backward", "rules")
 
 _listener: Callable[[str], None] | None = None
+_last: str | None = None  # the stage reached last, for a failure to say where it happened
+
+
+def last() -> str | None:
+    """The stage reached last in this process, None before any."""
+    return _last
 
 
 def listen(listener: Callable[[str], None] | None) -> None:
@@ -20,5 +26,7 @@ def listen(listener: Callable[[str], None] | None) -> None:
 
 
 def reached(stage: str) -> None:
+    global _last
+    _last = stage
     if _listener is not None:
         _listener(stage)

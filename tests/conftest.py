@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from graphlint.config import Config
-from graphlint.run import check
+from graphlint.session import check
 from graphlint.project import Project
 
 REPO = Path(__file__).resolve().parent.parent

@@ -209,7 +209,7 @@ def test_progress_is_shown_on_a_terminal_only(project_dir):
 def test_runs_given_one_warm_parent_start_every_child_from_it(tmp_path, monkeypatch):
     from graphlint.config import Config
     from graphlint.project import Project
-    from graphlint.run import Options, check
+    from graphlint.session import Options, check
     from graphlint.run import scheduler
     from graphlint.run.parent import WarmParent
 

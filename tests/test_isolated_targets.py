@@ -226,13 +226,13 @@ def test_one_job_and_two_jobs_give_byte_identical_reports(project_dir):
 
 
 def test_a_parent_that_already_ran_parallel_cpu_work_still_gets_working_children(tmp_path):
-    """graphlint.run.check inside a process that used torch's OpenMP pool (a test session, a notebook): a
+    """graphlint.session.check inside a process that used torch's OpenMP pool (a test session, a notebook): a
     forked child cannot use that pool, so it runs its CPU ops on one thread instead of waiting forever."""
     import torch
 
     from graphlint.config import Config
     from graphlint.project import Project
-    from graphlint.run import Options, check
+    from graphlint.session import Options, check
 
     x = torch.randn(1000, 1000)
     assert (x @ x).isfinite().all()  # a parallel CPU op in this process

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import line_of, lint_file, validate_sarif, write
-from graphlint.run import check
+from graphlint.session import check
 from graphlint.project import Project
 from graphlint.report.sarif import render_sarif
 

@@ -557,8 +557,8 @@ def test_a_failure_is_placed_where_its_message_says_else_on_the_targets_first_li
     from graphlint.server.diagnostics import error_place
 
     model = str(write(tmp_path, "model.py", "def make():\n    raise ValueError\n"))
-    raised = TargetError("model.py:make", "the factory raised ValueError (at model.py:2)")
-    assert error_place(raised, model, str(tmp_path)) == (model, 2)
-    crashed = TargetError("model.py:make", "its process exited with code 3 during the factory")
-    assert error_place(crashed, model, str(tmp_path)) == (model, 1)
-    assert error_place(TargetError("pkg.models:make", "cannot import module 'pkg'"), None, str(tmp_path)) is None
+    raised = TargetError("model.py:make", "the factory raised ValueError (at model.py:2)", model, 2, "factory")
+    assert error_place(raised, model) == (model, 2)
+    crashed = TargetError("model.py:make", "its process exited with code 3 during the factory", stage="factory")
+    assert error_place(crashed, model) == (model, 1)
+    assert error_place(TargetError("pkg.models:make", "cannot import module 'pkg'"), None) is None

@@ -7,14 +7,19 @@ on every target whose finding it is; fixes that failed are applied only with `--
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from graphlint.fix.edits import unified_diff
 from graphlint.errors import UsageError, one_line
 from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
 from graphlint.results import Finding, Report
+
+if TYPE_CHECKING:
+    from graphlint.run.parent import WarmParent
 
 
 @dataclass
@@ -43,9 +48,9 @@ class FixPlan:
         return written
 
 
-def _prove(result, fixes, project, base, original) -> Verdict:
+def _prove(result, fixes, project, base, original, parent) -> Verdict:
     try:
-        return prove(result, fixes, project, base, original)
+        return prove(result, fixes, project, base, original, parent)
     except Exception as error:  # a bug in graphlint: the fix is refused and the run goes on
         return Verdict(False, f"internal error in graphlint while proving the fix ({one_line(error)}); please "
                               "report it")
@@ -57,9 +62,24 @@ def fixable(report: Report) -> list[Finding]:
             if f.fix is not None and not f.suppressed and not f.baselined and f.location.first_party]
 
 
-def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> FixPlan:
-    """Prove each target's fixes (all together, else one by one, then the ones that passed together again)."""
+def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
+               parent: Callable[[], WarmParent] | None = None) -> FixPlan:
+    """Prove each target's fixes (all together, else one by one, then the ones that passed together again), in
+    children of the warm parent that `parent()` gives (asked for only when there is something to prove; by
+    default a new one)."""
     candidates = fixable(report)
+    made: list[WarmParent] = []
+
+    def warm() -> WarmParent:
+        if not made:
+            from graphlint.run.parent import WarmParent
+
+            made.append(WarmParent())
+        return made[0]
+
+    def proved(result, fixes, original) -> Verdict:
+        return _prove(result, fixes, project, base, original, (parent or warm)())
+
     failed: dict[Finding, str] = {}
     for result in report.results:
         mine = [f for f in candidates if result.target in f.targets]
@@ -68,7 +88,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
                 failed.setdefault(finding, "the target could not be linted")
             continue
         original = [f for f in report.all_findings if result.target in f.targets]
-        verdict = _prove(result, mine, project, base, original)
+        verdict = proved(result, mine, original)
         if verdict.ok:
             continue
         if len(mine) == 1:
@@ -76,12 +96,12 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
             continue
         passed = []
         for finding in mine:
-            alone = _prove(result, [finding], project, base, original)
+            alone = proved(result, [finding], original)
             if alone.ok:
                 passed.append(finding)
             else:
                 failed.setdefault(finding, alone.reason)
-        if len(passed) > 1 and not _prove(result, passed, project, base, original).ok:
+        if len(passed) > 1 and not proved(result, passed, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
     plan = FixPlan()

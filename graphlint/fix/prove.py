@@ -1,10 +1,11 @@
 """Prove fixes on the model before they are written.
 
 The target's first-party files are copied twice into a scratch folder, keeping their paths relative to the
-project root; one copy gets the edits. A child process builds the original and saves its state dict, inputs,
-float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state dict strictly
-and compares (graphlint.fix.model_run). Then the real `graphlint check` lints the rewritten copy, and the
-fixed findings must be gone. Nothing of either copy is ever imported into this process.
+project root; one copy gets the edits. A child of the warm parent builds the original and saves its state
+dict, inputs, float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state
+dict strictly and compares (graphlint.fix.model_run). Then a third lints the rewritten copy, as `graphlint
+check` would, and the fixed findings must be gone. The children are forked from the parent that linted the
+targets, so none of them imports torch again; nothing of either copy is ever imported into this process.
 """
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphlint.errors import one_line
+from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.fix.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
 from graphlint.results import Edit, Finding, TargetResult
+from graphlint.run.parent import WarmParent
+from graphlint.run.scheduler import run_job
+from graphlint.run.wire import ProofJob
 from graphlint.target import TargetSpec
 
 CHILD_TIMEOUT = 600.0
@@ -66,9 +68,11 @@ def rewritten_files(edits: list[Edit]) -> dict[str, str] | str:
     return texts
 
 
-def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Path, original: list[Finding]) -> Verdict:
+def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Path, original: list[Finding],
+          parent: WarmParent) -> Verdict:
     """Whether applying every fix of `fixed` to the target `result` keeps its outputs and gradients and removes
-    those findings; `original` are the target's findings before (to count what is left)."""
+    those findings; `original` are the target's findings before (to count what is left). The proof's
+    processes are children of `parent`."""
     texts = rewritten_files([e for f in fixed for e in f.fix.edits])
     if isinstance(texts, str):
         return Verdict(False, texts)
@@ -99,27 +103,34 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
             destination.write_text(text, encoding=read_text(path)[1], newline="")
         target = _target_text(spec, root)
         record, verdict = Path(scratch) / "original.pt", Path(scratch) / "verdict.json"
-        for mode, tree, extra in (("save", "original", []), ("compare", "rewritten", [str(verdict)])):
-            where = trees[tree] / mapped_base
-            failed = _child(["-m", "graphlint.fix.model_run", mode, target, str(where), str(record), *extra], where)
+        for mode, tree, answer_to in (("save", "original", None), ("compare", "rewritten", str(verdict))):
+            job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to)
+            failed = run_job(parent, job, CHILD_TIMEOUT).failure
             if failed:
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        return _gone(trees["rewritten"], trees["rewritten"] / mapped_base, target, fixed, original, project)
+        return _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
 
 
-def _gone(tree: Path, where: Path, target: str, fixed: list[Finding], original: list[Finding],
-          project: Project) -> Verdict:
+def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
+          parent: WarmParent) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
+    from graphlint.session import Options, check
+
     rules = sorted({f.rule_id for f in fixed})
-    command = ["-m", "graphlint", "check", "--format", "json", "--no-cache", "--fail-on", "never",
-               "--show-suppressed", "--select", ",".join(rules), target]
-    completed = _run(command, where)
-    if completed.returncode != 0:
-        return Verdict(False, f"the rewritten target could not be linted ({_last_line(completed.stderr)})")
-    after = Counter((f["rule"], f["location"]["path"]) for f in json.loads(completed.stdout)["findings"])
+    try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports
+        tree = Project.discover(where)
+        config = tree.config.overridden(select=tuple(rules), fail_on="never")
+        report = check([target], tree, config, Options(show_suppressed=True, timeout=CHILD_TIMEOUT), where, parent)
+    except GraphlintError as error:
+        return Verdict(False, f"the rewritten target could not be linted (graphlint: error: {error})")
+    if report.errors:
+        error = report.errors[0]
+        return Verdict(False, single_line(f"the rewritten target could not be linted (graphlint: error: "
+                                          f"{error.target}: {error.message})"))
+    after = Counter((f.rule_id, tree.relative(f.location.path) or f.location.path) for f in report.findings)
     before = Counter((f.rule_id, project.relative(f.location.path)) for f in original if f.rule_id in rules)
     removed = Counter((f.rule_id, project.relative(f.location.path)) for f in fixed)
     for key, count in removed.items():
@@ -139,25 +150,3 @@ def _inside(path: Path, root: Path) -> Path | None:
         return path.resolve().relative_to(root)
     except ValueError:
         return None
-
-
-def _run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    # PYTHONSAFEPATH: the scratch folder is the working directory, and its files must not shadow the modules
-    # graphlint imports (the child puts the target's folder on sys.path itself, as a capture does).
-    return subprocess.run([sys.executable, *arguments], cwd=cwd, capture_output=True, text=True,
-                          timeout=CHILD_TIMEOUT,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONSAFEPATH": "1"})
-
-
-def _child(arguments: list[str], cwd: Path) -> str | None:
-    """None when the child succeeded, else its last line of stderr."""
-    try:
-        completed = _run(arguments, cwd)
-    except subprocess.TimeoutExpired:
-        return f"no answer in {CHILD_TIMEOUT:.0f} s"
-    return None if completed.returncode == 0 else _last_line(completed.stderr)
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"

@@ -1,76 +1,90 @@
-"""The child process that lints one target: the per-target pipeline, with its stages and its result sent to the
-run over a one-way pipe.
-
-Messages, in order: `{"stage": NAME}` as the lint goes (graphlint.stages), then one
-`{"result": <graphlint.results wire format>, "imported": [top-level names of installed libraries it imported]}`.
-A child that exits without sending a result has died; the run reports how, with the last stage it saw.
+"""The child process that runs one job of the warm parent (graphlint.run.wire): lint a target (the per-target
+pipeline, with its stages), or run one side of a fix's proof; its messages go to the parent over a one-way pipe.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+import warnings
 
 from graphlint import stages
+from graphlint.errors import one_line
 from graphlint.files import is_installed_file
-from graphlint.results import TargetError, TargetResult, to_wire
+from graphlint.results import TargetError, TargetResult
+from graphlint.run.heap import leave_parent_heap, long_lived
+from graphlint.run.wire import Job, Launch, LintJob, Linted, ProofJob, Proved, Stage
 
 
-def request(target: str, base: Path, project, device: str, rules: tuple[str, ...], debug: bool) -> dict:
-    """What a child needs to lint one target; plain data, so that a spawned child can receive it too."""
-    return {
-        "target": target,
-        "base": str(base),
-        "root": str(project.root),
-        "first_party_folders": [str(f) for f in project.first_party_folders],
-        "device": device,
-        "rules": list(rules),
-        "debug": debug,
-    }
-
-
-def child_main(request: dict, connection) -> None:
-    """Lint the requested target and send its result (the entry point of every child process)."""
-    for descriptor in request.get("close_fds", ()):  # the parent's own pipes are none of the target's business
+def child_main(job: Job, launch: Launch, connection) -> None:
+    """Run the job and send its messages (the entry point of every child process)."""
+    leave_parent_heap()
+    for descriptor in launch.close_fds:  # the parent's own pipes are none of the job's business
         try:
             os.close(descriptor)
         except OSError:
             pass
     os.dup2(2, 1)  # everything the model prints, Python or native, goes to stderr: stdout carries the report
-    if request.get("single_threaded"):
+    if launch.single_threaded:
         import torch
 
         torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork (see graphlint.run.parent)
+    if isinstance(job, ProofJob):
+        connection.send(_prove(job))
+    else:
+        connection.send(_lint_job(job, connection))
+    connection.close()
+
+
+def _lint_job(job: LintJob, connection) -> Linted:
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
-    sys.argv = [request["target"].rpartition(":")[0] or request["target"]]
+    sys.argv = [job.target.rpartition(":")[0] or job.target]
     before = set(sys.modules)
     last = ["import"]
 
     def tell(stage: str) -> None:
         last[0] = stage
-        connection.send({"stage": stage})
+        connection.send(Stage(stage))
 
     stages.listen(tell)
     try:
-        result = _lint(request)
+        result = _lint(job)
     except SystemExit as leaving:  # sys.exit() in the user's code (argparse at module level, often)
-        result = TargetResult(target=request["target"], errors=[TargetError(request["target"], _exited(leaving, last[0]))])
-    connection.send({"result": to_wire(result), "imported": _installed_libraries(set(sys.modules) - before)})
-    connection.close()
+        result = TargetResult(target=job.target, errors=[TargetError(job.target, _exited(leaving, last[0]),
+                                                                     stage=last[0])])
+    return Linted(result, tuple(_installed_libraries(set(sys.modules) - before)))
 
 
-def _lint(request: dict) -> TargetResult:
-    from graphlint.engine import load_rules
-    from graphlint.locate.place import Locator
-    from graphlint.pipeline import lint_target
-    from graphlint.project import Project
+def _lint(job: LintJob) -> TargetResult:
+    from pathlib import Path
 
-    project = Project(root=Path(request["root"]), first_party_folders=[Path(f) for f in request["first_party_folders"]])
-    rules = tuple(rule for rule in load_rules() if rule.id in set(request["rules"]))
-    return lint_target(request["target"], Path(request["base"]), Locator(project), rules, request["device"],
-                       request["debug"])
+    with long_lived():  # a spawned child imports these itself; a forked one has them already
+        from graphlint.engine import load_rules
+        from graphlint.locate.place import Locator
+        from graphlint.pipeline import lint_target
+
+    rules = tuple(rule for rule in load_rules() if rule.id in set(job.rules))
+    return lint_target(job.target, Path(job.base), Locator(job.project()), rules, job.device, job.debug)
+
+
+def _prove(job: ProofJob) -> Proved:
+    """One side of a proof, in the tree's folder, with the tree's files first on sys.path and the parent's
+    working directory off it (the tree's files must not be shadowed by the originals they were copied from)."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", cwd)]
+    os.chdir(job.base)
+    quiet = os.open(os.devnull, os.O_WRONLY)  # the model's prints and warnings are not the proof's business
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    warnings.simplefilter("ignore")
+    try:
+        from graphlint.fix.model_run import main
+
+        main(job.arguments)
+    except (Exception, SystemExit) as error:  # the tree cannot be built or run: the proof fails with why
+        return Proved(one_line(error))
+    return Proved()
 
 
 def _exited(leaving: SystemExit, stage: str) -> str:

@@ -15,6 +15,8 @@ import multiprocessing
 import sys
 
 from graphlint.run.child import child_main
+from graphlint.run.heap import long_lived
+from graphlint.run.wire import Job, Launch
 
 
 def start_method() -> str:
@@ -31,21 +33,23 @@ class WarmParent:
         self.context = multiprocessing.get_context(start_method())
         self.close_in_children = tuple(close_in_children)
         if self.context.get_start_method() == "fork":
-            _warm_up()
+            with long_lived():
+                _warm_up()
         self._tried: set[str] = set()
 
-    def start(self, request: dict):
-        """(the child process, the parent's end of its pipe)."""
+    def start(self, job: Job):
+        """(the child process running `job`, the parent's end of its pipe)."""
         receiving, sending = self.context.Pipe(duplex=False)
         sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
         sys.stderr.flush()
+        launch = Launch()
         if self.context.get_start_method() == "fork":
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
-            # (graphlint.run.check in a test session, a notebook): its first parallel op would wait forever. The
+            # (graphlint.session.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
             # thread; captures on the meta device compute nothing, and -j N parallelises across targets.
-            request = {**request, "single_threaded": True, "close_fds": list(self.close_in_children)}
-        process = self.context.Process(target=child_main, args=(request, sending), daemon=True)
+            launch = Launch(single_threaded=True, close_fds=self.close_in_children)
+        process = self.context.Process(target=child_main, args=(job, launch, sending), daemon=True)
         process.start()
         sending.close()  # the child holds the only writing end: its death closes the pipe
         return process, receiving
@@ -59,7 +63,8 @@ class WarmParent:
                 continue
             self._tried.add(name)
             try:
-                importlib.import_module(name)
+                with long_lived():
+                    importlib.import_module(name)
             except Exception:  # a library that fails here is only imported again, by the child that needs it
                 continue
 

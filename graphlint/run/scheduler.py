@@ -1,6 +1,6 @@
-"""Runs targets in child processes of the warm parent, each within its time limit, and turns every way a child
-can end into that target's result: its own result, or one error line that says what happened and the last
-stage it reached.
+"""Runs jobs in child processes of the warm parent, each within its time limit, and turns every way a child
+can end into the job's answer: a lint job's own result, or one error line that says what happened and the last
+stage it reached; a proof job's verdict, or why it has none.
 
 `Children` keeps the running children of one warm parent: the command line's run (`lint_in_children`) starts
 at most `jobs` at a time and waits for them all; the language server (graphlint.server) keeps one for its whole
@@ -9,27 +9,33 @@ life, starts a child whenever a file is saved, and kills the child of a target t
 
 from __future__ import annotations
 
+import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from graphlint.results import TargetError, TargetResult, from_wire
+from graphlint.results import TargetError, TargetResult
 from graphlint.run.parent import WarmParent
+from graphlint.run.wire import Job, Linted, LintJob, Proved, Stage
 
 
 @dataclass
 class _Child:
     key: object  # what the caller knows the child by: the target, unless it said otherwise
-    target: str
+    job: Job
     process: object
     connection: object
     started: float
     timeout: float | None = None  # seconds; None or 0: no limit
     stage: str = "import"
-    result: TargetResult | None = None
-    imported: list[str] = field(default_factory=list)
+    result: TargetResult | Proved | None = None
+    imported: tuple[str, ...] = ()
+
+    @property
+    def target(self) -> str:
+        return self.job.target
 
 
 class Children:
@@ -43,17 +49,17 @@ class Children:
     def __len__(self) -> int:
         return len(self.running)
 
-    def start(self, target: str, request: dict, timeout: float | None = None, key: object = None) -> None:
-        """Start a child that lints `target`, known as `key` (default: the target); `timeout` overrides the
+    def start(self, job: Job, timeout: float | None = None, key: object = None) -> None:
+        """Start a child that runs `job`, known as `key` (default: the job's target); `timeout` overrides the
         default limit for this one."""
-        process, connection = self.parent.start(request)
-        self.running.append(_Child(target if key is None else key, target, process, connection, time.monotonic(),
+        process, connection = self.parent.start(job)
+        self.running.append(_Child(job.target if key is None else key, job, process, connection, time.monotonic(),
                                    self.timeout if timeout is None else timeout))
 
-    def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[str, TargetResult]]:
+    def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[object, TargetResult | Proved]]:
         """Wait until a child finishes, its time runs out, one of the `also` handles is ready, or `limit`
-        seconds pass; the keys of the children that finished, with their results, in the order they were
-        started."""
+        seconds pass; the keys of the children that finished, with their answers (a lint job's TargetResult, a
+        proof job's Proved), in the order they were started."""
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
@@ -103,23 +109,107 @@ class Children:
         return max(0.0, min(limits) - time.monotonic()) if limits else None
 
 
+class Scheduler:
+    """Keyed jobs waiting for a child and the children running them: at most `jobs` at once, in the order they
+    were put, except that jobs put `first` go ahead of those waiting (the file the user just saved); putting a
+    key that is waiting moves it, and one that is running is killed and started again when `supersede` (a newer
+    save: the older result is no longer wanted). The command line's run and the language server both use it.
+
+    `children()` gives the warm parent's `Children`, asked for when a job first has to start; `start(key, item)`
+    makes the job for a waiting item, or None when the caller answered it without a child (the result cache);
+    `timeout(item)` is its time limit (None: the children's default); `started(key)` is told once it runs."""
+
+    def __init__(self, children: Callable[[], Children], jobs: int, start: Callable[[object, object], Job | None],
+                 timeout: Callable[[object], float | None] = lambda item: None,
+                 started: Callable[[object], None] = lambda key: None) -> None:
+        self._children = children
+        self.jobs = max(jobs, 1)
+        self._start = start
+        self._timeout = timeout
+        self._started = started
+        self.waiting: dict[object, object] = {}  # key -> the caller's item, in the order they start
+        self.running: dict[object, object] = {}
+        self._made: Children | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def put(self, items: list[tuple[object, object]], first: bool = False, supersede: bool = False) -> None:
+        front = {}
+        for key, item in items:
+            if key in self.running:
+                if not supersede:
+                    continue
+                self._made.kill(key)
+                del self.running[key]
+            self.waiting.pop(key, None)
+            front[key] = item
+        self.waiting = {**front, **self.waiting} if first else {**self.waiting, **front}
+
+    def drop(self, unwanted: Callable[[object], bool]) -> None:
+        """Forget the waiting jobs and kill the running children whose key is unwanted."""
+        for key in [k for k in self.running if unwanted(k)]:
+            self._made.kill(key)
+            del self.running[key]
+        self.waiting = {k: item for k, item in self.waiting.items() if not unwanted(k)}
+
+    def start_waiting(self) -> None:
+        """Start waiting jobs while fewer than `jobs` run."""
+        while self.waiting and len(self.running) < self.jobs:
+            key = next(iter(self.waiting))
+            item = self.waiting.pop(key)
+            job = self._start(key, item)
+            if job is None:
+                continue
+            if self._made is None:
+                self._made = self._children()
+            self._made.start(job, timeout=self._timeout(item), key=key)
+            self.running[key] = item
+            self._started(key)
+
+    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Proved]]:
+        """Start what may start, then wait until a child finishes or one of the `also` handles is ready;
+        (key, item, answer) of the jobs that finished."""
+        self.start_waiting()
+        if not self.running:
+            if also:
+                wait(also)
+            return []
+        return [(key, self.running.pop(key), answer) for key, answer in self._made.wait(also=also)
+                if key in self.running]
+
+    def kill_all(self) -> None:
+        if self._made is not None:
+            self._made.kill_all()
+        self.running.clear()
+
+
 def lint_in_children(
-    targets: list[str], request_for: Callable[[str], dict], jobs: int, timeout: float | None,
+    targets: list[str], job_for: Callable[[str], LintJob], jobs: int, timeout: float | None,
     started: Callable[[str], None] | None = None, parent: WarmParent | None = None,
 ) -> Iterator[tuple[str, TargetResult]]:
     """Each target in its own child of `parent` (a new warm parent when None); results as the children finish."""
-    children = Children(parent or WarmParent(), timeout)
-    waiting = list(targets)
+    scheduler = Scheduler(lambda: Children(parent or WarmParent(), timeout), jobs, lambda text, _: job_for(text),
+                          started=started or (lambda text: None))
+    scheduler.put([(text, text) for text in targets])
     try:
-        while waiting or children:
-            while waiting and len(children) < max(jobs, 1):
-                text = waiting.pop(0)
-                children.start(text, request_for(text))
-                if started is not None:
-                    started(text)
-            yield from children.wait()
+        while scheduler:
+            for text, _, result in scheduler.wait():
+                yield text, result
     finally:
-        children.kill_all()  # interrupted (Ctrl-C): no child outlives the run
+        scheduler.kill_all()  # interrupted (Ctrl-C): no child outlives the run
+
+
+def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Proved:
+    """Run one job in a child of `parent` and wait for its answer."""
+    children = Children(parent, timeout)
+    children.start(job)
+    try:
+        while True:
+            for _, answer in children.wait():
+                return answer
+    finally:
+        children.kill_all()
 
 
 def _read(child: _Child) -> None:
@@ -127,12 +217,13 @@ def _read(child: _Child) -> None:
     try:
         while child.connection.poll():
             message = child.connection.recv()
-            if "stage" in message:
-                child.stage = message["stage"]
-            elif "result" in message:
-                child.result = from_wire(message["result"])
-                child.imported = list(message.get("imported", ()))
-    except (EOFError, OSError, KeyError, TypeError, ValueError):
+            if isinstance(message, Stage):
+                child.stage = message.name
+            elif isinstance(message, Linted):
+                child.result, child.imported = message.result, message.imported
+            elif isinstance(message, Proved):
+                child.result = message
+    except (EOFError, OSError, TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
         pass  # a child that died mid-message, or sent something else: judged by its exit below
 
 
@@ -158,5 +249,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _failed(child: _Child, message: str) -> TargetResult:
-    return TargetResult(target=child.target, errors=[TargetError(child.target, message)])
+def _failed(child: _Child, message: str) -> TargetResult | Proved:
+    if not isinstance(child.job, LintJob):
+        return Proved(message)
+    return TargetResult(target=child.target, errors=[TargetError(child.target, message, stage=child.stage)])

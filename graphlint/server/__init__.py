@@ -66,11 +66,11 @@ class GraphlintServer(LanguageServer):
             self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
                 uri=uri_of(path), diagnostics=[s.diagnostic for s in shown]))
 
-    def _tell(self, kind: int, message: str) -> None:
+    def _tell(self, kind: types.MessageType, message: str) -> None:
         if kind == types.MessageType.Log:
-            self.window_log_message(types.LogMessageParams(type=types.MessageType.Log, message=message))
+            self.window_log_message(types.LogMessageParams(type=kind, message=message))
         else:
-            self.window_show_message(types.ShowMessageParams(type=types.MessageType(kind), message=message))
+            self.window_show_message(types.ShowMessageParams(type=kind, message=message))
 
 
 def create_server(settings: Settings) -> GraphlintServer:

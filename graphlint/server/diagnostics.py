@@ -9,7 +9,6 @@ columns with graphlint.report.columns.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from lsprotocol import types
@@ -25,9 +24,6 @@ SEVERITIES = {
     Severity.WARNING: types.DiagnosticSeverity.Warning,
     Severity.NOTE: types.DiagnosticSeverity.Information,
 }
-# Where a target's error message says it happened: "syntax error at models/x.py:3", "(at models/x.py:12)".
-_AT_LINE = re.compile(r"\bat (?P<path>[^\s()]+?\.py):(?P<line>\d+)")
-
 
 @dataclass(frozen=True)
 class Shown:
@@ -42,12 +38,10 @@ def uri_of(path: str) -> str:
     return from_fs_path(path) or path
 
 
-def shown_by_file(report: Report, target_files: dict[str, str], columns: SourceColumns,
-                  cwd: str) -> dict[str, list[Shown]]:
+def shown_by_file(report: Report, target_files: dict[str, str], columns: SourceColumns) -> dict[str, list[Shown]]:
     """Every file's diagnostics for the report's findings (suppressed and baselined ones left out, as in the text
     output) and for the targets that could not be linted, where the failure has a place (see `error_place`).
-    `target_files` maps each target to its file, where it names one; `cwd` is the working directory of the
-    children, from which their messages name files."""
+    `target_files` maps each target to its file, where it names one."""
     rules = {rule.id: rule for rule in report.rules}
     files: dict[str, list[Shown]] = {}
     for finding in report.findings:
@@ -59,7 +53,7 @@ def shown_by_file(report: Report, target_files: dict[str, str], columns: SourceC
             Shown(finding_diagnostic(finding, rule, level, columns), finding, rule))
     for result in report.results:
         for error in result.errors:
-            placed = error_place(error, target_files.get(result.target), cwd)
+            placed = error_place(error, target_files.get(result.target))
             if placed is not None:
                 path, line = placed
                 files.setdefault(path, []).append(Shown(error_diagnostic(error, path, line, columns)))
@@ -87,14 +81,11 @@ def finding_diagnostic(finding: Finding, rule: RuleInfo | None, level: Severity,
     )
 
 
-def error_place(error: TargetError, target_file: str | None, cwd: str) -> tuple[str, int] | None:
-    """(file, line) where a target's failure belongs: the place its message names (a syntax error, the line
-    that raised), else the first line of the target's file; None for a target without a file that exists."""
-    match = _AT_LINE.search(error.message)
-    if match is not None:
-        path = os.path.normpath(os.path.join(cwd, match["path"]))  # messages name files relative to the cwd
-        if os.path.isfile(path):
-            return path, int(match["line"])
+def error_place(error: TargetError, target_file: str | None) -> tuple[str, int] | None:
+    """(file, line) where a target's failure belongs: where it happened (a syntax error, the line that raised),
+    else the first line of the target's file; None for a target without a file that exists."""
+    if error.path is not None and error.line is not None and os.path.isfile(error.path):
+        return error.path, error.line
     if target_file is not None and os.path.isfile(target_file):
         return target_file, 1
     return None

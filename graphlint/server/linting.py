@@ -10,33 +10,33 @@ published. The warm parent warms up (imports torch) in a thread of its own once 
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing import Pipe
-from multiprocessing.connection import wait
 from pathlib import Path
+
+from lsprotocol.types import MessageType
 
 from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.report.columns import SourceColumns
 from graphlint.results import TargetError, TargetResult
+from graphlint.run.scheduler import Children, Scheduler
+from graphlint.run.wire import LintJob
 from graphlint.server.diagnostics import Shown, error_place, failure_message, shown_by_file
 from graphlint.server.workspace import ProjectTargets, Settings, Workspace
 
 _STOP = ("stop", "")
 
-# Message types of window/showMessage and window/logMessage, as the protocol numbers them.
-ERROR, WARNING, INFO, LOG = 1, 2, 3, 4
 
 
 class Linter:
     """Lints in its own thread; `publish(files)` and `tell(type, message)` are called from that thread."""
 
     def __init__(self, settings: Settings, publish: Callable[[dict[str, list[Shown]]], None],
-                 tell: Callable[[int, str], None]) -> None:
+                 tell: Callable[[MessageType, str], None]) -> None:
         self.settings = settings
         self.publish = publish
         self.tell = tell
@@ -50,8 +50,9 @@ class Linter:
         self._warming = threading.Thread(target=self._warm_up, name="graphlint-warm-up", daemon=True)
         self._close_in_children: tuple[int, ...] = ()
         self._children = None
-        self._running: dict[tuple[Path, str], ProjectTargets] = {}
-        self._waiting: dict[tuple[Path, str], ProjectTargets] = {}  # in the order they will start
+        # (pyproject, target) -> its project: the same scheduler as the command line's run
+        self._scheduler = Scheduler(lambda: self._children, settings.jobs, self._job_for,
+                                    timeout=lambda project: project.timeout)
         self._dirty: dict[Path, ProjectTargets] = {}
         self._shown: dict[Path, dict[str, list[Shown]]] = {}  # per project: what it published, per file
 
@@ -89,12 +90,10 @@ class Linter:
                         return
                 except Exception as error:  # a bug in graphlint: say so, and go on serving
                     traceback.print_exc(file=sys.stderr)
-                    self.tell(ERROR, f"internal error in graphlint server ({one_line(error)}); please report it with "
+                    self.tell(MessageType.Error, f"internal error in graphlint server ({one_line(error)}); please report it with "
                                      "the server's stderr")
         finally:
-            if self._children is not None:
-                self._children.kill_all()
-            self._running.clear()
+            self._scheduler.kill_all()
 
     def _step(self) -> bool:
         """Handle what happened, start what is waiting, publish, then wait; False when stopping."""
@@ -108,16 +107,10 @@ class Linter:
             if event == _STOP:
                 return False
             self._handle(*event)
-        self._start_waiting()
+        self._scheduler.start_waiting()
         self._publish_dirty()
-        if self._children is not None and len(self._children):
-            finished = self._children.wait(also=[self._wake_reader])
-        else:
-            wait([self._wake_reader])
-            finished = []
-        for key, result in finished:
-            project = self._running.pop(key, None)
-            if project is not None and self.workspace.projects.get(project.pyproject) is project:
+        for key, project, result in self._scheduler.wait(also=[self._wake_reader]):
+            if self.workspace.projects.get(project.pyproject) is project:
                 self._record(project, key[1], result)
         return True
 
@@ -129,80 +122,65 @@ class Linter:
         try:
             own = self.workspace.project_of(path)
         except GraphlintError as error:
-            self.tell(ERROR, f"graphlint: {error}")
+            self.tell(MessageType.Error, f"graphlint: {error}")
             return
         if own is not None and self._warming.ident is None:
             # The first project with targets: torch is imported now, while the cache answers what it can (an
             # editor may start the server in every Python folder, most without targets).
             self._warming.start()
-        first = own is not None and not own.results and not any(p is own for p in self._waiting.values()) \
-            and not any(p is own for p in self._running.values())
+        first = own is not None and not own.results and not any(p is own for p in self._scheduler.waiting.values()) \
+            and not any(p is own for p in self._scheduler.running.values())
         touched = [(own, target) for target in own.targets] if first else []
         for project in self.workspace.projects.values():
             touched += [(project, target) for target in project.affected_by(path, saved=kind == "saved")]
-        front = {}
-        for project, target in touched:
-            key = (project.pyproject, target)
-            if key in self._running and kind == "saved":  # a newer save: the older lint is no longer wanted
-                self._children.kill(key)
-                del self._running[key]
-            if key not in self._running:
-                self._waiting.pop(key, None)
-                front[key] = project
-        self._waiting = {**front, **self._waiting}  # what the user just touched goes first
+        # What the user just touched goes first; a newer save kills the older lint of the same target.
+        self._scheduler.put([((project.pyproject, target), project) for project, target in touched], first=True,
+                            supersede=kind == "saved")
 
     def _reload(self, pyproject: Path) -> None:
         """The configuration changed: forget the project's results and lint all its targets again."""
-        for key in [k for k in self._running if k[0] == pyproject]:
-            self._children.kill(key)
-            del self._running[key]
-        self._waiting = {k: p for k, p in self._waiting.items() if k[0] != pyproject}
+        self._scheduler.drop(lambda key: key[0] == pyproject)
         known = pyproject in self.workspace.projects or pyproject in self._shown
         try:
             project = self.workspace.reload(pyproject)
         except GraphlintError as error:
-            self.tell(ERROR, f"graphlint: {error}")
+            self.tell(MessageType.Error, f"graphlint: {error}")
             project = None
         if project is None:
             if known:
                 self._publish_project(pyproject, {})
             return
-        for target in project.targets:
-            self._waiting[(pyproject, target)] = project
+        self._scheduler.put([((pyproject, target), project) for target in project.targets])
         self._dirty[pyproject] = project
 
-    def _start_waiting(self) -> None:
-        while self._waiting and len(self._running) < max(self.settings.jobs, 1):
-            key = next(iter(self._waiting))
-            project = self._waiting.pop(key)
-            target = key[1]
-            cached = project.run.cached(target)
-            if cached is not None:
-                self._record(project, target, cached)
-                continue
-            children = self._warm_children()
-            if children is None:
-                self._record(project, target, TargetResult(target=target, errors=[TargetError(target, self._parent_error)]))
-                continue
-            children.start(target, project.run.request(target), timeout=project.timeout, key=key)
-            self._running[key] = project
+    def _job_for(self, key: tuple[Path, str], project: ProjectTargets) -> LintJob | None:
+        """The job that lints a waiting target, or None when the cache answered it or no child can start."""
+        target = key[1]
+        cached = project.session.cached(target)
+        if cached is not None:
+            self._record(project, target, cached)
+            return None
+        if self._warm_children() is None:
+            self._record(project, target, TargetResult(target=target, errors=[TargetError(target, self._parent_error)]))
+            return None
+        return project.session.job(target)
 
     def _record(self, project: ProjectTargets, target: str, result: TargetResult) -> None:
-        project.run.store(target, result)
+        project.session.store(target, result)
         project.record(target, result)
         self._dirty[project.pyproject] = project
         for note in result.notes:
-            self.tell(LOG, single_line(f"graphlint: note: {target}: {note}"))
+            self.tell(MessageType.Log, single_line(f"graphlint: note: {target}: {note}"))
         for error in result.errors:  # a failure without a place in a file is a message instead of a diagnostic
-            if error_place(error, project.files.get(target), os.getcwd()) is None:
-                self.tell(ERROR, failure_message(error))
+            if error_place(error, project.files.get(target)) is None:
+                self.tell(MessageType.Error, failure_message(error))
 
     def _publish_dirty(self) -> None:
         dirty, self._dirty = self._dirty, {}
         for pyproject, project in dirty.items():
             if self.workspace.projects.get(pyproject) is not project:
                 continue
-            files = shown_by_file(project.report(), project.files, SourceColumns(self.unit), os.getcwd())
+            files = shown_by_file(project.report(), project.files, SourceColumns(self.unit))
             self._publish_project(pyproject, files)
 
     def _publish_project(self, pyproject: Path, files: dict[str, list[Shown]]) -> None:
@@ -242,7 +220,5 @@ class Linter:
             self._warming.join()
             if self._parent is None:
                 return None
-            from graphlint.run.scheduler import Children
-
             self._children = Children(self._parent, None)
         return self._children

@@ -18,7 +18,7 @@ from graphlint.cache import default_folder
 from graphlint.errors import GraphlintError
 from graphlint.project import Project, find_pyproject
 from graphlint.results import Report, TargetResult
-from graphlint.run import Options, Run
+from graphlint.session import Options, Session
 from graphlint.target import TargetSpec
 
 
@@ -48,7 +48,7 @@ class ProjectTargets:
         self.timeout = config.timeout or None
         options = Options(debug=settings.debug, baseline=settings.baseline,
                           cache=None if settings.no_cache else default_folder(project, settings.cache_dir))
-        self.run = Run(self.targets, project, config, options, project.root)
+        self.session = Session(self.targets, project, config, options, project.root)
         self.files: dict[str, str] = {}  # target → its file, for targets that name one
         for target in self.targets:
             try:
@@ -83,7 +83,7 @@ class ProjectTargets:
 
     def report(self) -> Report:
         """The report of the latest results, under the configuration, suppressions and baseline."""
-        return self.run.report([self.results[t] for t in self.targets if t in self.results])
+        return self.session.report([self.results[t] for t in self.targets if t in self.results])
 
 
 class Workspace:

@@ -1,0 +1,88 @@
+"""What travels between the warm parent and its children: typed jobs one way, typed messages the other.
+
+A job is plain data (strings, numbers, tuples) so that a spawned child can receive it as well as a forked one.
+`LintJob` lints one target (graphlint.run.child); `ProofJob` runs one side of a fix's proof
+(graphlint.fix.model_run). A child sends `Stage` messages as it goes, then exactly one `Linted` or `Proved`;
+one that exits without it has died, and the scheduler says how, with the last stage it saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from graphlint.project import Project
+from graphlint.results import TargetResult
+
+
+@dataclass(frozen=True)
+class LintJob:
+    """Lint one target of a project with these rules."""
+
+    target: str
+    base: str  # the folder relative target paths are read from
+    root: str  # the project's root
+    first_party_folders: tuple[str, ...]
+    device: str
+    rules: tuple[str, ...]  # rule IDs
+    debug: bool = False
+
+    @classmethod
+    def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
+           debug: bool = False) -> LintJob:
+        return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
+                   tuple(rules), debug)
+
+    def project(self) -> Project:
+        """The project as the run knows it (its configuration is read again: only the root and folders matter)."""
+        return Project(root=Path(self.root), first_party_folders=[Path(f) for f in self.first_party_folders])
+
+
+@dataclass(frozen=True)
+class ProofJob:
+    """Build the target from one source tree and run it in float64: `save` what it computed to `record`, or
+    `compare` it with the record and write the verdict (graphlint.fix.model_run)."""
+
+    mode: str  # "save" or "compare"
+    target: str
+    base: str  # the tree's folder the target is read from; the child's working directory
+    record: str
+    verdict: str | None = None  # compare only: where the verdict goes
+
+    @property
+    def arguments(self) -> list[str]:
+        return [self.mode, self.target, self.base, self.record, *([self.verdict] if self.verdict else [])]
+
+
+Job = LintJob | ProofJob
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the parent wants a child to start, beside its job."""
+
+    single_threaded: bool = False  # CPU ops on one thread (a forked child cannot use the parent's OpenMP pool)
+    close_fds: tuple[int, ...] = ()  # the parent's descriptors that are none of the job's business
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The child reached this stage (graphlint.stages)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Linted:
+    """A lint job's result, and the installed libraries it imported (for the parent to preload)."""
+
+    result: TargetResult
+    imported: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Proved:
+    """A proof job finished: None, or why the model could not be run (its last line of error)."""
+
+    failure: str | None = None
+

@@ -1,0 +1,119 @@
+"""The process layer (graphlint.run): typed jobs in children of a warm parent, spawned where fork is not used,
+failures that carry their file, line and stage, and the scheduler the command line and the server share."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import lint_file, write
+from graphlint.project import Project
+from graphlint.results import TargetResult
+from graphlint.run import parent as parent_module
+from graphlint.run.scheduler import Scheduler, run_job
+from graphlint.run.wire import LintJob
+from test_cli import ATTENTION
+
+
+def test_a_failing_factory_is_an_error_at_the_line_that_raised_in_the_factory_stage(tmp_path):
+    path = write(tmp_path, "model.py", "import torch\n\n\ndef make():\n    size = 4\n    raise ValueError(size)\n")
+    (error,) = lint_file(path).errors
+    assert (error.path, error.line, error.stage) == (str(path), 6, "factory")
+    assert error.message.endswith("(at model.py:6)") or error.message.endswith(f"(at {path}:6)")
+
+
+def test_a_syntax_error_is_an_error_at_its_line_in_the_import_stage(tmp_path):
+    path = write(tmp_path, "model.py", "import torch\n\ndef make(:\n    pass\n")
+    (error,) = lint_file(path).errors
+    assert (error.path, error.line, error.stage) == (str(path), 3, "import")
+
+
+def test_a_target_that_names_no_file_has_no_place_but_its_stage(tmp_path):
+    path = write(tmp_path, "model.py", "import torch\n")
+    (error,) = lint_file(path, name="missing").errors
+    assert (error.path, error.line, error.stage) == (None, None, "import")
+
+
+def test_spawned_children_run_a_lint_job_like_forked_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(parent_module, "start_method", lambda: "spawn")
+    path = write(tmp_path, "model.py", ATTENTION)
+    project = Project(root=tmp_path, first_party_folders=[tmp_path])
+    spawned = parent_module.WarmParent()
+    assert spawned.context.get_start_method() == "spawn"
+    job = LintJob.of(f"{path}:make", tmp_path, project, "auto", ("GL101",))
+    result = run_job(spawned, job, 300)
+    assert isinstance(result, TargetResult) and not result.errors, result
+    assert [f.rule_id for f in result.findings] == ["GL101"]
+
+
+@pytest.mark.proof
+def test_spawned_children_prove_a_fix_like_forked_ones(tmp_path, monkeypatch):
+    from graphlint.fix.apply import plan_fixes
+
+    path = write(tmp_path, "model.py", ATTENTION)
+    report = lint_file(path)
+    assert [f.rule_id for f in report.findings if f.fix is not None] == ["GL101"]
+    monkeypatch.setattr(parent_module, "start_method", lambda: "spawn")
+    spawned = parent_module.WarmParent()
+    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, False, lambda: spawned)
+    assert plan.refused == [] and [f.rule_id for f in plan.applied] == ["GL101"]
+    assert "scaled_dot_product_attention" in plan.texts[str(path)]
+
+
+class _Children:
+    """Children that finish in the order they were started, one per wait (the scheduler's logic alone)."""
+
+    def __init__(self) -> None:
+        self.started: list[object] = []
+        self.killed: list[object] = []
+        self.live: list[object] = []
+
+    def start(self, job, timeout=None, key=None) -> None:
+        self.started.append(key)
+        self.live.append(key)
+
+    def wait(self, also=None):
+        return [(self.live.pop(0), "answer")] if self.live else []
+
+    def kill(self, key) -> bool:
+        self.killed.append(key)
+        self.live.remove(key)
+        return True
+
+    def kill_all(self) -> None:
+        self.live.clear()
+
+
+def test_the_scheduler_starts_touched_targets_first_and_a_newer_save_supersedes_a_running_one():
+    children = _Children()
+    scheduler = Scheduler(lambda: children, 1, lambda key, item: f"job {key}")
+    scheduler.put([("a", 1), ("b", 2), ("c", 3)])
+    scheduler.start_waiting()
+    assert children.started == ["a"] and list(scheduler.waiting) == ["b", "c"]
+    scheduler.put([("c", 3)], first=True)  # the file of target c was saved: it goes ahead of b
+    assert list(scheduler.waiting) == ["c", "b"]
+    scheduler.put([("a", 1)], first=True)  # opened again: the running lint of a stays
+    assert children.killed == [] and "a" not in scheduler.waiting
+    scheduler.put([("a", 1)], first=True, supersede=True)  # saved again: the running child is killed
+    assert children.killed == ["a"] and list(scheduler.waiting) == ["a", "c", "b"]
+    finished = []
+    while scheduler:
+        finished += [key for key, _, _ in scheduler.wait()]
+    assert finished == ["a", "c", "b"] and children.started == ["a", "a", "c", "b"]
+
+
+def test_the_scheduler_leaves_jobs_the_caller_answered_itself_and_drops_unwanted_ones():
+    children = _Children()
+    answered = []
+
+    def start(key, item):
+        if item == "cached":
+            answered.append(key)
+            return None
+        return f"job {key}"
+
+    scheduler = Scheduler(lambda: children, 2, start)
+    scheduler.put([("x", "cached"), ("y", "lint"), ("z", "lint"), ("w", "lint")])
+    scheduler.start_waiting()
+    assert answered == ["x"] and children.started == ["y", "z"] and list(scheduler.waiting) == ["w"]
+    scheduler.drop(lambda key: key in ("z", "w"))
+    assert children.killed == ["z"] and not scheduler.waiting and list(scheduler.running) == ["y"]
