@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, functional_name, is_namespace, names_read
+from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, is_namespace, names_read
 
 _LONG_LINE = 80  # a longer call is written over three lines
 _CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
@@ -96,6 +96,7 @@ class _Rewriter:
         if site.function is None:
             raise _Refused("the attention is not inside a function")
         self.site = site
+        self.names = site.imports
         self.dropout_after = dropout_after
         self.chain = _Chain()
         self.block, self.softmax_statement = _block_of(site.function, site.node)
@@ -107,10 +108,11 @@ class _Rewriter:
         self._probabilities(self.site.node, self.softmax_statement)
         self._check_names()
         self._check_inputs_unchanged()
-        call = self._call()
-        return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {functional_name(self.site.module, 'scaled_dot_product_attention')}(...)",
-                       removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement))
+        callee, imports = self.names.functional_call("scaled_dot_product_attention")
+        call = self._call(callee)
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)",
+                       removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement),
+                       imports=imports)
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
 
@@ -119,7 +121,7 @@ class _Rewriter:
             raise _Refused("the softmax is not a call graphlint can rewrite")
         func = call.func
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        if isinstance(func, cst.Attribute) and not is_namespace(func.value):
+        if isinstance(func, cst.Attribute) and not is_namespace(func.value, self.names):
             if code_of(func.value) == "self" or code_of(func.value).startswith("self."):
                 if len(positional) != 1:
                     raise _Refused("the softmax module is called with more than the scores")
@@ -167,17 +169,17 @@ class _Rewriter:
                 raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
             if isinstance(node, cst.Call):
                 name, receiver, positional, keywords = call_parts(node)
-                if name in _CASTS and receiver is not None and not is_namespace(receiver):
+                if name in _CASTS and receiver is not None and not is_namespace(receiver, self.names):
                     node = receiver
                     continue
                 if name == "masked_fill":
-                    target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver) \
+                    target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver, self.names) \
                         else (positional[0] if positional else None, positional[1:])
                     condition = args[0] if args else keywords.get("mask")
                     fill = args[1] if len(args) > 1 else keywords.get("value")
                     if target is None or condition is None or fill is None:
                         raise _Refused("masked_fill's arguments could not be read")
-                    if not _very_negative(fill):
+                    if not _very_negative(fill, self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(_negated(condition), condition, False)
                     _mask_before(scaled)
@@ -185,23 +187,24 @@ class _Rewriter:
                     continue
                 if name == "where" and len(positional) == 3:
                     condition, when_true, when_false = positional
-                    if _very_negative(when_false):
+                    if _very_negative(when_false, self.names):
                         self._set_mask(condition, condition, True)
                         node = when_true
-                    elif _very_negative(when_true):
+                    elif _very_negative(when_true, self.names):
                         self._set_mask(_negated(condition), condition, False)
                         node = when_false
                     else:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
                     _mask_before(scaled)
                     continue
-                if name in ("mul", "div") and receiver is not None and not is_namespace(receiver) and len(positional) == 1:
+                if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, self.names) and \
+                        len(positional) == 1:
                     scaled = True
                     (chain.factors if name == "mul" else chain.divisors).append(positional[0])
                     node = receiver
                     continue
                 if name in _MATMULS:
-                    left, right = _operands(receiver, positional)
+                    left, right = _operands(receiver, positional, self.names)
                     self._product(left, right)
                     return
                 if name == "einsum":
@@ -232,7 +235,7 @@ class _Rewriter:
             name, receiver, positional, _ = call_parts(node)
             if name in _MATMULS or name == "einsum":
                 return True
-            candidates = ([receiver] if receiver is not None and not is_namespace(receiver) else []) + positional
+            candidates = ([receiver] if receiver is not None and not is_namespace(receiver, self.names) else []) + positional
             return any(self._leads_to_product(n, statement, depth + 1) for n in candidates)
         return False
 
@@ -304,7 +307,7 @@ class _Rewriter:
                 return
             if isinstance(parent, cst.Call):
                 name, receiver, positional, keywords = call_parts(parent)
-                if name in _MATMULS and receiver is not None and is_namespace(receiver) and \
+                if name in _MATMULS and receiver is not None and is_namespace(receiver, self.names) and \
                         len(positional) == 2 and positional[0] is current:
                     self._values(parent, positional[1], statement)
                     return
@@ -314,7 +317,7 @@ class _Rewriter:
                         raise _Refused("the values einsum is not of the form '...qk,...kd->...qd'")
                     self._values(parent, positional[2], statement)
                     return
-                if name == "dropout" and receiver is not None and is_namespace(receiver) and positional and \
+                if name == "dropout" and receiver is not None and is_namespace(receiver, self.names) and positional and \
                         positional[0] is current:
                     self._functional_dropout(positional, keywords)
                     current = parent
@@ -478,7 +481,7 @@ class _Rewriter:
             if changed:
                 raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
 
-    def _call(self) -> cst.Call:
+    def _call(self, callee: str) -> cst.Call:
         chain = self.chain
         if chain.q is None or chain.v is None or chain.values_product is None:
             raise _Refused("the scores or the values product could not be found")
@@ -496,7 +499,6 @@ class _Rewriter:
         if scale is not None:
             keywords.append(("scale", scale))
         inside = ", ".join([code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
-        callee = functional_name(self.site.module, "scaled_dot_product_attention")
         if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
             inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
         return cst.parse_expression(f"{callee}({inside})")
@@ -509,8 +511,8 @@ def _mask_before(scaled: bool) -> None:
 
 # -- helpers over libcst nodes ------------------------------------------------------------------------------
 
-def _operands(receiver, positional) -> tuple[cst.BaseExpression, cst.BaseExpression]:
-    if receiver is not None and not is_namespace(receiver):
+def _operands(receiver, positional, names: ImportNames) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    if receiver is not None and not is_namespace(receiver, names):
         if len(positional) != 1:
             raise _Refused("the scores product's operands could not be read")
         return receiver, positional[0]
@@ -566,8 +568,8 @@ def _values_spec(inputs: tuple[str, str], out: str) -> bool:
         len(set(p[-2:] + v[-1])) == 3
 
 
-def _very_negative(node: cst.BaseExpression) -> bool:
-    text = code_of(node).replace(" ", "")
+def _very_negative(node: cst.BaseExpression, names: ImportNames) -> bool:
+    text = names.as_torch(code_of(node)).replace(" ", "")
     if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")) \
             or (text.startswith("-torch.finfo(") and text.endswith(").max")):
         return True

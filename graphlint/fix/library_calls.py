@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, dead_definitions, functional_name, is_namespace
+from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace
 
 
-def _input_of(node: cst.CSTNode, names: tuple[str, ...]) -> cst.BaseExpression | None:
+def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -> cst.BaseExpression | None:
     """`x` of `torch.<name>(x)`, `F.<name>(x)` or `x.<name>()`, for one of `names`."""
     name, receiver, positional, _ = call_parts(node)
     if name not in names:
         return None
-    if is_namespace(receiver):
+    if is_namespace(receiver, imports):
         return positional[0] if positional else None
     return receiver
 
@@ -38,28 +38,29 @@ def activation_call(library: str):
 
     def fix(site: FixSite) -> Rewrite | str:
         node = site.node
-        x = _formula_input(node, library)
+        x = _formula_input(node, library, site.imports)
         if isinstance(x, str):
             return x
         if library == "torch.softmax(x, dim)":
             x, dim = x
-            new = cst.parse_expression(f"torch.softmax({code_of(x)}, {code_of(dim)})")
+            callee, imports = site.imports.torch_call("softmax")
+            new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim)})")
         else:
-            name = library.split("(")[0].removeprefix("F.")
+            callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
-            new = cst.parse_expression(f"{functional_name(site.module, name)}({code_of(x)}{extra})")
+            new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
         return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}",
-                       removed=dead_definitions(site.function, node, new))
+                       removed=dead_definitions(site.function, node, new), imports=imports)
 
     return fix
 
 
-def _formula_input(node: cst.CSTNode, library: str):
+def _formula_input(node: cst.CSTNode, library: str, imports: ImportNames):
     """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read."""
     if not isinstance(node, cst.BinaryOperation):
         return "the formula is not one expression graphlint can rewrite"
     if library == "torch.softmax(x, dim)":
-        top = _input_of(node.left, ("exp",))
+        top = _input_of(node.left, ("exp",), imports)
         name, receiver, positional, keywords = call_parts(node.right)
         if top is None or name != "sum" or receiver is None or code_of(receiver) != code_of(node.left) or \
                 len(positional) != 1 or not isinstance(node.operator, cst.Divide):
@@ -69,11 +70,11 @@ def _formula_input(node: cst.CSTNode, library: str):
     if library in ("F.silu(x)", "F.mish(x)"):
         inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
         for index, factor in enumerate(factors):
-            argument = _input_of(factor, inner)
+            argument = _input_of(factor, inner, imports)
             if argument is None:
                 continue
             if library == "F.mish(x)":
-                argument = _input_of(argument, ("softplus",))
+                argument = _input_of(argument, ("softplus",), imports)
             others = factors[:index] + factors[index + 1:]
             if argument is not None and len(others) == 1 and code_of(others[0]) == code_of(argument):
                 return argument
@@ -99,29 +100,32 @@ def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
 def log_probabilities(site: FixSite) -> Rewrite | str:
     """`log(softmax(x, dim))` → `F.log_softmax(x, dim)`; `log(sigmoid(x))` → `F.logsigmoid(x)`;
     `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log."""
-    node = site.node
-    inside = _input_of(node, ("log",))
+    node, names = site.node, site.imports
+    inside = _input_of(node, ("log",), names)
     if inside is None:
         return "the log is not a call graphlint can rewrite"
     name, receiver, positional, keywords = call_parts(inside)
     if name == "softmax":
-        x = positional[0] if is_namespace(receiver) and positional else receiver
+        x = positional[0] if is_namespace(receiver, names) and positional else receiver
         rest = [a for a in inside.args if a.value is not x]
         if x is None or any(a.keyword is not None and a.keyword.value == "dtype" for a in inside.args):
             return "the softmax's arguments could not be read"
         arguments = ", ".join([code_of(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
-        new = cst.parse_expression(f"{functional_name(site.module, 'log_softmax')}({arguments})")
+        callee, imports = names.functional_call("log_softmax")
+        new = cst.parse_expression(f"{callee}({arguments})")
     elif name == "sigmoid":
-        x = _input_of(inside, ("sigmoid",))
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}({code_of(x)})")
+        x = _input_of(inside, ("sigmoid",), names)
+        callee, imports = names.functional_call("logsigmoid")
+        new = cst.parse_expression(f"{callee}({code_of(x)})")
     elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Subtract) and \
-            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",)) is not None:
-        x = _input_of(inside.right, ("sigmoid",))
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}(-{code_of(atom(x))})")
+            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",), names) is not None:
+        x = _input_of(inside.right, ("sigmoid",), names)
+        callee, imports = names.functional_call("logsigmoid")
+        new = cst.parse_expression(f"{callee}(-{code_of(atom(x))})")
     else:
         return ("the probabilities are computed in another statement or picked from first; take the log of "
                 "the logits with F.log_softmax / F.logsigmoid where they are made")
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports)
 
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
@@ -137,7 +141,7 @@ def library_norm(kind: str):
         if len(parameters) != 2 or parameters[0] != "self":
             return "the module's forward takes more than one input"
         x = parameters[1]
-        eps = _eps(site.node)
+        eps = _eps(site.node, site.imports)
         if eps is None:
             return "the epsilon could not be read from the normalising step"
         weights = _self_attributes(function, exclude=code_of(eps))
@@ -147,11 +151,12 @@ def library_norm(kind: str):
         if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
             return "the norm's learned scale and shift could not be told apart"
         weight = scale[0] if scale else "None"
+        callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
         if kind == "RMSNorm":
-            call = f"{functional_name(site.module, 'rms_norm')}({x}, ({x}.shape[-1],), {weight}, {code_of(eps)})"
+            call = f"{callee}({x}, ({x}.shape[-1],), {weight}, {code_of(eps)})"
         else:
             bias = shift[0] if shift else "None"
-            call = f"{functional_name(site.module, 'layer_norm')}({x}, ({x}.shape[-1],), {weight}, {bias}, {code_of(eps)})"
+            call = f"{callee}({x}, ({x}.shape[-1],), {weight}, {bias}, {code_of(eps)})"
         statements = list(function.body.body)
         if statements and _is_docstring(statements[0]):
             statements = statements[1:]
@@ -160,7 +165,7 @@ def library_norm(kind: str):
                 not isinstance(last.body[0], cst.Return):
             return "the module's forward does more than plain statements ending in a return"
         new = cst.Return(value=cst.parse_expression(call))
-        return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]))
+        return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
 
     return fix
 
@@ -170,7 +175,7 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
         isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
-def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
+def _eps(step: cst.CSTNode, imports: ImportNames) -> cst.BaseExpression | None:
     """`self.eps` of `torch.rsqrt(variance + self.eps)` or `torch.sqrt(var + 1e-5)` in the normalising step."""
     calls: list[cst.Call] = []
 
@@ -182,7 +187,7 @@ def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
     step.visit(_Visitor())
     if len(calls) != 1:
         return None
-    inside = _input_of(calls[0], ("rsqrt", "sqrt"))
+    inside = _input_of(calls[0], ("rsqrt", "sqrt"), imports)
     if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
         return None
     for side in (inside.right, inside.left):
