@@ -285,7 +285,9 @@ class UnfusedAttention(Rule):
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
-        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]))
+        meta = tensor_meta(before[-1])
+        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]),
+                      rank=len(meta.shape) if meta is not None else None)
         stack = softmax.meta.get("stack") or ()
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'

@@ -1,8 +1,10 @@
 """`--fix`, `--diff` and `--unsafe-fixes`: which findings' fixes to apply, proving them per target, and
 writing the files at the end.
 
-Suppressed and baselined findings are never fixed. A fix is safe when the proof (graphlint.fix.prove) passed
-on every target whose finding it is; fixes that failed are applied only with `--unsafe-fixes`.
+Suppressed and baselined findings are never fixed. Each fix declares its applicability (graphlint.results):
+a safe one is applied when the proof (graphlint.fix.prove) passed on every target whose finding it is; one that
+failed, and one declared unsafe (never sent through a proof it cannot pass), only with `--unsafe-fixes`; a
+display-only one never.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from graphlint.fix.edits import unified_diff
 from graphlint.errors import UsageError, one_line
 from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
-from graphlint.results import Finding, Report
+from graphlint.results import SAFE, UNSAFE, Finding, Report
 
 
 @dataclass
@@ -53,16 +55,17 @@ def _prove(result, fixes, project, base, original) -> Verdict:
 
 def fixable(report: Report) -> list[Finding]:
     """The findings whose fixes may be applied: offered, in first-party files, neither suppressed nor baselined."""
-    return [f for f in report.all_findings
-            if f.fix is not None and not f.suppressed and not f.baselined and f.location.first_party]
+    return [f for f in report.all_findings if f.fix is not None and f.fix.applicability in (SAFE, UNSAFE)
+            and not f.suppressed and not f.baselined and f.location.first_party]
 
 
 def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> FixPlan:
     """Prove each target's fixes (all together, else one by one, then the ones that passed together again)."""
     candidates = fixable(report)
-    failed: dict[Finding, str] = {}
+    failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
+                                  if f.fix.applicability == UNSAFE}
     for result in report.results:
-        mine = [f for f in candidates if result.target in f.targets]
+        mine = [f for f in candidates if result.target in f.targets and f not in failed]
         if not mine or result.errors:
             for finding in mine:
                 failed.setdefault(finding, "the target could not be linted")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.results import UNSAFE
 
 _LONG_LINE = 80  # a longer call is written over three lines
 _CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
@@ -56,12 +57,17 @@ class _Chain:
     names: set[str] = field(default_factory=set)  # variables that only carried the chain
     values_product: cst.BaseExpression | None = None
     values_statement: cst.SimpleStatementLine | None = None
+    guard: cst.BaseExpression | None = None  # `if guard:` around the mask (`if mask is not None:`, `if causal:`)
+    elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
 
 
-def rewrite_attention(site: FixSite, dropout_after: bool = False) -> Rewrite | str:
-    """The fused call in place of the product with the values, and the chain's statements deleted."""
+def rewrite_attention(site: FixSite, dropout_after: bool = False, rank: int | None = None) -> Rewrite | str:
+    """The fused call in place of the product with the values, and the chain's statements deleted.
+
+    The rule tells what it matched in the graph: whether dropout follows the softmax, and the rank of the
+    scores (so that `k.transpose(2, 3)` of a 4-d key is read as the transpose of its last two dimensions)."""
     try:
-        return _Rewriter(site, dropout_after).rewrite()
+        return _Rewriter(site, dropout_after, rank).rewrite()
     except _Refused as why:
         return str(why)
 
@@ -92,12 +98,14 @@ def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:
 
 
 class _Rewriter:
-    def __init__(self, site: FixSite, dropout_after: bool) -> None:
+    def __init__(self, site: FixSite, dropout_after: bool, rank: int | None) -> None:
         if site.function is None:
             raise _Refused("the attention is not inside a function")
         self.site = site
         self.names = site.imports
         self.dropout_after = dropout_after
+        self.rank = rank
+        self.guarded: cst.If | None = None  # the `if` whose body the backward walk is in
         self.chain = _Chain()
         self.block, self.softmax_statement = _block_of(site.function, site.node)
 
@@ -110,8 +118,15 @@ class _Rewriter:
         self._check_inputs_unchanged()
         callee, imports = self.names.functional_call("scaled_dot_product_attention")
         call = self._call(callee)
-        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)",
-                       removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement),
+        removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
+        if chain.elsewhere:
+            # The documented trade: the weights are no longer computed, so what read them gets None.
+            shown = ", ".join(dict.fromkeys(f"`{n.value}`" for n in chain.elsewhere))
+            return Rewrite(chain.values_product, call,
+                           f"hand-written attention → {callee}(...); {shown} returned or stored as None",
+                           removed=removed, imports=imports, also=tuple((n, cst.Name("None")) for n in chain.elsewhere),
+                           applicability=UNSAFE)
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
                        imports=imports)
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
@@ -138,11 +153,18 @@ class _Rewriter:
         scaled = False  # met a scale on the way back: it runs after anything met from here on
         while True:
             if isinstance(node, cst.Name):
-                assigned = self._definition(node.value, statement)
+                if self.guarded is not None and chain.mask is None:
+                    raise _Refused(f"`if {code_of(self.guarded.test)}:` does more to the scores than mask them")
+                self.guarded = None
+                assigned = self._definition(node.value, statement, guarded=chain.guard is None and chain.mask is None)
                 chain.consumed.append(assigned)
                 chain.names.add(node.value)
                 statement = assigned
-                node = assigned.body[0].value
+                if isinstance(assigned, cst.If):
+                    self.guarded, chain.guard = assigned, assigned.test
+                    node = assigned.body.body[0].body[0].value
+                else:
+                    node = assigned.body[0].value
                 continue
             if isinstance(node, cst.BinaryOperation):
                 operator = node.operator
@@ -150,12 +172,12 @@ class _Rewriter:
                     self._product(node.left, node.right)
                     return
                 if isinstance(operator, cst.Divide):
-                    scaled = True
+                    scaled = self._scaled()
                     chain.divisors.append(node.right)
                     node = node.left
                     continue
                 if isinstance(operator, cst.Multiply):
-                    scaled = True
+                    scaled = self._scaled()
                     tensor, factor = _split_scale(node)
                     chain.factors.append(factor)
                     node = tensor
@@ -163,7 +185,7 @@ class _Rewriter:
                 if isinstance(operator, cst.Add):
                     tensor, mask = self._chain_side(node.left, node.right, statement)
                     self._set_mask(mask, mask, True, additive=True)
-                    _mask_before(scaled)
+                    _mask_before(scaled, additive=True)
                     node = tensor
                     continue
                 raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
@@ -182,7 +204,7 @@ class _Rewriter:
                     if not _very_negative(fill, self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(_negated(condition), condition, False)
-                    _mask_before(scaled)
+                    _mask_before(scaled, additive=False)
                     node = target
                     continue
                 if name == "where" and len(positional) == 3:
@@ -195,11 +217,11 @@ class _Rewriter:
                         node = when_false
                     else:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
-                    _mask_before(scaled)
+                    _mask_before(scaled, additive=False)
                     continue
                 if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, self.names) and \
                         len(positional) == 1:
-                    scaled = True
+                    scaled = self._scaled()
                     (chain.factors if name == "mul" else chain.divisors).append(positional[0])
                     node = receiver
                     continue
@@ -210,7 +232,30 @@ class _Rewriter:
                 if name == "einsum":
                     self._einsum_scores(positional)
                     return
+                if name == "baddbmm" and is_namespace(receiver, self.names) and len(positional) == 3:
+                    self._baddbmm(positional, keywords, scaled)
+                    return
             raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+
+    def _scaled(self) -> bool:
+        if self.guarded is not None:
+            raise _Refused(f"the scores are scaled only `if {code_of(self.guarded.test)}:`, which the fused call "
+                           "cannot express")
+        return True
+
+    def _baddbmm(self, positional, keywords, scaled: bool) -> None:
+        """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` is `s * q @ kᵀ + bias`: `scale=s`, `attn_mask=bias`; with
+        `beta=0` the bias is ignored."""
+        bias, left, right = positional
+        beta = keywords.get("beta")
+        if beta is not None and not _is_number(beta, (0.0, 1.0)):
+            raise _Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
+        if keywords.get("alpha") is not None:
+            self.chain.factors.append(keywords["alpha"])
+        if beta is None or not _is_number(beta, (0.0,)):
+            self._set_mask(bias, bias, True, additive=True)
+            _mask_before(scaled, additive=True)
+        self._product(left, right)
 
     def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
         """Of `a + b`, (the scores, the mask): the scores are the side that leads back to the product."""
@@ -243,10 +288,24 @@ class _Rewriter:
         chain = self.chain
         chain.q = self._peel_scale(left)
         key = self._peel_scale(right)
-        transposed = _untransposed(key)
-        if transposed is None:
-            transposed = _transpose(key)
-        chain.k = transposed
+        untransposed = _untransposed(key, self.rank)
+        if untransposed is None and isinstance(key, cst.Name):
+            untransposed = self._transposed_variable(key)
+        chain.k = untransposed if untransposed is not None else _transpose(key)
+
+    def _transposed_variable(self, key: cst.Name) -> cst.BaseExpression | None:
+        """`k` for `kt` made by `kt = k.transpose(2, 3)` in this block and read nowhere else; the statement goes."""
+        try:
+            statement = self._definition(key.value, self.softmax_statement)
+        except _Refused:
+            return None
+        untransposed = _untransposed(statement.body[0].value, self.rank)
+        reads = [n for n in names_read(self.site.function) if n.value == key.value]
+        if untransposed is None or len(reads) != 2:  # the assignment and the product
+            return None
+        self.chain.consumed.append(statement)
+        self.chain.names.add(key.value)
+        return untransposed
 
     def _peel_scale(self, operand: cst.BaseExpression) -> cst.BaseExpression:
         """`q * s` or `q / d` as an operand of the product: the scale moves into `scale=`."""
@@ -419,18 +478,26 @@ class _Rewriter:
 
     # -- checks and the call ----------------------------------------------------------------------------
 
-    def _definition(self, name: str, before: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-        """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`."""
+    def _definition(self, name: str, before: cst.BaseStatement, guarded: bool = False) -> cst.BaseStatement:
+        """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`; with
+        `guarded`, also an `if test:` without else whose body is one `name = ...` (a mask under a flag)."""
         body = list(self.block)
         if before not in body:
             raise _Refused(f"`{name}` is not computed in the same block as the attention")
         for statement in reversed(body[: body.index(before)]):
             if name in _assigned_names(statement):
-                if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-                        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-                        isinstance(statement.body[0].targets[0].target, cst.Name):
+                if _plain_assignment(statement, name):
+                    return statement
+                if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
+                        isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
+                        all(name not in _assigned_names(s) for s in statement.body.body[:-1]) and \
+                        _plain_assignment(statement.body.body[-1], name):
+                    if len(statement.body.body) > 1:
+                        raise _Refused(f"`if {code_of(statement.test)}:` computes more than the masked `{name}`")
                     return statement
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
+        if name in self.names.namespaces:
+            raise _Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
         raise _Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
 
     def _next_use(self, name: str, after: cst.SimpleStatementLine) -> tuple[cst.SimpleStatementLine, cst.Name]:
@@ -450,18 +517,27 @@ class _Rewriter:
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
 
     def _check_names(self) -> None:
-        """The chain's variables are used nowhere else: the fused call does not give them back."""
+        """The chain's variables are used nowhere else: the fused call does not give them back. Reads after the
+        values product (weights returned or stored for visualisation) are kept for an unsafe fix that puts
+        None there; any other use leaves the chain alone."""
         chain = self.chain
         inside = set()
         for statement in chain.consumed:
             inside.update(id(n) for n in names_read(statement))
         if chain.values_product is not None:
             inside.update(id(n) for n in names_read(chain.values_product))
+        everywhere = names_read(self.site.function)
+        product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
+        after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
+        bound = {id(n) for n in _binding_names(self.site.function)}
         for name in chain.names:
-            for node in names_read(self.site.function):
-                if node.value == name and id(node) not in inside:
+            for index, node in enumerate(everywhere):
+                if node.value != name or id(node) in inside:
+                    continue
+                if index < after or id(node) in bound:
                     raise _Refused(f"`{name}` is used outside the attention (returned or stored); the fused "
                                    "call does not give the probabilities back")
+                chain.elsewhere.append(node)
 
     def _check_inputs_unchanged(self) -> None:
         """q, k, the mask and the scale are read where the values product is; they must not change before."""
@@ -472,7 +548,7 @@ class _Rewriter:
             return
         first = min(body.index(s) for s in statements)
         last = body.index(chain.values_statement)
-        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.dropout_p, *chain.factors,
+        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.guard, chain.dropout_p, *chain.factors,
                                       *chain.divisors) if part is not None for n in names_read(part)}
         for statement in body[first:last]:
             if statement in statements:
@@ -488,10 +564,14 @@ class _Rewriter:
         arguments = [chain.q, chain.k, chain.v]
         keywords: list[tuple[str, str]] = []
         if chain.mask is not None:
+            guard = code_of(chain.guard) if chain.guard is not None else None
+            mask = code_of(chain.mask)
             if self._causal():
-                keywords.append(("is_causal", "True"))
+                keywords.append(("is_causal", "True" if guard is None else guard))
+            elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
+                keywords.append(("attn_mask", mask))  # `if mask is not None: scores += mask`: None is no mask
             else:
-                keywords.append(("attn_mask", code_of(chain.mask)))
+                keywords.append(("attn_mask", f"{code_of(atom(chain.mask))} if {guard} else None"))
         if chain.dropout_p is not None:
             p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
@@ -504,9 +584,43 @@ class _Rewriter:
         return cst.parse_expression(f"{callee}({inside})")
 
 
-def _mask_before(scaled: bool) -> None:
-    if scaled:
-        raise _Refused("the scores are scaled after the mask, which the fused call cannot express; scale first")
+def _mask_before(scaled: bool, additive: bool) -> None:
+    """A scale after a -inf fill keeps it -inf; after an additive mask it would scale the mask too."""
+    if scaled and additive:
+        raise _Refused("the scores are scaled after an additive mask, which the fused call cannot express; scale first")
+
+
+def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
+    """`name = ...` alone on its line."""
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
+        isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+
+
+def _is_number(node: cst.BaseExpression, values: tuple[float, ...]) -> bool:
+    try:
+        return float(code_of(node)) in values
+    except ValueError:
+        return False
+
+
+def _binding_names(node: cst.CSTNode) -> list[cst.Name]:
+    """The names `node` assigns to (targets of `=`, `+=`, `for`)."""
+    found: list[cst.Name] = []
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            found.extend(n for n in names_read(target.target) if _bare(target.target, n))
+
+        def visit_AugAssign(self, assign: cst.AugAssign) -> None:
+            if isinstance(assign.target, cst.Name):
+                found.append(assign.target)
+
+        def visit_For(self, loop: cst.For) -> None:
+            found.extend(names_read(loop.target))
+
+    node.visit(_Targets())
+    return found
 
 
 # -- helpers over libcst nodes ------------------------------------------------------------------------------
@@ -534,13 +648,17 @@ def _scalar_like(node: cst.BaseExpression) -> bool:
         marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
 
 
-def _untransposed(key: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`k` from `k.transpose(-2, -1)`, `k.transpose(-1, -2)` or `k.mT`; None for anything else."""
+def _untransposed(key: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+    """`k` from `k.transpose(-2, -1)`, `k.mT`, or `k.transpose(2, 3)` of a tensor of rank 4; None otherwise."""
     if isinstance(key, cst.Attribute) and key.attr.value == "mT":
         return key.value
-    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value == "transpose":
-        dims = sorted(code_of(a.value) for a in key.args)
-        if dims == ["-1", "-2"]:
+    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value in ("transpose", "swapaxes") \
+            and len(key.args) == 2:
+        try:
+            dims = {int(code_of(a.value)) for a in key.args}
+        except ValueError:
+            return None
+        if dims == {-2, -1} or (rank is not None and {d % rank for d in dims} == {rank - 2, rank - 1}):
             return key.func.value
     return None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace
+from graphlint.results import UNSAFE
 
 
 def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -> cst.BaseExpression | None:
@@ -246,4 +247,6 @@ def without_bias(site: FixSite) -> Rewrite | str:
                             equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                   whitespace_after=cst.SimpleWhitespace(""))))
     new = node.with_changes(args=args)
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    # Removing the bias removes its entry from the state dict: existing checkpoints would not load strictly.
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}; the state dict loses the layer's bias",
+                   applicability=UNSAFE)
