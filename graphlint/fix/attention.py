@@ -23,6 +23,7 @@ the model before `--fix` writes it (graphlint.fix.prove), so a mistake here is r
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -30,7 +31,7 @@ import libcst as cst
 from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.results import UNSAFE
 
-_LONG_LINE = 80  # a longer call is written over three lines
+_LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
 _CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
 _MATMULS = {"matmul", "bmm"}
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
@@ -57,6 +58,7 @@ class _Chain:
     names: set[str] = field(default_factory=set)  # variables that only carried the chain
     values_product: cst.BaseExpression | None = None
     values_statement: cst.SimpleStatementLine | None = None
+    out_layout: tuple[str, str] | None = None  # (the fused call's output layout, the layout the code wants)
     guard: cst.BaseExpression | None = None  # `if guard:` around the mask (`if mask is not None:`, `if causal:`)
     elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
 
@@ -308,7 +310,13 @@ class _Rewriter:
         return untransposed
 
     def _peel_scale(self, operand: cst.BaseExpression) -> cst.BaseExpression:
-        """`q * s` or `q / d` as an operand of the product: the scale moves into `scale=`."""
+        """`q * s` or `q / d` as an operand of the product, also under a reshape (`(q * s).view(...)`): the
+        scale moves into `scale=`."""
+        name, receiver, _, _ = call_parts(operand)
+        if name in ("view", "reshape") and isinstance(receiver, cst.BinaryOperation) and \
+                isinstance(receiver.operator, (cst.Multiply, cst.Divide)):
+            return operand.with_changes(func=operand.func.with_changes(value=atom(self._peel_scale(
+                receiver.with_changes(lpar=[], rpar=[])))))
         while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
             if isinstance(operand.operator, cst.Divide):
                 self.chain.divisors.append(operand.right)
@@ -319,15 +327,21 @@ class _Rewriter:
         return operand
 
     def _einsum_scores(self, positional: list[cst.BaseExpression]) -> None:
+        """Any layout of `q·k` over one shared dimension, the scores ending in (query, key): q and k are
+        transposed or permuted into the fused call's (batch..., sequence, head dim)."""
         spec = _einsum_spec(positional)
+        why = "the scores einsum does not contract one dimension of q and k into scores ending in (query, key)"
         if spec is None:
-            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
+            raise _Refused(why)
         (a, b), out = spec
-        if not (a[:-2] == b[:-2] == out[:-2] and a[-1] == b[-1] and out[-2:] == a[-2] + b[-2]
-                and len(set(a[-2:] + b[-2])) == 3):
-            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
-        self.chain.q = self._peel_scale(positional[1])
-        self.chain.k = self._peel_scale(positional[2])
+        shared = [c for c in a if c in b and c not in out]
+        if len(out) < 2 or len(shared) != 1 or len(a) != len(out) or len(b) != len(out):
+            raise _Refused(why)
+        batch, i, j, d = out[:-2], out[-2], out[-1], shared[0]
+        if set(a) != set(batch + i + d) or set(b) != set(batch + j + d):
+            raise _Refused(why)
+        self.chain.q = _to_layout(self._peel_scale(positional[1]), a, batch + i + d)
+        self.chain.k = _to_layout(self._peel_scale(positional[2]), b, batch + j + d)
 
     # -- forwards: softmax output to the product with the values ------------------------------------------
 
@@ -371,10 +385,7 @@ class _Rewriter:
                     self._values(parent, positional[1], statement)
                     return
                 if name == "einsum" and len(positional) == 3 and positional[1] is current:
-                    spec = _einsum_spec(positional)
-                    if spec is None or not _values_spec(*spec):
-                        raise _Refused("the values einsum is not of the form '...qk,...kd->...qd'")
-                    self._values(parent, positional[2], statement)
+                    self._einsum_values(parent, positional, statement)
                     return
                 if name == "dropout" and receiver is not None and is_namespace(receiver, self.names) and positional and \
                         positional[0] is current:
@@ -393,6 +404,22 @@ class _Rewriter:
         self.chain.v = values
         self.chain.values_product = product
         self.chain.values_statement = statement
+
+    def _einsum_values(self, product: cst.Call, positional, statement) -> None:
+        """`einsum(p, v)` over the key dimension in any layout: v is brought to (batch..., key, value dim) and
+        the fused call's (batch..., query, value dim) to the einsum's output layout."""
+        spec = _einsum_spec(positional)
+        why = "the values einsum does not contract the probabilities' key dimension with the values"
+        if spec is None:
+            raise _Refused(why)
+        (p, v), out = spec
+        batch, i, j = p[:-2], p[-2], p[-1]
+        rest = [c for c in v if c not in p]
+        if len(rest) != 1 or len(v) != len(p) or len(out) != len(p) or set(v) != set(batch + j + rest[0]) or \
+                set(out) != set(batch + i + rest[0]):
+            raise _Refused(why)
+        self._values(product, _to_layout(positional[2], v, batch + j + rest[0]), statement)
+        self.chain.out_layout = (batch + i + rest[0], out)
 
     def _functional_dropout(self, positional, keywords) -> None:
         p = positional[1] if len(positional) > 1 else keywords.get("p", cst.Float("0.5"))
@@ -575,13 +602,39 @@ class _Rewriter:
         if chain.dropout_p is not None:
             p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
-        scale = _scale(chain)
+        scale = _scale(chain, self._local_definitions())
         if scale is not None:
             keywords.append(("scale", scale))
-        inside = ", ".join([code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
-        if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
-            inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
-        return cst.parse_expression(f"{callee}({inside})")
+        parts = [code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords]
+        call = cst.parse_expression(f"{callee}({self._layout(callee, parts)})")
+        return _to_layout(call, *chain.out_layout) if chain.out_layout is not None else call
+
+    def _layout(self, callee: str, parts: list[str]) -> str:
+        """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
+        indented line of their own, else one a line with a trailing comma."""
+        indent, inside = self.site.indent, ", ".join(parts)
+        statement = code_of(self.chain.values_statement.body[0]) if self.chain.values_statement is not None else ""
+        product = code_of(self.chain.values_product)
+        before, _, after = statement.partition(product)
+        line = len(indent) + len(before.split("\n")[-1]) + len(callee) + len(inside) + 2 + len(after.split("\n")[0])
+        if line <= _LINE_LENGTH:
+            return inside
+        if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
+            return f"\n{indent}    {inside}\n{indent}"
+        return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+
+    def _local_definitions(self) -> dict[str, str]:
+        """What each variable assigned exactly once in the function is set to, without spaces."""
+        found: dict[str, list[str]] = {}
+
+        class _Assignments(cst.CSTVisitor):
+            def visit_Assign(self, node: cst.Assign) -> None:
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        found.setdefault(target.target.value, []).append(_compact(node.value))
+
+        self.site.function.visit(_Assignments())
+        return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 
 def _mask_before(scaled: bool, additive: bool) -> None:
@@ -675,15 +728,21 @@ def _einsum_spec(positional) -> tuple[tuple[str, str], str] | None:
         return None
     inputs, out = spec.replace(" ", "").split("->")
     parts = inputs.split(",")
-    if len(parts) != 2 or min(len(parts[0]), len(parts[1])) < 2:
+    if len(parts) != 2 or min(len(parts[0]), len(parts[1])) < 2 or \
+            any(len(set(part)) != len(part) for part in (*parts, out)):  # a repeated index is a diagonal
         return None
     return (parts[0], parts[1]), out
 
 
-def _values_spec(inputs: tuple[str, str], out: str) -> bool:
-    p, v = inputs
-    return p[:-2] == v[:-2] == out[:-2] and p[-1] == v[-2] and out[-2:] == p[-2] + v[-1] and \
-        len(set(p[-2:] + v[-1])) == 3
+def _to_layout(node: cst.BaseExpression, have: str, want: str) -> cst.BaseExpression:
+    """`node`, whose dimensions are named by `have`, with them in the order `want`: itself, a transpose of the
+    last two, or a permute."""
+    if have == want:
+        return node
+    if have[:-2] == want[:-2] and have[-2:] == want[:-3:-1]:
+        return _transpose(node)
+    order = ", ".join(str(have.index(c)) for c in want)
+    return cst.parse_expression(f"{code_of(atom(node))}.permute({order})")
 
 
 def _very_negative(node: cst.BaseExpression, names: ImportNames) -> bool:
@@ -713,22 +772,49 @@ def _negated(condition: cst.BaseExpression) -> cst.BaseExpression:
     return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom(condition))
 
 
-def _scale(chain: _Chain) -> str | None:
-    """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension)."""
-    def compact(node: cst.BaseExpression) -> str:
-        return code_of(node.with_changes(lpar=[], rpar=[])).replace(" ", "")
+def _compact(node: cst.BaseExpression) -> str:
+    return code_of(node.with_changes(lpar=[], rpar=[])).replace(" ", "")
 
-    factors, divisors = [compact(f) for f in chain.factors], [compact(d) for d in chain.divisors]
-    sizes = [f"{code_of(head)}.{size}" for head in (chain.q, chain.k) if head is not None
-             for size in ("size(-1)", "shape[-1]")]
-    if (not divisors and len(factors) == 1 and factors[0] in {form for size in sizes for form in (
-            f"1/math.sqrt({size})", f"1.0/math.sqrt({size})", f"{size}**-0.5")}) or \
-            (not factors and len(divisors) == 1 and divisors[0] in {f"math.sqrt({size})" for size in sizes}):
+
+def _scale(chain: _Chain, local: dict[str, str]) -> str | None:
+    """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension), written
+    with the query's or key's own size (directly or through a variable assigned once: `d_k = q.size(-1)`)."""
+    def resolved(node: cst.BaseExpression) -> str:
+        text = _compact(node)
+        for _ in range(3):
+            text = re.sub(r"(?<![\w.])[A-Za-z_]\w*(?![\w(])", lambda m: f"({local[m.group(0)]})" if m.group(0) in local
+                          else m.group(0), text)
+        return text.replace("((", "(").replace("))", ")")
+
+    factors, divisors = [resolved(f) for f in chain.factors], [resolved(d) for d in chain.divisors]
+    sizes = {f"{form}{size}" for head in (chain.q, chain.k) if head is not None
+             for size in ("size(-1)", "shape[-1]") for form in (f"{code_of(head)}.", f"({code_of(head)}).")}
+    sizes |= {f"({size})" for size in sizes}
+    roots = {form for size in sizes for form in (f"math.sqrt({size})", f"{size}**0.5", f"({size}**0.5)")}
+    roots |= {f"({root})" for root in roots}
+    inverse = {form for root in roots for form in (f"1/{root}", f"1.0/{root}")} | \
+        {f"{size}**-0.5" for size in sizes} | {f"({size}**-0.5)" for size in sizes}
+    inverse |= {f"({form})" for form in inverse}
+    if (not divisors and len(factors) == 1 and factors[0] in inverse) or \
+            (not factors and len(divisors) == 1 and divisors[0] in roots):
         return None
     if not factors and not divisors:
         return "1.0"
-    numerator = " * ".join(code_of(atom(f)) for f in chain.factors) if factors else "1"
-    return " / ".join([numerator] + [code_of(atom(d)) for d in chain.divisors])
+    numerator = " * ".join(code_of(_operand(f, cst.Multiply)) for f in chain.factors) if factors else "1"
+    return " / ".join([numerator] + [code_of(_operand(d, cst.Divide)) for d in chain.divisors])
+
+
+def _operand(node: cst.BaseExpression, operator: type) -> cst.BaseExpression:
+    """`node` as an operand of `*` or `/`: parenthesised only where the precedence needs it (`1 / (a * b)`,
+    not `1 / (d**0.5)`)."""
+    bare = node.with_changes(lpar=[], rpar=[]) if isinstance(node, (cst.BinaryOperation, *_ATOMIC)) else node
+    if isinstance(bare, cst.BinaryOperation) and not isinstance(bare.operator, cst.Power) and \
+            not (operator is cst.Multiply and isinstance(bare.operator, cst.Multiply)):
+        return atom(bare)
+    return bare
+
+
+_ATOMIC = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
 
 
 def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:

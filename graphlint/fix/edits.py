@@ -38,7 +38,7 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> str:
 def deleted_lines(lines: list[str], statements: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """The 1-based line ranges to delete for whole statements spanning `statements` (first, last line): each
     run of deleted lines also takes one blank line next to it when it would otherwise leave two blank lines
-    together, or a blank line at the start or end of a block."""
+    together, a blank line at the start or end of a block, or one between a comment and the code it is about."""
     gone = {line for first, last in statements for line in range(first, last + 1)}
 
     def blank(number: int) -> bool:
@@ -61,7 +61,8 @@ def deleted_lines(lines: list[str], statements: Iterable[tuple[int, int]]) -> li
         after = last + 1
         while after in gone:
             after += 1
-        opens_block = before >= 1 and lines[before - 1].rstrip().endswith(":")
+        # A block's first line, or a comment that introduced the deleted lines and now introduces what follows.
+        opens_block = before >= 1 and (lines[before - 1].rstrip().endswith(":") or lines[before - 1].lstrip().startswith("#"))
         following = next((n for n in range(after, len(lines) + 1) if n not in gone and not blank(n)), None)
         closes_block = following is None or indent(following) < indent(first)
         if blank(after) and (blank(before) or opens_block or before < 1):
