@@ -25,6 +25,7 @@ class FixPlan:
 
     applied: list[Finding] = field(default_factory=list)
     refused: list[tuple[Finding, str]] = field(default_factory=list)
+    notes: list[tuple[Finding, str]] = field(default_factory=list)  # how an applied fix was proven, when unusual
     texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
 
     def diffs(self, project: Project) -> str:
@@ -64,6 +65,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
     candidates = fixable(report)
     failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
                                   if f.fix.applicability == UNSAFE}
+    notes: dict[Finding, str] = {}
     for result in report.results:
         mine = [f for f in candidates if result.target in f.targets and f not in failed]
         if not mine or result.errors:
@@ -73,6 +75,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
         original = [f for f in report.all_findings if result.target in f.targets]
         verdict = _prove(result, mine, project, base, original)
         if verdict.ok:
+            notes.update({f: verdict.note for f in mine if verdict.note})
             continue
         if len(mine) == 1:
             failed.setdefault(mine[0], verdict.reason)
@@ -82,12 +85,15 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool) -> Fi
             alone = _prove(result, [finding], project, base, original)
             if alone.ok:
                 passed.append(finding)
+                if alone.note:
+                    notes[finding] = alone.note
             else:
                 failed.setdefault(finding, alone.reason)
         if len(passed) > 1 and not _prove(result, passed, project, base, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
     plan = FixPlan()
+    plan.notes = [(f, note) for f, note in notes.items() if f not in failed]
     for finding in candidates:
         if finding in failed:
             plan.refused.append((finding, failed[finding]))

@@ -779,12 +779,17 @@ def _compact(node: cst.BaseExpression) -> str:
 def _scale(chain: _Chain, local: dict[str, str]) -> str | None:
     """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension), written
     with the query's or key's own size (directly or through a variable assigned once: `d_k = q.size(-1)`)."""
+    def substitute(match: re.Match) -> str:
+        value = local.get(match.group(0))
+        if value is None:
+            return match.group(0)
+        return value if re.fullmatch(r"[\w.]+(\(.*\)|\[.*\])?", value) else f"({value})"
+
     def resolved(node: cst.BaseExpression) -> str:
         text = _compact(node)
         for _ in range(3):
-            text = re.sub(r"(?<![\w.])[A-Za-z_]\w*(?![\w(])", lambda m: f"({local[m.group(0)]})" if m.group(0) in local
-                          else m.group(0), text)
-        return text.replace("((", "(").replace("))", ")")
+            text = re.sub(r"(?<![\w.])[A-Za-z_]\w*(?![\w(])", substitute, text)
+        return text
 
     factors, divisors = [resolved(f) for f in chain.factors], [resolved(d) for d in chain.divisors]
     sizes = {f"{form}{size}" for head in (chain.q, chain.k) if head is not None

@@ -132,43 +132,84 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
 # -- GL106 ----------------------------------------------------------------------------------------------------
 
 def library_norm(kind: str):
-    """The fixer for a hand-written LayerNorm or RMSNorm module: its whole `forward` becomes the one call."""
+    """The fixer for a hand-written LayerNorm or RMSNorm: a method that is only the norm (a module's `forward`,
+    or a helper such as Llama's `_norm(self, x)` that `forward` calls between casts) becomes the one call with
+    the module's own weight, bias and eps; a norm inside a larger function becomes the call in place of the
+    normalising expression."""
 
     def fix(site: FixSite) -> Rewrite | str:
-        function = site.function
-        if function is None or function.name.value != "forward" or site.classdef is None:
-            return "the norm is not the whole forward of a module; replace it with nn.LayerNorm or nn.RMSNorm"
-        parameters = [p.name.value for p in function.params.params]
-        if len(parameters) != 2 or parameters[0] != "self":
-            return "the module's forward takes more than one input"
-        x = parameters[1]
-        eps = _eps(site.node, site.imports)
-        if eps is None:
-            return "the epsilon could not be read from the normalising step"
-        weights = _self_attributes(function, exclude=code_of(eps))
-        added = {code_of(n) for n in _added_attributes(function)}
-        scale = [w for w in weights if w not in added]
-        shift = [w for w in weights if w in added]
-        if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
-            return "the norm's learned scale and shift could not be told apart"
-        weight = scale[0] if scale else "None"
-        callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
-        if kind == "RMSNorm":
-            call = f"{callee}({x}, ({x}.shape[-1],), {weight}, {code_of(eps)})"
-        else:
-            bias = shift[0] if shift else "None"
-            call = f"{callee}({x}, ({x}.shape[-1],), {weight}, {bias}, {code_of(eps)})"
-        statements = list(function.body.body)
-        if statements and _is_docstring(statements[0]):
-            statements = statements[1:]
-        last = statements[-1] if statements else None
-        if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
-                not isinstance(last.body[0], cst.Return):
-            return "the module's forward does more than plain statements ending in a return"
-        new = cst.Return(value=cst.parse_expression(call))
-        return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
+        whole = _whole_method(site, kind)
+        if isinstance(whole, Rewrite):
+            return whole
+        inline = _inline_norm(site, kind)
+        return inline if isinstance(inline, Rewrite) else whole
 
     return fix
+
+
+def _norm_call(callee: str, kind: str, x: str, weight: str | None, bias: str | None, eps: str) -> str:
+    shape = f"({x}.shape[-1],)"
+    if weight is None and bias is None:
+        return f"{callee}({x}, {shape}, eps={eps})"
+    if kind == "RMSNorm":
+        return f"{callee}({x}, {shape}, {weight or 'None'}, {eps})"
+    return f"{callee}({x}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
+
+
+def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
+    function = site.function
+    if function is None or site.classdef is None:
+        return "the norm is not a method of a module; replace it with nn.LayerNorm or nn.RMSNorm"
+    parameters = [p.name.value for p in function.params.params]
+    if len(parameters) != 2 or parameters[0] != "self":
+        return f"`{function.name.value}` takes more than one input besides self"
+    x = parameters[1]
+    eps = _eps(site.node, site.imports)
+    if eps is None:
+        return "the epsilon could not be read from the normalising step"
+    weights = _self_attributes(function, exclude=code_of(eps))
+    added = {code_of(n) for n in _added_attributes(function)}
+    scale = [w for w in weights if w not in added]
+    shift = [w for w in weights if w in added]
+    if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
+        return "the norm's learned scale and shift could not be told apart"
+    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
+    call = _norm_call(callee, kind, x, scale[0] if scale else None, shift[0] if shift else None, code_of(eps))
+    statements = list(function.body.body)
+    if statements and _is_docstring(statements[0]):
+        statements = statements[1:]
+    last = statements[-1] if statements else None
+    if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
+            not isinstance(last.body[0], cst.Return):
+        return f"`{function.name.value}` does more than plain statements ending in a return"
+    new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
+    return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
+
+
+def _inline_norm(site: FixSite, kind: str) -> Rewrite | str:
+    """`x * rsqrt(mean(x²) + eps)` or `(x - mean) / sqrt(var + eps)` inside a larger function → the library call
+    without weight (what the code multiplies and adds after it stays); the statistics' statements go when
+    nothing else reads them."""
+    node = site.node
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        return "the normalising step is not one product or quotient graphlint can rewrite"
+    eps = _eps(node, site.imports)
+    if eps is None:
+        return "the epsilon could not be read from the normalising step"
+    root = node.right if isinstance(node.operator, cst.Divide) else next(
+        (side for side in (node.right, node.left) if _input_of(side, ("rsqrt",), site.imports) is not None), None)
+    if root is None or _input_of(root, ("rsqrt", "sqrt"), site.imports) is None:
+        return "the root of the statistic is not a factor of the normalising step"
+    x = node.left if root is node.right else node.right
+    x = x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+    if kind == "LayerNorm":
+        if not (isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Subtract)):
+            return "the centred input is not written as `x - mean` in the normalising step"
+        x = x.left
+    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
+    new = cst.parse_expression(_norm_call(callee, kind, code_of(atom(x)), None, None, code_of(eps)))
+    return Rewrite(node, new, f"{kind} by hand → {code_of(new)}", removed=dead_definitions(site.function, node, new),
+                   imports=imports)
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:

@@ -34,6 +34,7 @@ class Verdict:
 
     ok: bool
     reason: str = ""
+    note: str = ""  # how it was proven, when not as usual (in the model's own dtype)
 
 
 def read_text(path: str) -> tuple[str, str]:
@@ -107,7 +108,8 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        return _gone(trees["rewritten"], trees["rewritten"] / mapped_base, target, fixed, original, project)
+        gone = _gone(trees["rewritten"], trees["rewritten"] / mapped_base, target, fixed, original, project)
+        return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
 def _gone(tree: Path, where: Path, target: str, fixed: list[Finding], original: list[Finding],
