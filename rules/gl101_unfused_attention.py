@@ -209,7 +209,7 @@ class UnfusedAttention(Rule):
 
                     def forward(self, x, keep):
                         q, k, v = self.q(x), self.k(x), self.v(x)
-                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+                        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
                 def make():

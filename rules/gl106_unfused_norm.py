@@ -119,7 +119,7 @@ class UnfusedNorm(Rule):
                         self.weight = nn.Parameter(torch.ones(dim))
 
                     def forward(self, x):
-                        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+                        return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
                 class Block(nn.Module):

@@ -183,7 +183,7 @@ class UnfusedActivation(Rule):
 
                     def forward(self, x):
                         h = self.fc(x)
-                        h = torch.nn.functional.gelu(h)  # expect: GL107
+                        h = nn.functional.gelu(h)  # expect: GL107
                         logits = self.out(h)
                         e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
                         return e / e.sum(dim=-1, keepdim=True)  # expect: GL107
