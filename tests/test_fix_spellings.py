@@ -327,7 +327,7 @@ def make():
 @pytest.mark.parametrize("case", list(ATTENTION))
 def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, case):
     source, expected, absent = ATTENTION[case]
-    path = _model(tmp_path, ATTENTION_HEADER + source)
+    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix

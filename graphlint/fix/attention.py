@@ -598,7 +598,9 @@ class _Rewriter:
             elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
                 keywords.append(("attn_mask", mask))  # `if mask is not None: scores += mask`: None is no mask
             else:
-                keywords.append(("attn_mask", f"{code_of(atom(chain.mask))} if {guard} else None"))
+                # A comparison or call binds tighter than `... if ... else ...`; only such a mask needs parentheses.
+                shown = code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda)) else mask
+                keywords.append(("attn_mask", f"{shown} if {guard} else None"))
         if chain.dropout_p is not None:
             p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))

@@ -223,23 +223,30 @@ def names_read(node: cst.CSTNode) -> list[cst.Name]:
 
 
 def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
-    """The statements `name = ...` of `function` whose only reader was `old` and that `new` no longer reads:
-    the `inner = ...` of a formula the rewrite replaced by one call."""
+    """The statements `name = ...` of `function` whose only readers were `old` and other such statements, and
+    that `new` no longer reads: the `inner = ...` of a formula the rewrite replaced by one call, and the
+    `mu = ...` that only that `inner` read."""
     if function is None:
         return ()
     kept = {n.value for n in names_read(new)}
     inside = {id(n) for n in names_read(old)}
     candidates = {n.value for n in names_read(old)} - kept
-    removed = []
-    for statement in function.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            continue
-        small = statement.body[0]
-        if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
-                not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
-            continue
-        name = small.targets[0].target
-        others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
-        if not others:
-            removed.append(statement)
-    return tuple(removed)
+    removed: list = []
+    changed = True
+    while changed:
+        changed = False
+        for statement in function.body.body:
+            if statement in removed or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                continue
+            small = statement.body[0]
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
+                    not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
+                continue
+            name = small.targets[0].target
+            others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
+            if not others:
+                removed.append(statement)
+                inside |= {id(n) for n in names_read(small.value)}
+                candidates |= {n.value for n in names_read(small.value)} - kept
+                changed = True
+    return tuple(s for s in function.body.body if s in removed)
