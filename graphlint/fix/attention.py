@@ -315,8 +315,9 @@ class _Rewriter:
         name, receiver, _, _ = call_parts(operand)
         if name in ("view", "reshape") and isinstance(receiver, cst.BinaryOperation) and \
                 isinstance(receiver.operator, (cst.Multiply, cst.Divide)):
-            return operand.with_changes(func=operand.func.with_changes(value=atom(self._peel_scale(
-                receiver.with_changes(lpar=[], rpar=[])))))
+            # The product was a fresh contiguous tensor; its input may not be, so `view` becomes `reshape`.
+            return operand.with_changes(func=operand.func.with_changes(
+                value=atom(self._peel_scale(receiver.with_changes(lpar=[], rpar=[]))), attr=cst.Name("reshape")))
         while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
             if isinstance(operand.operator, cst.Divide):
                 self.chain.divisors.append(operand.right)
