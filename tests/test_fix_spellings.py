@@ -498,6 +498,42 @@ def test_norms_in_helpers_and_inside_a_forward_are_rewritten_and_proven(tmp_path
     assert (other in fixed) == other.startswith("output")  # the casts around the helper stay; dead statistics go
 
 
+LOG_OF_A_VARIABLE = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x, actions):
+        logits = self.head(x)
+        probs = F.softmax(logits, dim=-1)
+        log_probs = torch.log(probs)
+        entropy = -(probs * log_probs).sum(-1)
+        return log_probs.gather(-1, actions[:, None]).squeeze(-1) + 0.01 * entropy
+
+
+def make():
+    return Policy(), (torch.randn(4, 8), torch.randint(0, 5, (4,)))
+'''
+
+
+@pytest.mark.proof
+def test_the_log_of_probabilities_in_a_variable_is_rewritten_from_the_logits_and_proven(tmp_path):
+    path = _model(tmp_path, LOG_OF_A_VARIABLE)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL204")
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    # The probabilities are still read by the entropy: their statement stays.
+    assert "        probs = F.softmax(logits, dim=-1)\n        log_probs = F.log_softmax(logits, dim=-1)\n" in fixed
+
+
 # -- the proof -----------------------------------------------------------------------------------------------
 
 MIXED = '''

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace
+from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
+                                   names_read)
 from graphlint.results import UNSAFE
 
 
@@ -100,11 +101,14 @@ def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 def log_probabilities(site: FixSite) -> Rewrite | str:
     """`log(softmax(x, dim))` → `F.log_softmax(x, dim)`; `log(sigmoid(x))` → `F.logsigmoid(x)`;
-    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log."""
+    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log or in a
+    variable the function assigns once (`probs = F.softmax(x, -1)`, deleted when nothing else reads it)."""
     node, names = site.node, site.imports
     inside = _input_of(node, ("log",), names)
     if inside is None:
         return "the log is not a call graphlint can rewrite"
+    if isinstance(inside, cst.Name):
+        inside = _assigned_once(site.function, inside.value) or inside
     name, receiver, positional, keywords = call_parts(inside)
     if name == "softmax":
         x = positional[0] if is_namespace(receiver, names) and positional else receiver
@@ -126,7 +130,36 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
     else:
         return ("the probabilities are computed in another statement or picked from first; take the log of "
                 "the logits with F.log_softmax / F.logsigmoid where they are made")
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports)
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports,
+                   removed=dead_definitions(site.function, node, new))
+
+
+def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpression | None:
+    """What `name = ...` sets, when the function assigns `name` once and every variable that expression reads
+    at most once too (so it means the same where the log is)."""
+    if function is None:
+        return None
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+
+    class _Assignments(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                for bound in names_read(target.target):
+                    assigned.setdefault(bound.value, []).append(node.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                assigned.setdefault(node.target.value, []).extend([node.value, node.value])
+
+        def visit_For(self, node: cst.For) -> None:
+            for bound in names_read(node.target):
+                assigned.setdefault(bound.value, []).extend([node.iter, node.iter])
+
+    function.visit(_Assignments())
+    values = assigned.get(name, [])
+    if len(values) != 1 or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
+        return None
+    return values[0]
 
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
