@@ -79,7 +79,8 @@ class UnfusedAttention(Rule):
         becomes `attn_mask=c`, and a mask made from `tril`/`triu` of ones becomes `is_causal=True`; a mask
         under `if mask is not None:` becomes `attn_mask=mask` (or `... if mask is not None else None`), one
         under `if flag:` becomes `is_causal=flag` or a mask under the same flag; a scale after a -inf fill is
-        kept (it leaves -inf as it is); dropout on the probabilities becomes
+        kept (it leaves -inf as it is), and one after an additive mask scales the mask too
+        (`attn_mask=mask / 4`); dropout on the probabilities becomes
         `dropout_p=self.dropout.p if self.training else 0.0`; float32 upcasts around the softmax are dropped
         (the fused kernels accumulate in float32). For `transformers` models built with `from_config` or
         `from_pretrained`, the fix is `attn_implementation="sdpa"` on that call.
@@ -88,11 +89,10 @@ class UnfusedAttention(Rule):
         for visualisation), the fused call cannot give them back; the fix is declared unsafe, puts `None`
         where they were returned or stored, and only `--unsafe-fixes` applies it.
 
-        Left alone, with the reason: a chain that spans several functions, two masks, a scale after an
-        additive mask, an `if` that does more than mask the scores, probabilities used before the values
-        product, an input reassigned between the scores and the values product, and anything else on the way
-        that the fused call cannot express. Every safe fix is proven on the model first; one that computes
-        something else is refused.
+        Left alone, with the reason: a chain that spans several functions, two masks, an `if` that does more
+        than mask the scores, probabilities used before the values product, an input reassigned between the
+        scores and the values product, and anything else on the way that the fused call cannot express.
+        Every safe fix is proven on the model first; one that computes something else is refused.
     """
     bad_examples = (
         Example(

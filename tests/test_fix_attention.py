@@ -91,6 +91,13 @@ FORMS = {
         scores = torch.where(~keep, float("-inf"), scores)
         return scores.softmax(-1) @ v
 ''', "F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.heads)"),
+    "scale-after-an-additive-mask-scales-the-mask-too": ('''
+    def forward(self, x, mask, keep):
+        q, k, v = self.split(x)
+        scores = q @ k.transpose(-2, -1) + mask
+        scores = scores / 4
+        return scores.softmax(-1) @ v
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask / 4, scale=1 / 4)"),
 }
 
 # (the forward, the start of the reason the fix is left alone)
@@ -110,13 +117,6 @@ REFUSED = {
         q, k, v = self.split(x)
         return self.attend(q @ k.transpose(-2, -1), v)
 ''', "`scores` comes from outside the function"),
-    "scale-after-the-mask": ('''
-    def forward(self, x, mask, keep):
-        q, k, v = self.split(x)
-        scores = q @ k.transpose(-2, -1) + mask
-        scores = scores / 4
-        return scores.softmax(-1) @ v
-''', "the scores are scaled after an additive mask"),
     "two-masks": ('''
     def forward(self, x, mask, keep):
         q, k, v = self.split(x)

@@ -1,24 +1,28 @@
 """GL101's fix: softmax attention written by hand in one function, rewritten as one
 `F.scaled_dot_product_attention` call, or for `transformers` models, `attn_implementation="sdpa"`.
 
-The rewrite reads the chain from the source, starting at the softmax the finding points at: backwards through
-the statements that compute the scores (scales, one mask, casts) to the `q @ kᵀ` product, and forwards through
-casts and dropout to the product with the values. Each piece maps to one argument of the fused call:
+The rule hands over what it matched in the graph (whether dropout follows the softmax, the scores' rank); the
+rewrite then reads the chain from the source, starting at the softmax the finding points at: backwards through
+the statements that compute the scores (scales, one mask, casts, a mask under `if mask is not None:` or
+`if flag:`) to the `q · kᵀ` product, and forwards through casts and dropout to the product with the values.
+Each piece maps to one argument of the fused call:
 
-- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, a two-operand `einsum`) gives `q` and `k`; any other right
-  operand `kt` gives `kt.transpose(-2, -1)`, which is the same key;
+- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `baddbmm`, an `einsum` in any layout) gives `q` and `k`,
+  transposed or permuted into (batch..., sequence, head dim); any other right operand `kt` gives
+  `kt.transpose(-2, -1)`, which is the same key;
 - every `* s` and `/ d`, on the scores or on `q`/`k`, multiplies into `scale=`; no scale at all is `scale=1.0`,
   since the fused call's default is 1/sqrt(head dim);
-- `+ m` is `attn_mask=m`; `masked_fill(c, -inf)` is `attn_mask=` "not c" (the fused call's boolean mask says
-  which positions take part); `torch.where(c, scores, fill)` is `attn_mask=c`; a mask built from
-  `tril`/`triu` of ones is `is_causal=True`;
+- `+ m` is `attn_mask=m` (scaled with the scores when a scale follows it); `masked_fill(c, -inf)` is
+  `attn_mask=` "not c" (the fused call's boolean mask says which positions take part); `torch.where(c, scores,
+  fill)` is `attn_mask=c`; a mask built from `tril`/`triu` of ones is `is_causal=True`;
 - dropout on the probabilities is `dropout_p=<p> if self.training else 0.0`; float32 upcasts are dropped
   (the fused kernels accumulate in float32 themselves).
 
-The statements that only fed the chain are deleted. Anything else is left alone with the reason: the
-probabilities used elsewhere (returned for visualisation), a chain across functions, two masks, a scale after
-the mask, an input reassigned between the scores and the values. Whatever the rewrite produces is proven on
-the model before `--fix` writes it (graphlint.fix.prove), so a mistake here is refused, never written.
+The statements that only fed the chain are deleted. Probabilities also read after the values product
+(returned or stored for visualisation) give an unsafe fix that puts None there. Anything else is left alone
+with the reason: a chain across functions, two masks, an input reassigned between the scores and the values.
+Whatever a safe rewrite produces is proven on the model before `--fix` writes it (graphlint.fix.prove), so a
+mistake here is refused, never written.
 """
 
 from __future__ import annotations
@@ -186,8 +190,7 @@ class _Rewriter:
                     continue
                 if isinstance(operator, cst.Add):
                     tensor, mask = self._chain_side(node.left, node.right, statement)
-                    self._set_mask(mask, mask, True, additive=True)
-                    _mask_before(scaled, additive=True)
+                    self._set_mask(self._scaled_mask(mask, scaled), mask, True, additive=True)
                     node = tensor
                     continue
                 raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
@@ -206,7 +209,6 @@ class _Rewriter:
                     if not _very_negative(fill, self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(_negated(condition), condition, False)
-                    _mask_before(scaled, additive=False)
                     node = target
                     continue
                 if name == "where" and len(positional) == 3:
@@ -219,7 +221,6 @@ class _Rewriter:
                         node = when_false
                     else:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
-                    _mask_before(scaled, additive=False)
                     continue
                 if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, self.names) and \
                         len(positional) == 1:
@@ -239,6 +240,17 @@ class _Rewriter:
                     return
             raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
 
+    def _scaled_mask(self, mask: cst.BaseExpression, scaled: bool) -> cst.BaseExpression:
+        """An additive mask met before a scale on the way back is scaled with the scores: `(s + m) * c` is
+        `s * c + m * c`, so `attn_mask=m * c`."""
+        if not scaled:
+            return mask
+        chain = self.chain
+        text = " / ".join([" * ".join([code_of(_operand(mask, cst.Multiply))] +
+                                      [code_of(_operand(f, cst.Multiply)) for f in chain.factors])] +
+                          [code_of(_operand(d, cst.Divide)) for d in chain.divisors])
+        return cst.parse_expression(text)
+
     def _scaled(self) -> bool:
         if self.guarded is not None:
             raise _Refused(f"the scores are scaled only `if {code_of(self.guarded.test)}:`, which the fused call "
@@ -255,8 +267,7 @@ class _Rewriter:
         if keywords.get("alpha") is not None:
             self.chain.factors.append(keywords["alpha"])
         if beta is None or not _is_number(beta, (0.0,)):
-            self._set_mask(bias, bias, True, additive=True)
-            _mask_before(scaled, additive=True)
+            self._set_mask(self._scaled_mask(bias, scaled), bias, True, additive=True)
         self._product(left, right)
 
     def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
@@ -638,12 +649,6 @@ class _Rewriter:
 
         self.site.function.visit(_Assignments())
         return {name: values[0] for name, values in found.items() if len(values) == 1}
-
-
-def _mask_before(scaled: bool, additive: bool) -> None:
-    """A scale after a -inf fill keeps it -inf; after an additive mask it would scale the mask too."""
-    if scaled and additive:
-        raise _Refused("the scores are scaled after an additive mask, which the fused call cannot express; scale first")
 
 
 def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
