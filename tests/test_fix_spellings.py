@@ -309,6 +309,31 @@ class Attention(nn.Module):
 def make():
     return Attention(), (torch.randn(2, 24, 5),)
 ''', ").transpose(-2, -1)", ("einsum",)),
+    "helper-with-a-guarded-dropout-module-passed-in": ('''
+def attention(query, key, value, mask=None, dropout=None):
+    d_k = query.size(-1)
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    p_attn = scores.softmax(dim=-1)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return torch.matmul(p_attn, value)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, q, k, v, mask):
+        return attention(q, k, v, mask=mask, dropout=self.dropout)
+
+
+def make():
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    return Attention(), (q, k, v, torch.tril(torch.ones(6, 6)))
+''', "dropout_p=dropout.p if dropout is not None and dropout.training else 0.0", ("d_k", "p_attn")),
     "a-pre-transposed-key-variable": ('''
 class Attention(nn.Module):
     def forward(self, q, k, v):
@@ -402,6 +427,7 @@ def test_weights_also_returned_get_an_unsafe_fix_that_compiles_and_runs(tmp_path
     assert "`attn` returned or stored as None" in finding.fix.message
     fixed = _rewritten(finding)
     assert "return x, None\n" in fixed and "attn.softmax" not in fixed
+    assert "y, attn = self.attn(x)" in fixed  # the caller gets None for the weights
     path.write_text(fixed, encoding="utf-8")  # the trade is documented: it must still run
     spec = importlib.util.spec_from_file_location("fixed_model", path)
     module = importlib.util.module_from_spec(spec)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, ImportNames, Rewrite, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
+                                   names_read)
 from graphlint.results import UNSAFE
 
 _LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
@@ -125,6 +126,9 @@ class _Rewriter:
         callee, imports = self.names.functional_call("scaled_dot_product_attention")
         call = self._call(callee)
         removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
+        # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
+        removed += tuple(s for s in dead_definitions(self.site.function, (*removed, chain.values_product), call)
+                         if s not in removed)
         if chain.elsewhere:
             # The documented trade: the weights are no longer computed, so what read them gets None.
             shown = ", ".join(dict.fromkeys(f"`{n.value}`" for n in chain.elsewhere))
@@ -409,6 +413,12 @@ class _Rewriter:
                     self._set_dropout(cst.parse_expression(f"{code_of(parent.func)}.p"), True)
                     current = parent
                     continue
+                if receiver is None and self._is_module(parent.func) and len(positional) == 1 and \
+                        positional[0] is current and self.dropout_after:  # a dropout module passed in
+                    callee = code_of(parent.func)
+                    self._set_dropout(cst.parse_expression(f"{callee}.p if {callee}.training else 0.0"), False)
+                    current = parent
+                    continue
             raise _Refused(f"the probabilities pass through `{code_of(parent)}`, which the fused call cannot express")
 
     def _values(self, product: cst.BaseExpression, values: cst.BaseExpression,
@@ -432,6 +442,29 @@ class _Rewriter:
             raise _Refused(why)
         self._values(product, _to_layout(positional[2], v, batch + j + rest[0]), statement)
         self.chain.out_layout = (batch + i + rest[0], out)
+
+    def _guarded_dropout(self, statement: cst.If, name: str) -> bool:
+        """`if dropout is not None: p = dropout(p)` (or under any flag), with `dropout` a module: its `p` while
+        it trains and the guard holds."""
+        body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
+        if statement.orelse is not None or len(body) != 1 or not _plain_assignment(body[0], name):
+            return False
+        call = body[0].body[0].value
+        module = call.func if isinstance(call, cst.Call) else None
+        if module is None or not self._is_module(module) or len(call.args) != 1 or \
+                code_of(call.args[0].value) != name:
+            return False
+        test, callee = code_of(statement.test), code_of(module)
+        if test.replace(" ", "") != f"{callee}isnotNone" and not self.dropout_after:
+            return False
+        self._set_dropout(cst.parse_expression(f"{callee}.p if {test} and {callee}.training else 0.0"), False)
+        return True
+
+    def _is_module(self, func: cst.BaseExpression) -> bool:
+        """`self.drop` or a parameter of the function (`dropout` passed in): a module that is called."""
+        if isinstance(func, cst.Attribute):
+            return code_of(func.value) == "self"
+        return isinstance(func, cst.Name) and func.value in {p.name.value for p in self.site.function.params.params}
 
     def _functional_dropout(self, positional, keywords) -> None:
         p = positional[1] if len(positional) > 1 else keywords.get("p", cst.Float("0.5"))
@@ -545,14 +578,16 @@ class _Rewriter:
             uses = [n for n in names_read(statement) if n.value == name]
             if not uses:
                 continue
+            if isinstance(statement, cst.If) and self._guarded_dropout(statement, name):
+                self.chain.consumed.append(statement)
+                continue
             if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
                 raise _Refused(f"`{name}` is used in a compound statement; the rewrite keeps to plain ones")
             targets = _assigned_names(statement)
             reads = [n for n in uses if not (n.value in targets and _is_target(statement, n))]
-            if len(reads) != 1:
-                raise _Refused(f"`{name}` is used outside the attention (twice in one statement); the fused call "
-                               "does not give the probabilities back")
-            return statement, reads[0]
+            if not reads:
+                raise _Refused(f"`{name}` is reassigned before it reaches the values product")
+            return statement, reads[0]  # the first read; any other is checked with the chain's names
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
 
     def _check_names(self) -> None:
@@ -573,10 +608,19 @@ class _Rewriter:
             for index, node in enumerate(everywhere):
                 if node.value != name or id(node) in inside:
                     continue
-                if index < after or id(node) in bound:
-                    raise _Refused(f"`{name}` is used outside the attention (returned or stored); the fused "
-                                   "call does not give the probabilities back")
+                if index < after or id(node) in bound or not self._returned_or_stored(node):
+                    raise _Refused(f"`{name}` is used outside the attention; the fused call does not give the "
+                                   "probabilities back")
                 chain.elsewhere.append(node)
+
+    def _returned_or_stored(self, name: cst.Name) -> bool:
+        """`return out, name`, `self.weights = name`, `cache = (out, name)`: where None can take its place."""
+        path = _path_to(self.site.function, name) or []
+        parents = path[-2::-1]
+        if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
+            parents = parents[2:]
+        return bool(parents) and (isinstance(parents[0], cst.Return) or
+                                  (isinstance(parents[0], cst.Assign) and parents[0].value in path))
 
     def _check_inputs_unchanged(self) -> None:
         """q, k, the mask and the scale are read where the values product is; they must not change before."""

@@ -222,15 +222,16 @@ def names_read(node: cst.CSTNode) -> list[cst.Name]:
     return found
 
 
-def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
-    """The statements `name = ...` of `function` whose only readers were `old` and other such statements, and
-    that `new` no longer reads: the `inner = ...` of a formula the rewrite replaced by one call, and the
-    `mu = ...` that only that `inner` read."""
+def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode | tuple, new: cst.CSTNode) -> tuple:
+    """The statements `name = ...` of `function` whose only readers were `old` (a node, or several the rewrite
+    removes) and other such statements, and that `new` no longer reads: the `inner = ...` of a formula the
+    rewrite replaced by one call, and the `mu = ...` that only that `inner` read."""
     if function is None:
         return ()
     kept = {n.value for n in names_read(new)}
-    inside = {id(n) for n in names_read(old)}
-    candidates = {n.value for n in names_read(old)} - kept
+    olds = old if isinstance(old, tuple) else (old,)
+    inside = {id(n) for part in olds for n in names_read(part)}
+    candidates = {n.value for part in olds for n in names_read(part)} - kept
     removed: list = []
     changed = True
     while changed:
