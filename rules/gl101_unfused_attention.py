@@ -16,6 +16,8 @@ from graphlint.rule import Example, Problem, Rule
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul.
 _BETWEEN = SCALE | MASK | CAST | DROPOUT | VIEW
 _MAX_STEPS = 12
+# Products of two activations; `addmm(bias, q, kᵀ)` adds a bias to the scores as it makes them.
+_PRODUCTS = MATMUL_LIKE | {"addmm"}
 _STEP_NAMES = [(SCALE, "scale"), (MASK, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
 
 
@@ -347,7 +349,7 @@ def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
     queue = deque((n, 0) for n in start)
     while queue:
         node, depth = queue.popleft()
-        if op(node) in MATMUL_LIKE and _is_activation_product(node, parent[node] or softmax, upstream):
+        if op(node) in _PRODUCTS and _is_activation_product(node, parent[node] or softmax, upstream):
             path = [node]
             while parent[path[-1]] is not None:
                 path.append(parent[path[-1]])

@@ -34,11 +34,14 @@ import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
                                    names_read)
+from graphlint.ops import CAST, MATMUL_LIKE
 from graphlint.results import UNSAFE
 
 _LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
-_CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
-_MATMULS = {"matmul", "bmm"}
+# The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
+# changes only the layout; the two-operand products (`baddbmm`, `addmm` and `einsum` are read on their own).
+_CASTS = CAST | {"contiguous"}
+_MATMULS = MATMUL_LIKE - {"baddbmm", "einsum", "rmatmul"}
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
             "float(\"-Inf\")", "-np.inf", "-numpy.inf")
 
@@ -239,7 +242,7 @@ class _Rewriter:
                 if name == "einsum":
                     self._einsum_scores(positional)
                     return
-                if name == "baddbmm" and is_namespace(receiver, self.names) and len(positional) == 3:
+                if name in ("baddbmm", "addmm") and is_namespace(receiver, self.names) and len(positional) == 3:
                     self._baddbmm(positional, keywords, scaled)
                     return
             raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
@@ -262,8 +265,8 @@ class _Rewriter:
         return True
 
     def _baddbmm(self, positional, keywords, scaled: bool) -> None:
-        """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` is `s * q @ kᵀ + bias`: `scale=s`, `attn_mask=bias`; with
-        `beta=0` the bias is ignored."""
+        """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` (or `addmm`) is `s * q @ kᵀ + bias`: `scale=s`,
+        `attn_mask=bias`; with `beta=0` the bias is ignored."""
         bias, left, right = positional
         beta = keywords.get("beta")
         if beta is not None and not _is_number(beta, (0.0, 1.0)):
@@ -754,9 +757,12 @@ def _scalar_like(node: cst.BaseExpression) -> bool:
 
 
 def _untransposed(key: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
-    """`k` from `k.transpose(-2, -1)`, `k.mT`, or `k.transpose(2, 3)` of a tensor of rank 4; None otherwise."""
-    if isinstance(key, cst.Attribute) and key.attr.value == "mT":
+    """`k` from `k.transpose(-2, -1)`, `k.mT`, `k.transpose(2, 3)` of a tensor of rank 4, `k.t()` or `k.T` of
+    a matrix; None otherwise."""
+    if isinstance(key, cst.Attribute) and (key.attr.value == "mT" or (key.attr.value == "T" and rank == 2)):
         return key.value
+    if rank == 2 and call_parts(key)[0] == "t" and isinstance(key, cst.Call) and not key.args:
+        return key.func.value
     if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value in ("transpose", "swapaxes") \
             and len(key.args) == 2:
         try:
