@@ -30,7 +30,7 @@ class UnfusedAttention(Rule):
     summary = "Softmax attention written by hand; torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel."
     what = """
         A softmax that sits between two matrix products of activations: scores from `q @ k.transpose(-2, -1)`
-        (or `torch.matmul`, `bmm`, `baddbmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
+        (or `torch.matmul`, `bmm`, `mm`, `baddbmm`, `addmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
         masked (`+ mask`, `masked_fill`, `torch.where`), cast, and passed through dropout, then a softmax over
         the last dimension, then a product with the values. It is found in the forward graph however it is
         spelled: across helper functions and files, in every layer (reported once per source line with the

@@ -293,6 +293,20 @@ class Attention(nn.Module):
 def make():
     return Attention(), (*(torch.randn(4, 6, 8) for _ in range(3)), torch.randn(4, 6, 6))
 ''', "F.scaled_dot_product_attention(q, k, v, attn_mask=bias)", ("baddbmm", "scale=")),
+    "single-head-addmm-and-mm": ('''
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rel", torch.randn(6, 6))
+
+    def forward(self, q, k, v):
+        scores = torch.addmm(self.rel, q, k.t(), alpha=q.shape[-1] ** -0.5)
+        return torch.mm(torch.softmax(scores, dim=-1), v)
+
+
+def make():
+    return Attention(), tuple(torch.randn(6, 8) for _ in range(3))
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=self.rel)", ("addmm", "scale=", ".t()")),
     "einsum-channels-first-scaled-under-a-view": ('''
 class Attention(nn.Module):
     def forward(self, qkv):
