@@ -197,11 +197,6 @@ def _all_names(node: cst.CSTNode) -> list[cst.Name]:
     return found
 
 
-def functional_name(module: cst.Module | None, name: str) -> str:
-    """How `module` calls torch.nn.functional's `name` with the names it imports (see `ImportNames`)."""
-    return ImportNames.of(module).functional_call(name)[0]
-
-
 def names_read(node: cst.CSTNode) -> list[cst.Name]:
     """The variable names in `node`: not attribute names (`mask` of `self.mask`) nor keyword names."""
     found: list[cst.Name] = []
