@@ -663,3 +663,18 @@ def test_a_formatted_file_stays_formatted_and_keeps_its_comments(tmp_path):
     path.write_text(fixed, encoding="utf-8")
     checked = subprocess.run([*ruff, "--diff", str(path)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.server
+def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_preferred_quick_fix(tmp_path):
+    from lsprotocol import types
+
+    from graphlint.report.columns import SourceColumns
+    from graphlint.server.diagnostics import Shown, quick_fix
+
+    report = lint_file(_model(tmp_path, GL105_MODEL), device="meta", extend_select=("GL105",))
+    [finding] = findings_of(report, "GL105")
+    diagnostic = types.Diagnostic(range=types.Range(types.Position(0, 0), types.Position(0, 1)), message="")
+    action = quick_fix(Shown(diagnostic, finding), SourceColumns())
+    assert action.kind == types.CodeActionKind.RefactorRewrite and not action.is_preferred
+    assert action.title.startswith("Fix GL105 (unsafe): ")
