@@ -271,6 +271,9 @@ def _fix(session: Session, report: Report, unsafe: bool) -> Report:
 
 
 def _tell_refused(plan, project: Project, unsafe: bool) -> None:
+    for finding, note in plan.notes:
+        where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
+        print(single_line(f"graphlint: {where}: {finding.rule_id} fix {note}"), file=sys.stderr)
     for finding, reason in plan.refused:
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
         how = "applied anyway (--unsafe-fixes)" if unsafe else "not applied"

@@ -86,6 +86,8 @@ def matmul_operands(node: fx.Node) -> list[Any]:
         return [o for o in operands if isinstance(o, fx.Node)]
     if name == "baddbmm":
         return [arg(node, 1, "batch1"), arg(node, 2, "batch2")]
+    if name == "addmm":
+        return [arg(node, 1, "mat1"), arg(node, 2, "mat2")]
     return [arg(node, 0, "input"), arg(node, 1, "other", node.kwargs.get("mat2"))]
 
 

@@ -60,12 +60,20 @@ class Edit:
     text: str
 
 
+# A fix's applicability, declared by the rule that offers it (as ruff does): a safe fix is applied by `--fix`
+# once proven on the model; an unsafe one changes something by design (the state dict, what is returned) and
+# only `--unsafe-fixes` applies it; a display-only one is shown, never applied.
+SAFE, UNSAFE, DISPLAY_ONLY = "safe", "unsafe", "display-only"
+
+
 @dataclass(frozen=True)
 class Fix:
-    """A rewrite that removes a finding: what it does in words, and the edits to the user's files."""
+    """A rewrite that removes a finding: what it does in words, the edits to the user's files, and its
+    declared applicability (SAFE, UNSAFE or DISPLAY_ONLY)."""
 
     message: str
     edits: tuple[Edit, ...]
+    applicability: str = SAFE
 
 
 @dataclass(frozen=True)
@@ -246,5 +254,6 @@ def _finding(data: dict) -> Finding:
         "related": tuple(Related(_location(r["location"]), r["message"]) for r in data["related"]),
         "targets": tuple(data["targets"]),
         "fix": None if data["fix"] is None else Fix(data["fix"]["message"],
-                                                    tuple(Edit(**e) for e in data["fix"]["edits"])),
+                                                    tuple(Edit(**e) for e in data["fix"]["edits"]),
+                                                    data["fix"].get("applicability", SAFE)),
     })

@@ -17,6 +17,8 @@ from graphlint.rule import Example, Problem, Rule
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul.
 _BETWEEN = SCALE | MASK | CAST | DROPOUT | VIEW
+# Products of two activations; `addmm(bias, q, kᵀ)` adds a bias to the scores as it makes them.
+_PRODUCTS = MATMUL_LIKE | {"addmm"}
 _STEP_NAMES = [(SCALE, "scale"), (MASK, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
 
 
@@ -29,7 +31,7 @@ class UnfusedAttention(Rule):
     summary = "Softmax attention written by hand; torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel."
     what = """
         A softmax that sits between two matrix products of activations: scores from `q @ k.transpose(-2, -1)`
-        (or `torch.matmul`, `bmm`, `baddbmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
+        (or `torch.matmul`, `bmm`, `mm`, `baddbmm`, `addmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
         masked (`+ mask`, `masked_fill`, `torch.where`), cast, and passed through dropout, then a softmax over
         the last dimension, then a product with the values. It is found in the forward graph however it is
         spelled: across helper functions and files, in every layer (reported once per source line with the
@@ -67,22 +69,33 @@ class UnfusedAttention(Rule):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     """
     fixes = """
-        `--fix` rewrites hand-written attention that lies in one function as one
-        `F.scaled_dot_product_attention(q, k, v, ...)` call in place of the product with the values, and deletes
-        the statements that only fed it: `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, a two-operand
-        `einsum`) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k` becomes `scale=` (left out
-        when it is 1/sqrt of the head dimension, `scale=1.0` when there was none); `+ mask` becomes
-        `attn_mask=mask`, `masked_fill(c, -inf)` becomes `attn_mask=` the negation of `c` (the fused call's
-        boolean mask says which positions take part), `torch.where(c, scores, -inf)` becomes `attn_mask=c`, and a
-        mask made from `tril`/`triu` of ones becomes `is_causal=True`; dropout on the probabilities becomes
-        `dropout_p=self.dropout.p if self.training else 0.0`; float32 upcasts around the softmax are dropped (the
-        fused kernels accumulate in float32). For `transformers` models built with `from_config` or
+        Safe, once proven: `--fix` rewrites hand-written attention whose chain lies in one function as one
+        `F.scaled_dot_product_attention(q, k, v, ...)` call in place of the product with the values, spelled
+        with the file's own names for torch and `torch.nn.functional` (an import is added only when there is
+        none), and deletes the statements that only fed it. What the rule matched in the graph guides it:
+        `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `k.transpose(2, 3)` of a 4-d key, a key variable
+        transposed once, `baddbmm`, and `einsum` in any layout, with `q`, `k`, `v` and the result transposed or
+        permuted into place) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k` (also under a
+        reshape) becomes `scale=` (left out when it is 1/sqrt of the query's or key's own size, `scale=1.0`
+        when there was none); `+ mask` and a `baddbmm` bias with `beta=1` become `attn_mask=`,
+        `masked_fill(c, -inf)` becomes `attn_mask=` the negation of `c`, `torch.where(c, scores, -inf)`
+        becomes `attn_mask=c`, and a mask made from `tril`/`triu` of ones becomes `is_causal=True`; a mask
+        under `if mask is not None:` becomes `attn_mask=mask` (or `... if mask is not None else None`), one
+        under `if flag:` becomes `is_causal=flag` or a mask under the same flag; a scale after a -inf fill is
+        kept (it leaves -inf as it is), and one after an additive mask scales the mask too
+        (`attn_mask=mask / 4`); dropout on the probabilities becomes
+        `dropout_p=self.dropout.p if self.training else 0.0`; float32 upcasts around the softmax are dropped
+        (the fused kernels accumulate in float32). For `transformers` models built with `from_config` or
         `from_pretrained`, the fix is `attn_implementation="sdpa"` on that call.
 
-        Left alone, with the reason: probabilities used elsewhere (returned or stored), a chain that spans
-        several functions, two masks, a scale after the mask, an input reassigned between the scores and the
-        values product, and anything else on the way that the fused call cannot express. Every fix is proven
-        on the model first; one that computes something else is refused.
+        Unsafe: when the probabilities are also returned or stored after the values product (attention maps
+        for visualisation), the fused call cannot give them back; the fix is declared unsafe, puts `None`
+        where they were returned or stored, and only `--unsafe-fixes` applies it.
+
+        Left alone, with the reason: a chain that spans several functions, two masks, an `if` that does more
+        than mask the scores, probabilities used before the values product, an input reassigned between the
+        scores and the values product, and anything else on the way that the fused call cannot express.
+        Every safe fix is proven on the model first; one that computes something else is refused.
     """
     bad_examples = (
         Example(
@@ -210,7 +223,7 @@ class UnfusedAttention(Rule):
 
                     def forward(self, x, keep):
                         q, k, v = self.q(x), self.k(x), self.v(x)
-                        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+                        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
                 def make():
@@ -286,7 +299,9 @@ class UnfusedAttention(Rule):
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
-        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]))
+        meta = tensor_meta(before[-1])
+        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]),
+                      rank=len(meta.shape) if meta is not None else None)
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -335,7 +350,7 @@ def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
     queue = deque((n, 0) for n in start)
     while queue:
         node, depth = queue.popleft()
-        if op(node) in MATMUL_LIKE and _is_activation_product(node, parent[node] or softmax, upstream):
+        if op(node) in _PRODUCTS and _is_activation_product(node, parent[node] or softmax, upstream):
             path = [node]
             while parent[path[-1]] is not None:
                 path.append(parent[path[-1]])

@@ -63,9 +63,10 @@ class BiasBeforeNorm(Rule):
         )
     """
     fixes = """
-        `--fix` builds the layer with `bias=False` (or turns `bias=True` into `bias=False`). Removing the bias
-        removes `<layer>.bias` from the state dict, so existing checkpoints no longer load strictly and, in eval
-        mode, a BatchNorm's running mean no longer matches: the proof always refuses it, and only
+        Unsafe: `--fix --unsafe-fixes` builds the layer with `bias=False` (or turns `bias=True` into
+        `bias=False`). Removing the bias removes `<layer>.bias` from the state dict, so existing checkpoints no
+        longer load strictly and, in eval mode, a BatchNorm's running mean no longer matches: the fix is declared
+        unsafe, is not shown with `[*]`, is not sent through the proof (which could never pass), and only
         `--unsafe-fixes` applies it, for code that has not been trained yet. Left alone: a bias passed by
         position or through `*args`/`**kwargs`.
     """

@@ -50,14 +50,19 @@ class UnfusedNorm(Rule):
         self.norm = nn.LayerNorm(dim, eps=eps)        # or F.layer_norm(x, (dim,), weight, bias, eps)
     """
     fixes = """
-        `--fix` replaces the body of a norm module's `forward(self, x)` with one call:
-        `F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)` or
-        `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module, its parameters
-        and so every checkpoint; the float32 up-cast goes (the library kernels accumulate in float32). The scale
-        and shift are the module's attributes that multiply and add; the epsilon is what the root adds to the
-        statistic. Left alone, with the reason: a norm written inside a larger forward, a forward with more than
-        one input or with compound statements, and scales or shifts that cannot be told apart. `F.rms_norm`
-        needs torch 2.4; on older torch the proof fails and nothing is written.
+        Safe, once proven: `--fix` replaces the body of a method that is only the norm (a norm module's
+        `forward(self, x)`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between
+        `.float()` and `.type_as(x)`, which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight,
+        self.eps)` or `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module,
+        its parameters and so every checkpoint; the float32 up-cast inside goes (the library kernels
+        accumulate in float32). The scale and shift are the module's attributes that multiply and add; the
+        epsilon is what the root adds to the statistic. A norm in the middle of a larger forward
+        (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`, `(h - mu) / torch.sqrt(var + eps)`) becomes
+        `F.rms_norm(h, (h.shape[-1],), eps=eps)` or `F.layer_norm(...)` in place of that expression, what
+        multiplies and adds after it staying as written, and the statistics' statements go when nothing else
+        reads them. The file's own names for `torch.nn.functional` are used. Left alone, with the reason: a
+        helper with more than one input, compound statements, and scales or shifts that cannot be told apart.
+        `F.rms_norm` needs torch 2.4; on older torch the proof fails and nothing is written.
     """
     bad_examples = (
         Example(
@@ -116,7 +121,7 @@ class UnfusedNorm(Rule):
                         self.weight = nn.Parameter(torch.ones(dim))
 
                     def forward(self, x):
-                        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+                        return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
                 class Block(nn.Module):

@@ -56,7 +56,9 @@ class UnfusedActivation(Rule):
         gate = F.silu(h)          # or nn.SiLU(), nn.GELU(approximate="tanh"), nn.Mish()
     """
     fixes = """
-        `--fix` replaces the formula by the library call, on the same input as written: `h * torch.sigmoid(h)`
+        Safe, once proven: `--fix` replaces the formula by the library call, on the same input as written and
+        with the file's own names for torch and `torch.nn.functional` (`import torch as t` gives `t.softmax`;
+        an import is added only when the file has none): `h * torch.sigmoid(h)`
         becomes `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
         `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` becomes `F.mish(h)`, and
         `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`; a helper variable
@@ -181,7 +183,7 @@ class UnfusedActivation(Rule):
 
                     def forward(self, x):
                         h = self.fc(x)
-                        h = torch.nn.functional.gelu(h)  # expect: GL107
+                        h = nn.functional.gelu(h)  # expect: GL107
                         logits = self.out(h)
                         e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
                         return e / e.sum(dim=-1, keepdim=True)  # expect: GL107

@@ -53,9 +53,13 @@ class UnstableLogSoftmax(Rule):
         loss = F.nll_loss(log_probs, y)
     """
     fixes = """
-        `--fix` rewrites a log taken directly of the probabilities: `torch.log(F.softmax(x, dim=-1))` and
+        Safe, once proven: `--fix` rewrites a log taken directly of the probabilities, with the file's own names
+        for `torch.nn.functional` (`fn.log_softmax` after `import torch.nn.functional as fn`, `nn.functional.`
+        after `from torch import nn`; an import is added only when the file has none): `torch.log(F.softmax(x, dim=-1))` and
         `F.softmax(x, -1).log()` become `F.log_softmax(x, dim=-1)`, `torch.log(torch.sigmoid(x))` becomes
-        `F.logsigmoid(x)` and `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`. Left alone, with the
+        `F.logsigmoid(x)` and `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`; the same when the
+        probabilities are a variable the function assigns once (`probs = F.softmax(logits, -1)` then
+        `torch.log(probs)`), whose statement goes when nothing else reads it. Left alone, with the
         reason: probabilities made in another statement or picked from before the log (`probs[rows, y].log()`),
         where the log-probabilities have to be made where the logits are; a loss is usually better written
         as `F.cross_entropy` there.

@@ -90,18 +90,25 @@ FORMS = {
         scores = q @ kt * self.heads
         scores = torch.where(~keep, float("-inf"), scores)
         return scores.softmax(-1) @ v
-''', "F.scaled_dot_product_attention(q, kt.transpose(-2, -1), v, attn_mask=keep, scale=self.heads)"),
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.heads)"),
+    "scale-after-an-additive-mask-scales-the-mask-too": ('''
+    def forward(self, x, mask, keep):
+        q, k, v = self.split(x)
+        scores = q @ k.transpose(-2, -1) + mask
+        scores = scores / 4
+        return scores.softmax(-1) @ v
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask / 4, scale=1 / 4)"),
 }
 
 # (the forward, the start of the reason the fix is left alone)
 REFUSED = {
-    "probabilities-returned": ('''
+    "probabilities-used-before-the-values-product": ('''
     def forward(self, x, mask, keep):
         q, k, v = self.split(x)
         probs = (q @ k.transpose(-2, -1)).softmax(-1)
-        out = probs @ v
-        return out, probs
-''', "`probs` is used outside the attention"),
+        total = probs.sum()
+        return probs @ v + total
+''', "the probabilities pass through `.sum()`"),
     "chain-across-functions": ('''
     def attend(self, scores, v):
         return scores.softmax(-1) @ v
@@ -110,13 +117,6 @@ REFUSED = {
         q, k, v = self.split(x)
         return self.attend(q @ k.transpose(-2, -1), v)
 ''', "`scores` comes from outside the function"),
-    "scale-after-the-mask": ('''
-    def forward(self, x, mask, keep):
-        q, k, v = self.split(x)
-        scores = q @ k.transpose(-2, -1) + mask
-        scores = scores / 4
-        return scores.softmax(-1) @ v
-''', "the scores are scaled after the mask"),
     "two-masks": ('''
     def forward(self, x, mask, keep):
         q, k, v = self.split(x)

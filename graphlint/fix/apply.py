@@ -1,8 +1,10 @@
 """`--fix`, `--diff` and `--unsafe-fixes`: which findings' fixes to apply, proving them per target, and
 writing the files at the end.
 
-Suppressed and baselined findings are never fixed. A fix is safe when the proof (graphlint.fix.prove) passed
-on every target whose finding it is; fixes that failed are applied only with `--unsafe-fixes`.
+Suppressed and baselined findings are never fixed. Each fix declares its applicability (graphlint.results):
+a safe one is applied when the proof (graphlint.fix.prove) passed on every target whose finding it is; one that
+failed, and one declared unsafe (never sent through a proof it cannot pass), only with `--unsafe-fixes`; a
+display-only one never.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from graphlint.fix.edits import unified_diff
 from graphlint.errors import UsageError, one_line
 from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
-from graphlint.results import Finding, Report
+from graphlint.results import SAFE, UNSAFE, Finding, Report
 
 if TYPE_CHECKING:
     from graphlint.run.parent import WarmParent
@@ -28,6 +30,7 @@ class FixPlan:
 
     applied: list[Finding] = field(default_factory=list)
     refused: list[tuple[Finding, str]] = field(default_factory=list)
+    notes: list[tuple[Finding, str]] = field(default_factory=list)  # how an applied fix was proven, when unusual
     texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
 
     def diffs(self, project: Project) -> str:
@@ -58,8 +61,8 @@ def _prove(result, fixes, project, base, original, parent) -> Verdict:
 
 def fixable(report: Report) -> list[Finding]:
     """The findings whose fixes may be applied: offered, in first-party files, neither suppressed nor baselined."""
-    return [f for f in report.all_findings
-            if f.fix is not None and not f.suppressed and not f.baselined and f.location.first_party]
+    return [f for f in report.all_findings if f.fix is not None and f.fix.applicability in (SAFE, UNSAFE)
+            and not f.suppressed and not f.baselined and f.location.first_party]
 
 
 def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
@@ -80,9 +83,11 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
     def proved(result, fixes, original) -> Verdict:
         return _prove(result, fixes, project, base, original, (parent or warm)())
 
-    failed: dict[Finding, str] = {}
+    failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
+                                  if f.fix.applicability == UNSAFE}
+    notes: dict[Finding, str] = {}
     for result in report.results:
-        mine = [f for f in candidates if result.target in f.targets]
+        mine = [f for f in candidates if result.target in f.targets and f not in failed]
         if not mine or result.errors:
             for finding in mine:
                 failed.setdefault(finding, "the target could not be linted")
@@ -90,6 +95,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
         original = [f for f in report.all_findings if result.target in f.targets]
         verdict = proved(result, mine, original)
         if verdict.ok:
+            notes.update({f: verdict.note for f in mine if verdict.note})
             continue
         if len(mine) == 1:
             failed.setdefault(mine[0], verdict.reason)
@@ -99,12 +105,15 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
             alone = proved(result, [finding], original)
             if alone.ok:
                 passed.append(finding)
+                if alone.note:
+                    notes[finding] = alone.note
             else:
                 failed.setdefault(finding, alone.reason)
         if len(passed) > 1 and not proved(result, passed, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
     plan = FixPlan()
+    plan.notes = [(f, note) for f, note in notes.items() if f not in failed]
     for finding in candidates:
         if finding in failed:
             plan.refused.append((finding, failed[finding]))

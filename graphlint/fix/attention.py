@@ -1,37 +1,47 @@
 """GL101's fix: softmax attention written by hand in one function, rewritten as one
 `F.scaled_dot_product_attention` call, or for `transformers` models, `attn_implementation="sdpa"`.
 
-The rewrite reads the chain from the source, starting at the softmax the finding points at: backwards through
-the statements that compute the scores (scales, one mask, casts) to the `q @ kᵀ` product, and forwards through
-casts and dropout to the product with the values. Each piece maps to one argument of the fused call:
+The rule hands over what it matched in the graph (whether dropout follows the softmax, the scores' rank); the
+rewrite then reads the chain from the source, starting at the softmax the finding points at: backwards through
+the statements that compute the scores (scales, one mask, casts, a mask under `if mask is not None:` or
+`if flag:`) to the `q · kᵀ` product, and forwards through casts and dropout to the product with the values.
+Each piece maps to one argument of the fused call:
 
-- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, a two-operand `einsum`) gives `q` and `k`; any other right
-  operand `kt` gives `kt.transpose(-2, -1)`, which is the same key;
+- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `baddbmm`, an `einsum` in any layout) gives `q` and `k`,
+  transposed or permuted into (batch..., sequence, head dim); any other right operand `kt` gives
+  `kt.transpose(-2, -1)`, which is the same key;
 - every `* s` and `/ d`, on the scores or on `q`/`k`, multiplies into `scale=`; no scale at all is `scale=1.0`,
   since the fused call's default is 1/sqrt(head dim);
-- `+ m` is `attn_mask=m`; `masked_fill(c, -inf)` is `attn_mask=` "not c" (the fused call's boolean mask says
-  which positions take part); `torch.where(c, scores, fill)` is `attn_mask=c`; a mask built from
-  `tril`/`triu` of ones is `is_causal=True`;
+- `+ m` is `attn_mask=m` (scaled with the scores when a scale follows it); `masked_fill(c, -inf)` is
+  `attn_mask=` "not c" (the fused call's boolean mask says which positions take part); `torch.where(c, scores,
+  fill)` is `attn_mask=c`; a mask built from `tril`/`triu` of ones is `is_causal=True`;
 - dropout on the probabilities is `dropout_p=<p> if self.training else 0.0`; float32 upcasts are dropped
   (the fused kernels accumulate in float32 themselves).
 
-The statements that only fed the chain are deleted. Anything else is left alone with the reason: the
-probabilities used elsewhere (returned for visualisation), a chain across functions, two masks, a scale after
-the mask, an input reassigned between the scores and the values. Whatever the rewrite produces is proven on
-the model before `--fix` writes it (graphlint.fix.prove), so a mistake here is refused, never written.
+The statements that only fed the chain are deleted. Probabilities also read after the values product
+(returned or stored for visualisation) give an unsafe fix that puts None there. Anything else is left alone
+with the reason: a chain across functions, two masks, an input reassigned between the scores and the values.
+Whatever a safe rewrite produces is proven on the model before `--fix` writes it (graphlint.fix.prove), so a
+mistake here is refused, never written.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, functional_name, is_namespace, names_read
+from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
+                                   names_read)
+from graphlint.ops import CAST, MATMUL_LIKE
+from graphlint.results import UNSAFE
 
-_LONG_LINE = 80  # a longer call is written over three lines
-_CASTS = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous"}
-_MATMULS = {"matmul", "bmm"}
+_LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
+# The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
+# changes only the layout; the two-operand products (`baddbmm`, `addmm` and `einsum` are read on their own).
+_CASTS = CAST | {"contiguous"}
+_MATMULS = MATMUL_LIKE - {"baddbmm", "einsum", "rmatmul"}
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
             "float(\"-Inf\")", "-np.inf", "-numpy.inf")
 
@@ -56,12 +66,18 @@ class _Chain:
     names: set[str] = field(default_factory=set)  # variables that only carried the chain
     values_product: cst.BaseExpression | None = None
     values_statement: cst.SimpleStatementLine | None = None
+    out_layout: tuple[str, str] | None = None  # (the fused call's output layout, the layout the code wants)
+    guard: cst.BaseExpression | None = None  # `if guard:` around the mask (`if mask is not None:`, `if causal:`)
+    elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
 
 
-def rewrite_attention(site: FixSite, dropout_after: bool = False) -> Rewrite | str:
-    """The fused call in place of the product with the values, and the chain's statements deleted."""
+def rewrite_attention(site: FixSite, dropout_after: bool = False, rank: int | None = None) -> Rewrite | str:
+    """The fused call in place of the product with the values, and the chain's statements deleted.
+
+    The rule tells what it matched in the graph: whether dropout follows the softmax, and the rank of the
+    scores (so that `k.transpose(2, 3)` of a 4-d key is read as the transpose of its last two dimensions)."""
     try:
-        return _Rewriter(site, dropout_after).rewrite()
+        return _Rewriter(site, dropout_after, rank).rewrite()
     except _Refused as why:
         return str(why)
 
@@ -92,11 +108,14 @@ def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:
 
 
 class _Rewriter:
-    def __init__(self, site: FixSite, dropout_after: bool) -> None:
+    def __init__(self, site: FixSite, dropout_after: bool, rank: int | None) -> None:
         if site.function is None:
             raise _Refused("the attention is not inside a function")
         self.site = site
+        self.names = site.imports
         self.dropout_after = dropout_after
+        self.rank = rank
+        self.guarded: cst.If | None = None  # the `if` whose body the backward walk is in
         self.chain = _Chain()
         self.block, self.softmax_statement = _block_of(site.function, site.node)
 
@@ -107,10 +126,21 @@ class _Rewriter:
         self._probabilities(self.site.node, self.softmax_statement)
         self._check_names()
         self._check_inputs_unchanged()
-        call = self._call()
-        return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {functional_name(self.site.module, 'scaled_dot_product_attention')}(...)",
-                       removed=tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement))
+        callee, imports = self.names.functional_call("scaled_dot_product_attention")
+        call = self._call(callee)
+        removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
+        # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
+        removed += tuple(s for s in dead_definitions(self.site.function, (*removed, chain.values_product), call)
+                         if s not in removed)
+        if chain.elsewhere:
+            # The documented trade: the weights are no longer computed, so what read them gets None.
+            shown = ", ".join(dict.fromkeys(f"`{n.value}`" for n in chain.elsewhere))
+            return Rewrite(chain.values_product, call,
+                           f"hand-written attention → {callee}(...); {shown} returned or stored as None",
+                           removed=removed, imports=imports, also=tuple((n, cst.Name("None")) for n in chain.elsewhere),
+                           applicability=UNSAFE)
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
+                       imports=imports)
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
 
@@ -119,7 +149,7 @@ class _Rewriter:
             raise _Refused("the softmax is not a call graphlint can rewrite")
         func = call.func
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
-        if isinstance(func, cst.Attribute) and not is_namespace(func.value):
+        if isinstance(func, cst.Attribute) and not is_namespace(func.value, self.names):
             if code_of(func.value) == "self" or code_of(func.value).startswith("self."):
                 if len(positional) != 1:
                     raise _Refused("the softmax module is called with more than the scores")
@@ -136,11 +166,18 @@ class _Rewriter:
         scaled = False  # met a scale on the way back: it runs after anything met from here on
         while True:
             if isinstance(node, cst.Name):
-                assigned = self._definition(node.value, statement)
+                if self.guarded is not None and chain.mask is None:
+                    raise _Refused(f"`if {code_of(self.guarded.test)}:` does more to the scores than mask them")
+                self.guarded = None
+                assigned = self._definition(node.value, statement, guarded=chain.guard is None and chain.mask is None)
                 chain.consumed.append(assigned)
                 chain.names.add(node.value)
                 statement = assigned
-                node = assigned.body[0].value
+                if isinstance(assigned, cst.If):
+                    self.guarded, chain.guard = assigned, assigned.test
+                    node = assigned.body.body[0].body[0].value
+                else:
+                    node = assigned.body[0].value
                 continue
             if isinstance(node, cst.BinaryOperation):
                 operator = node.operator
@@ -148,66 +185,97 @@ class _Rewriter:
                     self._product(node.left, node.right)
                     return
                 if isinstance(operator, cst.Divide):
-                    scaled = True
+                    scaled = self._scaled()
                     chain.divisors.append(node.right)
                     node = node.left
                     continue
                 if isinstance(operator, cst.Multiply):
-                    scaled = True
+                    scaled = self._scaled()
                     tensor, factor = _split_scale(node)
                     chain.factors.append(factor)
                     node = tensor
                     continue
                 if isinstance(operator, cst.Add):
                     tensor, mask = self._chain_side(node.left, node.right, statement)
-                    self._set_mask(mask, mask, True, additive=True)
-                    _mask_before(scaled)
+                    self._set_mask(self._scaled_mask(mask, scaled), mask, True, additive=True)
                     node = tensor
                     continue
                 raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
             if isinstance(node, cst.Call):
                 name, receiver, positional, keywords = call_parts(node)
-                if name in _CASTS and receiver is not None and not is_namespace(receiver):
+                if name in _CASTS and receiver is not None and not is_namespace(receiver, self.names):
                     node = receiver
                     continue
                 if name == "masked_fill":
-                    target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver) \
+                    target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver, self.names) \
                         else (positional[0] if positional else None, positional[1:])
                     condition = args[0] if args else keywords.get("mask")
                     fill = args[1] if len(args) > 1 else keywords.get("value")
                     if target is None or condition is None or fill is None:
                         raise _Refused("masked_fill's arguments could not be read")
-                    if not _very_negative(fill):
+                    if not _very_negative(fill, self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(_negated(condition), condition, False)
-                    _mask_before(scaled)
                     node = target
                     continue
                 if name == "where" and len(positional) == 3:
                     condition, when_true, when_false = positional
-                    if _very_negative(when_false):
+                    if _very_negative(when_false, self.names):
                         self._set_mask(condition, condition, True)
                         node = when_true
-                    elif _very_negative(when_true):
+                    elif _very_negative(when_true, self.names):
                         self._set_mask(_negated(condition), condition, False)
                         node = when_false
                     else:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
-                    _mask_before(scaled)
                     continue
-                if name in ("mul", "div") and receiver is not None and not is_namespace(receiver) and len(positional) == 1:
-                    scaled = True
+                if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, self.names) and \
+                        len(positional) == 1:
+                    scaled = self._scaled()
                     (chain.factors if name == "mul" else chain.divisors).append(positional[0])
                     node = receiver
                     continue
                 if name in _MATMULS:
-                    left, right = _operands(receiver, positional)
+                    left, right = _operands(receiver, positional, self.names)
                     self._product(left, right)
                     return
                 if name == "einsum":
                     self._einsum_scores(positional)
                     return
+                if name in ("baddbmm", "addmm") and is_namespace(receiver, self.names) and len(positional) == 3:
+                    self._baddbmm(positional, keywords, scaled)
+                    return
             raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+
+    def _scaled_mask(self, mask: cst.BaseExpression, scaled: bool) -> cst.BaseExpression:
+        """An additive mask met before a scale on the way back is scaled with the scores: `(s + m) * c` is
+        `s * c + m * c`, so `attn_mask=m * c`."""
+        if not scaled:
+            return mask
+        chain = self.chain
+        text = " / ".join([" * ".join([code_of(_operand(mask, cst.Multiply))] +
+                                      [code_of(_operand(f, cst.Multiply)) for f in chain.factors])] +
+                          [code_of(_operand(d, cst.Divide)) for d in chain.divisors])
+        return cst.parse_expression(text)
+
+    def _scaled(self) -> bool:
+        if self.guarded is not None:
+            raise _Refused(f"the scores are scaled only `if {code_of(self.guarded.test)}:`, which the fused call "
+                           "cannot express")
+        return True
+
+    def _baddbmm(self, positional, keywords, scaled: bool) -> None:
+        """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` (or `addmm`) is `s * q @ kᵀ + bias`: `scale=s`,
+        `attn_mask=bias`; with `beta=0` the bias is ignored."""
+        bias, left, right = positional
+        beta = keywords.get("beta")
+        if beta is not None and not _is_number(beta, (0.0, 1.0)):
+            raise _Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
+        if keywords.get("alpha") is not None:
+            self.chain.factors.append(keywords["alpha"])
+        if beta is None or not _is_number(beta, (0.0,)):
+            self._set_mask(self._scaled_mask(bias, scaled), bias, True, additive=True)
+        self._product(left, right)
 
     def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
         """Of `a + b`, (the scores, the mask): the scores are the side that leads back to the product."""
@@ -232,7 +300,7 @@ class _Rewriter:
             name, receiver, positional, _ = call_parts(node)
             if name in _MATMULS or name == "einsum":
                 return True
-            candidates = ([receiver] if receiver is not None and not is_namespace(receiver) else []) + positional
+            candidates = ([receiver] if receiver is not None and not is_namespace(receiver, self.names) else []) + positional
             return any(self._leads_to_product(n, statement, depth + 1) for n in candidates)
         return False
 
@@ -240,13 +308,34 @@ class _Rewriter:
         chain = self.chain
         chain.q = self._peel_scale(left)
         key = self._peel_scale(right)
-        transposed = _untransposed(key)
-        if transposed is None:
-            transposed = _transpose(key)
-        chain.k = transposed
+        untransposed = _untransposed(key, self.rank)
+        if untransposed is None and isinstance(key, cst.Name):
+            untransposed = self._transposed_variable(key)
+        chain.k = untransposed if untransposed is not None else _transpose(key)
+
+    def _transposed_variable(self, key: cst.Name) -> cst.BaseExpression | None:
+        """`k` for `kt` made by `kt = k.transpose(2, 3)` in this block and read nowhere else; the statement goes."""
+        try:
+            statement = self._definition(key.value, self.softmax_statement)
+        except _Refused:
+            return None
+        untransposed = _untransposed(statement.body[0].value, self.rank)
+        reads = [n for n in names_read(self.site.function) if n.value == key.value]
+        if untransposed is None or len(reads) != 2:  # the assignment and the product
+            return None
+        self.chain.consumed.append(statement)
+        self.chain.names.add(key.value)
+        return untransposed
 
     def _peel_scale(self, operand: cst.BaseExpression) -> cst.BaseExpression:
-        """`q * s` or `q / d` as an operand of the product: the scale moves into `scale=`."""
+        """`q * s` or `q / d` as an operand of the product, also under a reshape (`(q * s).view(...)`): the
+        scale moves into `scale=`."""
+        name, receiver, _, _ = call_parts(operand)
+        if name in ("view", "reshape") and isinstance(receiver, cst.BinaryOperation) and \
+                isinstance(receiver.operator, (cst.Multiply, cst.Divide)):
+            # The product was a fresh contiguous tensor; its input may not be, so `view` becomes `reshape`.
+            return operand.with_changes(func=operand.func.with_changes(
+                value=atom(self._peel_scale(receiver.with_changes(lpar=[], rpar=[]))), attr=cst.Name("reshape")))
         while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
             if isinstance(operand.operator, cst.Divide):
                 self.chain.divisors.append(operand.right)
@@ -257,15 +346,21 @@ class _Rewriter:
         return operand
 
     def _einsum_scores(self, positional: list[cst.BaseExpression]) -> None:
+        """Any layout of `q·k` over one shared dimension, the scores ending in (query, key): q and k are
+        transposed or permuted into the fused call's (batch..., sequence, head dim)."""
         spec = _einsum_spec(positional)
+        why = "the scores einsum does not contract one dimension of q and k into scores ending in (query, key)"
         if spec is None:
-            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
+            raise _Refused(why)
         (a, b), out = spec
-        if not (a[:-2] == b[:-2] == out[:-2] and a[-1] == b[-1] and out[-2:] == a[-2] + b[-2]
-                and len(set(a[-2:] + b[-2])) == 3):
-            raise _Refused("the scores einsum is not of the form '...qd,...kd->...qk'")
-        self.chain.q = self._peel_scale(positional[1])
-        self.chain.k = self._peel_scale(positional[2])
+        shared = [c for c in a if c in b and c not in out]
+        if len(out) < 2 or len(shared) != 1 or len(a) != len(out) or len(b) != len(out):
+            raise _Refused(why)
+        batch, i, j, d = out[:-2], out[-2], out[-1], shared[0]
+        if set(a) != set(batch + i + d) or set(b) != set(batch + j + d):
+            raise _Refused(why)
+        self.chain.q = _to_layout(self._peel_scale(positional[1]), a, batch + i + d)
+        self.chain.k = _to_layout(self._peel_scale(positional[2]), b, batch + j + d)
 
     # -- forwards: softmax output to the product with the values ------------------------------------------
 
@@ -304,17 +399,14 @@ class _Rewriter:
                 return
             if isinstance(parent, cst.Call):
                 name, receiver, positional, keywords = call_parts(parent)
-                if name in _MATMULS and receiver is not None and is_namespace(receiver) and \
+                if name in _MATMULS and receiver is not None and is_namespace(receiver, self.names) and \
                         len(positional) == 2 and positional[0] is current:
                     self._values(parent, positional[1], statement)
                     return
                 if name == "einsum" and len(positional) == 3 and positional[1] is current:
-                    spec = _einsum_spec(positional)
-                    if spec is None or not _values_spec(*spec):
-                        raise _Refused("the values einsum is not of the form '...qk,...kd->...qd'")
-                    self._values(parent, positional[2], statement)
+                    self._einsum_values(parent, positional, statement)
                     return
-                if name == "dropout" and receiver is not None and is_namespace(receiver) and positional and \
+                if name == "dropout" and receiver is not None and is_namespace(receiver, self.names) and positional and \
                         positional[0] is current:
                     self._functional_dropout(positional, keywords)
                     current = parent
@@ -324,6 +416,12 @@ class _Rewriter:
                     self._set_dropout(cst.parse_expression(f"{code_of(parent.func)}.p"), True)
                     current = parent
                     continue
+                if receiver is None and self._is_module(parent.func) and len(positional) == 1 and \
+                        positional[0] is current and self.dropout_after:  # a dropout module passed in
+                    callee = code_of(parent.func)
+                    self._set_dropout(cst.parse_expression(f"{callee}.p if {callee}.training else 0.0"), False)
+                    current = parent
+                    continue
             raise _Refused(f"the probabilities pass through `{code_of(parent)}`, which the fused call cannot express")
 
     def _values(self, product: cst.BaseExpression, values: cst.BaseExpression,
@@ -331,6 +429,45 @@ class _Rewriter:
         self.chain.v = values
         self.chain.values_product = product
         self.chain.values_statement = statement
+
+    def _einsum_values(self, product: cst.Call, positional, statement) -> None:
+        """`einsum(p, v)` over the key dimension in any layout: v is brought to (batch..., key, value dim) and
+        the fused call's (batch..., query, value dim) to the einsum's output layout."""
+        spec = _einsum_spec(positional)
+        why = "the values einsum does not contract the probabilities' key dimension with the values"
+        if spec is None:
+            raise _Refused(why)
+        (p, v), out = spec
+        batch, i, j = p[:-2], p[-2], p[-1]
+        rest = [c for c in v if c not in p]
+        if len(rest) != 1 or len(v) != len(p) or len(out) != len(p) or set(v) != set(batch + j + rest[0]) or \
+                set(out) != set(batch + i + rest[0]):
+            raise _Refused(why)
+        self._values(product, _to_layout(positional[2], v, batch + j + rest[0]), statement)
+        self.chain.out_layout = (batch + i + rest[0], out)
+
+    def _guarded_dropout(self, statement: cst.If, name: str) -> bool:
+        """`if dropout is not None: p = dropout(p)` (or under any flag), with `dropout` a module: its `p` while
+        it trains and the guard holds."""
+        body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
+        if statement.orelse is not None or len(body) != 1 or not _plain_assignment(body[0], name):
+            return False
+        call = body[0].body[0].value
+        module = call.func if isinstance(call, cst.Call) else None
+        if module is None or not self._is_module(module) or len(call.args) != 1 or \
+                code_of(call.args[0].value) != name:
+            return False
+        test, callee = code_of(statement.test), code_of(module)
+        if test.replace(" ", "") != f"{callee}isnotNone" and not self.dropout_after:
+            return False
+        self._set_dropout(cst.parse_expression(f"{callee}.p if {test} and {callee}.training else 0.0"), False)
+        return True
+
+    def _is_module(self, func: cst.BaseExpression) -> bool:
+        """`self.drop` or a parameter of the function (`dropout` passed in): a module that is called."""
+        if isinstance(func, cst.Attribute):
+            return code_of(func.value) == "self"
+        return isinstance(func, cst.Name) and func.value in {p.name.value for p in self.site.function.params.params}
 
     def _functional_dropout(self, positional, keywords) -> None:
         p = positional[1] if len(positional) > 1 else keywords.get("p", cst.Float("0.5"))
@@ -416,18 +553,26 @@ class _Rewriter:
 
     # -- checks and the call ----------------------------------------------------------------------------
 
-    def _definition(self, name: str, before: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-        """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`."""
+    def _definition(self, name: str, before: cst.BaseStatement, guarded: bool = False) -> cst.BaseStatement:
+        """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`; with
+        `guarded`, also an `if test:` without else whose body is one `name = ...` (a mask under a flag)."""
         body = list(self.block)
         if before not in body:
             raise _Refused(f"`{name}` is not computed in the same block as the attention")
         for statement in reversed(body[: body.index(before)]):
             if name in _assigned_names(statement):
-                if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-                        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-                        isinstance(statement.body[0].targets[0].target, cst.Name):
+                if _plain_assignment(statement, name):
+                    return statement
+                if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
+                        isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
+                        all(name not in _assigned_names(s) for s in statement.body.body[:-1]) and \
+                        _plain_assignment(statement.body.body[-1], name):
+                    if len(statement.body.body) > 1:
+                        raise _Refused(f"`if {code_of(statement.test)}:` computes more than the masked `{name}`")
                     return statement
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
+        if name in self.names.namespaces:
+            raise _Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
         raise _Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
 
     def _next_use(self, name: str, after: cst.SimpleStatementLine) -> tuple[cst.SimpleStatementLine, cst.Name]:
@@ -436,29 +581,49 @@ class _Rewriter:
             uses = [n for n in names_read(statement) if n.value == name]
             if not uses:
                 continue
+            if isinstance(statement, cst.If) and self._guarded_dropout(statement, name):
+                self.chain.consumed.append(statement)
+                continue
             if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
                 raise _Refused(f"`{name}` is used in a compound statement; the rewrite keeps to plain ones")
             targets = _assigned_names(statement)
             reads = [n for n in uses if not (n.value in targets and _is_target(statement, n))]
-            if len(reads) != 1:
-                raise _Refused(f"`{name}` is used outside the attention (twice in one statement); the fused call "
-                               "does not give the probabilities back")
-            return statement, reads[0]
+            if not reads:
+                raise _Refused(f"`{name}` is reassigned before it reaches the values product")
+            return statement, reads[0]  # the first read; any other is checked with the chain's names
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
 
     def _check_names(self) -> None:
-        """The chain's variables are used nowhere else: the fused call does not give them back."""
+        """The chain's variables are used nowhere else: the fused call does not give them back. Reads after the
+        values product (weights returned or stored for visualisation) are kept for an unsafe fix that puts
+        None there; any other use leaves the chain alone."""
         chain = self.chain
         inside = set()
         for statement in chain.consumed:
             inside.update(id(n) for n in names_read(statement))
         if chain.values_product is not None:
             inside.update(id(n) for n in names_read(chain.values_product))
+        everywhere = names_read(self.site.function)
+        product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
+        after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
+        bound = {id(n) for n in _binding_names(self.site.function)}
         for name in chain.names:
-            for node in names_read(self.site.function):
-                if node.value == name and id(node) not in inside:
-                    raise _Refused(f"`{name}` is used outside the attention (returned or stored); the fused "
-                                   "call does not give the probabilities back")
+            for index, node in enumerate(everywhere):
+                if node.value != name or id(node) in inside:
+                    continue
+                if index < after or id(node) in bound or not self._returned_or_stored(node):
+                    raise _Refused(f"`{name}` is used outside the attention; the fused call does not give the "
+                                   "probabilities back")
+                chain.elsewhere.append(node)
+
+    def _returned_or_stored(self, name: cst.Name) -> bool:
+        """`return out, name`, `self.weights = name`, `cache = (out, name)`: where None can take its place."""
+        path = _path_to(self.site.function, name) or []
+        parents = path[-2::-1]
+        if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
+            parents = parents[2:]
+        return bool(parents) and (isinstance(parents[0], cst.Return) or
+                                  (isinstance(parents[0], cst.Assign) and parents[0].value in path))
 
     def _check_inputs_unchanged(self) -> None:
         """q, k, the mask and the scale are read where the values product is; they must not change before."""
@@ -469,7 +634,7 @@ class _Rewriter:
             return
         first = min(body.index(s) for s in statements)
         last = body.index(chain.values_statement)
-        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.dropout_p, *chain.factors,
+        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.guard, chain.dropout_p, *chain.factors,
                                       *chain.divisors) if part is not None for n in names_read(part)}
         for statement in body[first:last]:
             if statement in statements:
@@ -478,39 +643,98 @@ class _Rewriter:
             if changed:
                 raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
 
-    def _call(self) -> cst.Call:
+    def _call(self, callee: str) -> cst.Call:
         chain = self.chain
         if chain.q is None or chain.v is None or chain.values_product is None:
             raise _Refused("the scores or the values product could not be found")
         arguments = [chain.q, chain.k, chain.v]
         keywords: list[tuple[str, str]] = []
         if chain.mask is not None:
+            guard = code_of(chain.guard) if chain.guard is not None else None
+            mask = code_of(chain.mask)
             if self._causal():
-                keywords.append(("is_causal", "True"))
+                keywords.append(("is_causal", "True" if guard is None else guard))
+            elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
+                keywords.append(("attn_mask", mask))  # `if mask is not None: scores += mask`: None is no mask
             else:
-                keywords.append(("attn_mask", code_of(chain.mask)))
+                # A comparison or call binds tighter than `... if ... else ...`; only such a mask needs parentheses.
+                shown = code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda)) else mask
+                keywords.append(("attn_mask", f"{shown} if {guard} else None"))
         if chain.dropout_p is not None:
             p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
-        scale = _scale(chain)
+        scale = _scale(chain, self._local_definitions())
         if scale is not None:
             keywords.append(("scale", scale))
-        inside = ", ".join([code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords])
-        callee = functional_name(self.site.module, "scaled_dot_product_attention")
-        if len(self.site.indent) + len(callee) + len(inside) > _LONG_LINE:  # one argument line, as formatters do
-            inside = f"\n{self.site.indent}    {inside}\n{self.site.indent}"
-        return cst.parse_expression(f"{callee}({inside})")
+        parts = [code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords]
+        call = cst.parse_expression(f"{callee}({self._layout(callee, parts)})")
+        return _to_layout(call, *chain.out_layout) if chain.out_layout is not None else call
+
+    def _layout(self, callee: str, parts: list[str]) -> str:
+        """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
+        indented line of their own, else one a line with a trailing comma."""
+        indent, inside = self.site.indent, ", ".join(parts)
+        statement = code_of(self.chain.values_statement.body[0]) if self.chain.values_statement is not None else ""
+        product = code_of(self.chain.values_product)
+        before, _, after = statement.partition(product)
+        line = len(indent) + len(before.split("\n")[-1]) + len(callee) + len(inside) + 2 + len(after.split("\n")[0])
+        if line <= _LINE_LENGTH:
+            return inside
+        if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
+            return f"\n{indent}    {inside}\n{indent}"
+        return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+
+    def _local_definitions(self) -> dict[str, str]:
+        """What each variable assigned exactly once in the function is set to, without spaces."""
+        found: dict[str, list[str]] = {}
+
+        class _Assignments(cst.CSTVisitor):
+            def visit_Assign(self, node: cst.Assign) -> None:
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        found.setdefault(target.target.value, []).append(_compact(node.value))
+
+        self.site.function.visit(_Assignments())
+        return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 
-def _mask_before(scaled: bool) -> None:
-    if scaled:
-        raise _Refused("the scores are scaled after the mask, which the fused call cannot express; scale first")
+def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
+    """`name = ...` alone on its line."""
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
+        isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+
+
+def _is_number(node: cst.BaseExpression, values: tuple[float, ...]) -> bool:
+    try:
+        return float(code_of(node)) in values
+    except ValueError:
+        return False
+
+
+def _binding_names(node: cst.CSTNode) -> list[cst.Name]:
+    """The names `node` assigns to (targets of `=`, `+=`, `for`)."""
+    found: list[cst.Name] = []
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
+            found.extend(n for n in names_read(target.target) if _bare(target.target, n))
+
+        def visit_AugAssign(self, assign: cst.AugAssign) -> None:
+            if isinstance(assign.target, cst.Name):
+                found.append(assign.target)
+
+        def visit_For(self, loop: cst.For) -> None:
+            found.extend(names_read(loop.target))
+
+    node.visit(_Targets())
+    return found
 
 
 # -- helpers over libcst nodes ------------------------------------------------------------------------------
 
-def _operands(receiver, positional) -> tuple[cst.BaseExpression, cst.BaseExpression]:
-    if receiver is not None and not is_namespace(receiver):
+def _operands(receiver, positional, names: ImportNames) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    if receiver is not None and not is_namespace(receiver, names):
         if len(positional) != 1:
             raise _Refused("the scores product's operands could not be read")
         return receiver, positional[0]
@@ -532,13 +756,20 @@ def _scalar_like(node: cst.BaseExpression) -> bool:
         marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
 
 
-def _untransposed(key: cst.BaseExpression) -> cst.BaseExpression | None:
-    """`k` from `k.transpose(-2, -1)`, `k.transpose(-1, -2)` or `k.mT`; None for anything else."""
-    if isinstance(key, cst.Attribute) and key.attr.value == "mT":
+def _untransposed(key: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
+    """`k` from `k.transpose(-2, -1)`, `k.mT`, `k.transpose(2, 3)` of a tensor of rank 4, `k.t()` or `k.T` of
+    a matrix; None otherwise."""
+    if isinstance(key, cst.Attribute) and (key.attr.value == "mT" or (key.attr.value == "T" and rank == 2)):
         return key.value
-    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value == "transpose":
-        dims = sorted(code_of(a.value) for a in key.args)
-        if dims == ["-1", "-2"]:
+    if rank == 2 and call_parts(key)[0] == "t" and isinstance(key, cst.Call) and not key.args:
+        return key.func.value
+    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value in ("transpose", "swapaxes") \
+            and len(key.args) == 2:
+        try:
+            dims = {int(code_of(a.value)) for a in key.args}
+        except ValueError:
+            return None
+        if dims == {-2, -1} or (rank is not None and {d % rank for d in dims} == {rank - 2, rank - 1}):
             return key.func.value
     return None
 
@@ -555,19 +786,25 @@ def _einsum_spec(positional) -> tuple[tuple[str, str], str] | None:
         return None
     inputs, out = spec.replace(" ", "").split("->")
     parts = inputs.split(",")
-    if len(parts) != 2 or min(len(parts[0]), len(parts[1])) < 2:
+    if len(parts) != 2 or min(len(parts[0]), len(parts[1])) < 2 or \
+            any(len(set(part)) != len(part) for part in (*parts, out)):  # a repeated index is a diagonal
         return None
     return (parts[0], parts[1]), out
 
 
-def _values_spec(inputs: tuple[str, str], out: str) -> bool:
-    p, v = inputs
-    return p[:-2] == v[:-2] == out[:-2] and p[-1] == v[-2] and out[-2:] == p[-2] + v[-1] and \
-        len(set(p[-2:] + v[-1])) == 3
+def _to_layout(node: cst.BaseExpression, have: str, want: str) -> cst.BaseExpression:
+    """`node`, whose dimensions are named by `have`, with them in the order `want`: itself, a transpose of the
+    last two, or a permute."""
+    if have == want:
+        return node
+    if have[:-2] == want[:-2] and have[-2:] == want[:-3:-1]:
+        return _transpose(node)
+    order = ", ".join(str(have.index(c)) for c in want)
+    return cst.parse_expression(f"{code_of(atom(node))}.permute({order})")
 
 
-def _very_negative(node: cst.BaseExpression) -> bool:
-    text = code_of(node).replace(" ", "")
+def _very_negative(node: cst.BaseExpression, names: ImportNames) -> bool:
+    text = names.as_torch(code_of(node)).replace(" ", "")
     if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")) \
             or (text.startswith("-torch.finfo(") and text.endswith(").max")):
         return True
@@ -593,22 +830,54 @@ def _negated(condition: cst.BaseExpression) -> cst.BaseExpression:
     return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom(condition))
 
 
-def _scale(chain: _Chain) -> str | None:
-    """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension)."""
-    def compact(node: cst.BaseExpression) -> str:
-        return code_of(node.with_changes(lpar=[], rpar=[])).replace(" ", "")
+def _compact(node: cst.BaseExpression) -> str:
+    return code_of(node.with_changes(lpar=[], rpar=[])).replace(" ", "")
 
-    factors, divisors = [compact(f) for f in chain.factors], [compact(d) for d in chain.divisors]
-    sizes = [f"{code_of(head)}.{size}" for head in (chain.q, chain.k) if head is not None
-             for size in ("size(-1)", "shape[-1]")]
-    if (not divisors and len(factors) == 1 and factors[0] in {form for size in sizes for form in (
-            f"1/math.sqrt({size})", f"1.0/math.sqrt({size})", f"{size}**-0.5")}) or \
-            (not factors and len(divisors) == 1 and divisors[0] in {f"math.sqrt({size})" for size in sizes}):
+
+def _scale(chain: _Chain, local: dict[str, str]) -> str | None:
+    """The `scale=` argument; None when it is the fused call's default, 1/sqrt(the head dimension), written
+    with the query's or key's own size (directly or through a variable assigned once: `d_k = q.size(-1)`)."""
+    def substitute(match: re.Match) -> str:
+        value = local.get(match.group(0))
+        if value is None:
+            return match.group(0)
+        return value if re.fullmatch(r"[\w.]+(\(.*\)|\[.*\])?", value) else f"({value})"
+
+    def resolved(node: cst.BaseExpression) -> str:
+        text = _compact(node)
+        for _ in range(3):
+            text = re.sub(r"(?<![\w.])[A-Za-z_]\w*(?![\w(])", substitute, text)
+        return text
+
+    factors, divisors = [resolved(f) for f in chain.factors], [resolved(d) for d in chain.divisors]
+    sizes = {f"{form}{size}" for head in (chain.q, chain.k) if head is not None
+             for size in ("size(-1)", "shape[-1]") for form in (f"{code_of(head)}.", f"({code_of(head)}).")}
+    sizes |= {f"({size})" for size in sizes}
+    roots = {form for size in sizes for form in (f"math.sqrt({size})", f"{size}**0.5", f"({size}**0.5)")}
+    roots |= {f"({root})" for root in roots}
+    inverse = {form for root in roots for form in (f"1/{root}", f"1.0/{root}")} | \
+        {f"{size}**-0.5" for size in sizes} | {f"({size}**-0.5)" for size in sizes}
+    inverse |= {f"({form})" for form in inverse}
+    if (not divisors and len(factors) == 1 and factors[0] in inverse) or \
+            (not factors and len(divisors) == 1 and divisors[0] in roots):
         return None
     if not factors and not divisors:
         return "1.0"
-    numerator = " * ".join(code_of(atom(f)) for f in chain.factors) if factors else "1"
-    return " / ".join([numerator] + [code_of(atom(d)) for d in chain.divisors])
+    numerator = " * ".join(code_of(_operand(f, cst.Multiply)) for f in chain.factors) if factors else "1"
+    return " / ".join([numerator] + [code_of(_operand(d, cst.Divide)) for d in chain.divisors])
+
+
+def _operand(node: cst.BaseExpression, operator: type) -> cst.BaseExpression:
+    """`node` as an operand of `*` or `/`: parenthesised only where the precedence needs it (`1 / (a * b)`,
+    not `1 / (d**0.5)`)."""
+    bare = node.with_changes(lpar=[], rpar=[]) if isinstance(node, (cst.BinaryOperation, *_ATOMIC)) else node
+    if isinstance(bare, cst.BinaryOperation) and not isinstance(bare.operator, cst.Power) and \
+            not (operator is cst.Multiply and isinstance(bare.operator, cst.Multiply)):
+        return atom(bare)
+    return bare
+
+
+_ATOMIC = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
 
 
 def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, atom, call_parts, code_of, dead_definitions, functional_name, is_namespace
+from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
+                                   names_read)
+from graphlint.results import UNSAFE
 
 
-def _input_of(node: cst.CSTNode, names: tuple[str, ...]) -> cst.BaseExpression | None:
+def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -> cst.BaseExpression | None:
     """`x` of `torch.<name>(x)`, `F.<name>(x)` or `x.<name>()`, for one of `names`."""
     name, receiver, positional, _ = call_parts(node)
     if name not in names:
         return None
-    if is_namespace(receiver):
+    if is_namespace(receiver, imports):
         return positional[0] if positional else None
     return receiver
 
@@ -38,28 +40,29 @@ def activation_call(library: str):
 
     def fix(site: FixSite) -> Rewrite | str:
         node = site.node
-        x = _formula_input(node, library)
+        x = _formula_input(node, library, site.imports)
         if isinstance(x, str):
             return x
         if library == "torch.softmax(x, dim)":
             x, dim = x
-            new = cst.parse_expression(f"torch.softmax({code_of(x)}, {code_of(dim)})")
+            callee, imports = site.imports.torch_call("softmax")
+            new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim)})")
         else:
-            name = library.split("(")[0].removeprefix("F.")
+            callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
-            new = cst.parse_expression(f"{functional_name(site.module, name)}({code_of(x)}{extra})")
+            new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
         return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}",
-                       removed=dead_definitions(site.function, node, new))
+                       removed=dead_definitions(site.function, node, new), imports=imports)
 
     return fix
 
 
-def _formula_input(node: cst.CSTNode, library: str):
+def _formula_input(node: cst.CSTNode, library: str, imports: ImportNames):
     """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read."""
     if not isinstance(node, cst.BinaryOperation):
         return "the formula is not one expression graphlint can rewrite"
     if library == "torch.softmax(x, dim)":
-        top = _input_of(node.left, ("exp",))
+        top = _input_of(node.left, ("exp",), imports)
         name, receiver, positional, keywords = call_parts(node.right)
         if top is None or name != "sum" or receiver is None or code_of(receiver) != code_of(node.left) or \
                 len(positional) != 1 or not isinstance(node.operator, cst.Divide):
@@ -69,11 +72,11 @@ def _formula_input(node: cst.CSTNode, library: str):
     if library in ("F.silu(x)", "F.mish(x)"):
         inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
         for index, factor in enumerate(factors):
-            argument = _input_of(factor, inner)
+            argument = _input_of(factor, inner, imports)
             if argument is None:
                 continue
             if library == "F.mish(x)":
-                argument = _input_of(argument, ("softplus",))
+                argument = _input_of(argument, ("softplus",), imports)
             others = factors[:index] + factors[index + 1:]
             if argument is not None and len(others) == 1 and code_of(others[0]) == code_of(argument):
                 return argument
@@ -98,71 +101,148 @@ def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
 
 def log_probabilities(site: FixSite) -> Rewrite | str:
     """`log(softmax(x, dim))` → `F.log_softmax(x, dim)`; `log(sigmoid(x))` → `F.logsigmoid(x)`;
-    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log."""
-    node = site.node
-    inside = _input_of(node, ("log",))
+    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log or in a
+    variable the function assigns once (`probs = F.softmax(x, -1)`, deleted when nothing else reads it)."""
+    node, names = site.node, site.imports
+    inside = _input_of(node, ("log",), names)
     if inside is None:
         return "the log is not a call graphlint can rewrite"
+    if isinstance(inside, cst.Name):
+        inside = _assigned_once(site.function, inside.value) or inside
     name, receiver, positional, keywords = call_parts(inside)
     if name == "softmax":
-        x = positional[0] if is_namespace(receiver) and positional else receiver
+        x = positional[0] if is_namespace(receiver, names) and positional else receiver
         rest = [a for a in inside.args if a.value is not x]
         if x is None or any(a.keyword is not None and a.keyword.value == "dtype" for a in inside.args):
             return "the softmax's arguments could not be read"
         arguments = ", ".join([code_of(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
-        new = cst.parse_expression(f"{functional_name(site.module, 'log_softmax')}({arguments})")
+        callee, imports = names.functional_call("log_softmax")
+        new = cst.parse_expression(f"{callee}({arguments})")
     elif name == "sigmoid":
-        x = _input_of(inside, ("sigmoid",))
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}({code_of(x)})")
+        x = _input_of(inside, ("sigmoid",), names)
+        callee, imports = names.functional_call("logsigmoid")
+        new = cst.parse_expression(f"{callee}({code_of(x)})")
     elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Subtract) and \
-            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",)) is not None:
-        x = _input_of(inside.right, ("sigmoid",))
-        new = cst.parse_expression(f"{functional_name(site.module, 'logsigmoid')}(-{code_of(atom(x))})")
+            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",), names) is not None:
+        x = _input_of(inside.right, ("sigmoid",), names)
+        callee, imports = names.functional_call("logsigmoid")
+        new = cst.parse_expression(f"{callee}(-{code_of(atom(x))})")
     else:
         return ("the probabilities are computed in another statement or picked from first; take the log of "
                 "the logits with F.log_softmax / F.logsigmoid where they are made")
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports,
+                   removed=dead_definitions(site.function, node, new))
+
+
+def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpression | None:
+    """What `name = ...` sets, when the function assigns `name` once and every variable that expression reads
+    at most once too (so it means the same where the log is)."""
+    if function is None:
+        return None
+    assigned: dict[str, list[cst.BaseExpression]] = {}
+
+    class _Assignments(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                for bound in names_read(target.target):
+                    assigned.setdefault(bound.value, []).append(node.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                assigned.setdefault(node.target.value, []).extend([node.value, node.value])
+
+        def visit_For(self, node: cst.For) -> None:
+            for bound in names_read(node.target):
+                assigned.setdefault(bound.value, []).extend([node.iter, node.iter])
+
+    function.visit(_Assignments())
+    values = assigned.get(name, [])
+    if len(values) != 1 or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
+        return None
+    return values[0]
 
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
 
 def library_norm(kind: str):
-    """The fixer for a hand-written LayerNorm or RMSNorm module: its whole `forward` becomes the one call."""
+    """The fixer for a hand-written LayerNorm or RMSNorm: a method that is only the norm (a module's `forward`,
+    or a helper such as Llama's `_norm(self, x)` that `forward` calls between casts) becomes the one call with
+    the module's own weight, bias and eps; a norm inside a larger function becomes the call in place of the
+    normalising expression."""
 
     def fix(site: FixSite) -> Rewrite | str:
-        function = site.function
-        if function is None or function.name.value != "forward" or site.classdef is None:
-            return "the norm is not the whole forward of a module; replace it with nn.LayerNorm or nn.RMSNorm"
-        parameters = [p.name.value for p in function.params.params]
-        if len(parameters) != 2 or parameters[0] != "self":
-            return "the module's forward takes more than one input"
-        x = parameters[1]
-        eps = _eps(site.node)
-        if eps is None:
-            return "the epsilon could not be read from the normalising step"
-        weights = _self_attributes(function, exclude=code_of(eps))
-        added = {code_of(n) for n in _added_attributes(function)}
-        scale = [w for w in weights if w not in added]
-        shift = [w for w in weights if w in added]
-        if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
-            return "the norm's learned scale and shift could not be told apart"
-        weight = scale[0] if scale else "None"
-        if kind == "RMSNorm":
-            call = f"{functional_name(site.module, 'rms_norm')}({x}, ({x}.shape[-1],), {weight}, {code_of(eps)})"
-        else:
-            bias = shift[0] if shift else "None"
-            call = f"{functional_name(site.module, 'layer_norm')}({x}, ({x}.shape[-1],), {weight}, {bias}, {code_of(eps)})"
-        statements = list(function.body.body)
-        if statements and _is_docstring(statements[0]):
-            statements = statements[1:]
-        last = statements[-1] if statements else None
-        if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
-                not isinstance(last.body[0], cst.Return):
-            return "the module's forward does more than plain statements ending in a return"
-        new = cst.Return(value=cst.parse_expression(call))
-        return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]))
+        whole = _whole_method(site, kind)
+        if isinstance(whole, Rewrite):
+            return whole
+        inline = _inline_norm(site, kind)
+        return inline if isinstance(inline, Rewrite) else whole
 
     return fix
+
+
+def _norm_call(callee: str, kind: str, x: str, weight: str | None, bias: str | None, eps: str) -> str:
+    shape = f"({x}.shape[-1],)"
+    if weight is None and bias is None:
+        return f"{callee}({x}, {shape}, eps={eps})"
+    if kind == "RMSNorm":
+        return f"{callee}({x}, {shape}, {weight or 'None'}, {eps})"
+    return f"{callee}({x}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
+
+
+def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
+    function = site.function
+    if function is None or site.classdef is None:
+        return "the norm is not a method of a module; replace it with nn.LayerNorm or nn.RMSNorm"
+    parameters = [p.name.value for p in function.params.params]
+    if len(parameters) != 2 or parameters[0] != "self":
+        return f"`{function.name.value}` takes more than one input besides self"
+    x = parameters[1]
+    eps = _eps(site.node, site.imports)
+    if eps is None:
+        return "the epsilon could not be read from the normalising step"
+    weights = _self_attributes(function, exclude=code_of(eps))
+    added = {code_of(n) for n in _added_attributes(function)}
+    scale = [w for w in weights if w not in added]
+    shift = [w for w in weights if w in added]
+    if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
+        return "the norm's learned scale and shift could not be told apart"
+    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
+    call = _norm_call(callee, kind, x, scale[0] if scale else None, shift[0] if shift else None, code_of(eps))
+    statements = list(function.body.body)
+    if statements and _is_docstring(statements[0]):
+        statements = statements[1:]
+    last = statements[-1] if statements else None
+    if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
+            not isinstance(last.body[0], cst.Return):
+        return f"`{function.name.value}` does more than plain statements ending in a return"
+    new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
+    return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
+
+
+def _inline_norm(site: FixSite, kind: str) -> Rewrite | str:
+    """`x * rsqrt(mean(x²) + eps)` or `(x - mean) / sqrt(var + eps)` inside a larger function → the library call
+    without weight (what the code multiplies and adds after it stays); the statistics' statements go when
+    nothing else reads them."""
+    node = site.node
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        return "the normalising step is not one product or quotient graphlint can rewrite"
+    eps = _eps(node, site.imports)
+    if eps is None:
+        return "the epsilon could not be read from the normalising step"
+    root = node.right if isinstance(node.operator, cst.Divide) else next(
+        (side for side in (node.right, node.left) if _input_of(side, ("rsqrt",), site.imports) is not None), None)
+    if root is None or _input_of(root, ("rsqrt", "sqrt"), site.imports) is None:
+        return "the root of the statistic is not a factor of the normalising step"
+    x = node.left if root is node.right else node.right
+    x = x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+    if kind == "LayerNorm":
+        if not (isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Subtract)):
+            return "the centred input is not written as `x - mean` in the normalising step"
+        x = x.left
+    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
+    new = cst.parse_expression(_norm_call(callee, kind, code_of(atom(x)), None, None, code_of(eps)))
+    return Rewrite(node, new, f"{kind} by hand → {code_of(new)}", removed=dead_definitions(site.function, node, new),
+                   imports=imports)
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:
@@ -170,7 +250,7 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
         isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
-def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
+def _eps(step: cst.CSTNode, imports: ImportNames) -> cst.BaseExpression | None:
     """`self.eps` of `torch.rsqrt(variance + self.eps)` or `torch.sqrt(var + 1e-5)` in the normalising step."""
     calls: list[cst.Call] = []
 
@@ -182,7 +262,7 @@ def _eps(step: cst.CSTNode) -> cst.BaseExpression | None:
     step.visit(_Visitor())
     if len(calls) != 1:
         return None
-    inside = _input_of(calls[0], ("rsqrt", "sqrt"))
+    inside = _input_of(calls[0], ("rsqrt", "sqrt"), imports)
     if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
         return None
     for side in (inside.right, inside.left):
@@ -241,4 +321,6 @@ def without_bias(site: FixSite) -> Rewrite | str:
                             equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                   whitespace_after=cst.SimpleWhitespace(""))))
     new = node.with_changes(args=args)
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}")
+    # Removing the bias removes its entry from the state dict: existing checkpoints would not load strictly.
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}; the state dict loses the layer's bias",
+                   applicability=UNSAFE)

@@ -1,12 +1,14 @@
 """The proof's child process: build a target from one source tree, run it once in float64, and either save
-what it computed (the original tree) or compare with what the original computed (the rewritten tree).
+what it computed (the original tree) or compare with what the original computed (the rewritten tree). A model
+that cannot run in float64 (one that mixes dtypes on purpose: a float32 buffer it multiplies with) runs in its
+own dtypes, compared at the tolerance of the least precise, and the verdict says so.
 
     python -m graphlint.fix.model_run save TARGET BASE RECORD
     python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT
 
 Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
 model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
-verdict is a JSON object {"ok": bool, "reason": str}.
+verdict is a JSON object {"ok": bool, "reason": str, "note": str}.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _double(value: Any) -> Any:
     return value
 
 
-def _run(target: str, base: Path, record: dict | None) -> dict:
+def _run(target: str, base: Path, record: dict | None, in_double: bool = True) -> dict:
     spec = TargetSpec.parse(target, base)
     sys.path.insert(0, str(spec.import_folder))
     torch.manual_seed(0)
@@ -74,10 +76,10 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
     if record is not None:
         _load_strictly(model, record["state"])
         args, kwargs = record["args"], record["kwargs"]
-    model = model.double().eval()
+    model = (model.double() if in_double else model).eval()
     torch.manual_seed(1)
     with _LowestPrecision() as precision:
-        output = model(*_double(args), **_double(kwargs))
+        output = model(*_double(args), **_double(kwargs)) if in_double else model(*args, **kwargs)
     outputs = [t.detach().clone() for t in floating_tensors(output)]
     backward_error = None
     try:
@@ -87,8 +89,19 @@ def _run(target: str, base: Path, record: dict | None) -> dict:
     except RuntimeError as error:
         backward_error = one_line(error).split(". Hint:")[0]
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    lowest = min([precision.lowest, *(t.dtype for t in outputs)], key=lambda dtype: -torch.finfo(dtype).eps)
     return {"state": state, "args": args, "kwargs": kwargs, "outputs": outputs, "grads": grads,
-            "backward_error": backward_error, "lowest": str(precision.lowest).removeprefix("torch.")}
+            "backward_error": backward_error, "lowest": str(lowest).removeprefix("torch."), "in_double": in_double}
+
+
+def _save(target: str, base: Path) -> dict:
+    """The original's record: in float64, else (a model that cannot run in float64) in its own dtypes."""
+    try:
+        return _run(target, base, None)
+    except Exception as error:  # the model's own code mixes dtypes, or calls what has no float64 kernel
+        record = _run(target, base, None, in_double=False)
+        record["float64_error"] = one_line(error)
+        return record
 
 
 class StateDictChanged(Exception):
@@ -142,18 +155,22 @@ def main(argv: list[str]) -> int:
     mode, target, base, record_path = argv[:4]
     with contextlib.redirect_stdout(sys.stderr):  # the user's prints
         if mode == "save":
-            torch.save(_run(target, Path(base), None), record_path)
+            torch.save(_save(target, Path(base)), record_path)
             return 0
         verdict_path = argv[4]
         original = torch.load(record_path, weights_only=False)
+        note = "" if original["in_double"] else (
+            f"proven in {original['lowest']} at its tolerance, since the model cannot run in float64 "
+            f"({original['float64_error']})")
         try:
-            rewritten = _run(target, Path(base), original)
+            rewritten = _run(target, Path(base), original, original["in_double"])
             reason = _differences(original, rewritten)
         except StateDictChanged as error:
             reason = str(error)
         except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
             reason = f"the rewritten model fails: {one_line(error)}"
-        Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or ""}), encoding="utf-8")
+        Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or "", "note": note}),
+                                      encoding="utf-8")
         return 0
 
 

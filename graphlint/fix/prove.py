@@ -36,6 +36,7 @@ class Verdict:
 
     ok: bool
     reason: str = ""
+    note: str = ""  # how it was proven, when not as usual (in the model's own dtype)
 
 
 def read_text(path: str) -> tuple[str, str]:
@@ -111,7 +112,8 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        return _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
+        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
+        return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
 def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,

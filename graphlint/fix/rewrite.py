@@ -7,7 +7,10 @@ rewrite exactly returns a reason instead, and the finding says why it was left a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+
+from dataclasses import dataclass, field
+from functools import cached_property
 from collections.abc import Callable
 
 import libcst as cst
@@ -26,6 +29,11 @@ class FixSite:
     module: cst.Module | None = None
     indent: str = ""  # the leading whitespace of the expression's first line, for rewrites over several lines
 
+    @cached_property
+    def imports(self) -> ImportNames:
+        """How the module spells torch and torch.nn.functional."""
+        return ImportNames.of(self.module)
+
 
 @dataclass(frozen=True)
 class Rewrite:
@@ -34,8 +42,11 @@ class Rewrite:
     old: cst.CSTNode
     new: cst.CSTNode
     message: str  # what the fix does, in the user's terms: "x *= 2 → x = x * 2"
-    # Further statements the rewrite makes unnecessary: whole lines (`cst.SimpleStatementLine`) to delete.
-    removed: tuple[cst.SimpleStatementLine, ...] = ()
+    # Further statements the rewrite makes unnecessary: whole statements (lines, or an `if` block) to delete.
+    removed: tuple[cst.BaseStatement, ...] = ()
+    imports: tuple[str, ...] = ()  # import statements the new code needs that the module lacks
+    also: tuple[tuple[cst.CSTNode, cst.CSTNode], ...] = ()  # further (old, new) replacements elsewhere
+    applicability: str = "safe"  # results.SAFE, UNSAFE or DISPLAY_ONLY, declared by the fixer
 
 
 # A rule's fix: a Rewrite, or a one-line reason why this occurrence is left alone.
@@ -44,7 +55,7 @@ Fixer = Callable[[FixSite], "Rewrite | str"]
 
 # Expressions that need no parentheses as an operand, a receiver or after a unary operator.
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
-# Receivers whose functions take the tensor as their first argument: `torch.log(x)`, `F.softmax(x, -1)`.
+# Receivers whose functions take the tensor first, when the module's imports are not known.
 _NAMESPACES = ("torch", "F", "functional", "torch.special")
 
 
@@ -74,33 +85,116 @@ def call_parts(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None
     return None, None, positional, keywords
 
 
-def is_namespace(receiver: cst.BaseExpression | None) -> bool:
-    """Whether a call on `receiver` takes its tensor first (`torch.`, `F.`, a bare name) rather than being a
-    method of the tensor (`x.softmax(-1)`)."""
+def is_namespace(receiver: cst.BaseExpression | None, imports: ImportNames | None = None) -> bool:
+    """Whether a call on `receiver` takes its tensor first (`torch.`, `F.`, `th.`, a bare name) rather than
+    being a method of the tensor (`x.softmax(-1)`); `imports` says how the module spells torch."""
     if receiver is None:
         return True
     text = code_of(receiver)
+    if imports is not None:
+        return text in imports.namespaces
     return text in _NAMESPACES or text.endswith(".functional")
 
 
-def functional_name(module: cst.Module | None, name: str) -> str:
-    """How `module` can call torch.nn.functional's `name`: through its alias of torch.nn.functional
-    (`import torch.nn.functional as F`, `from torch.nn import functional`), else through `torch.nn.functional`."""
-    for statement in module.body if module is not None else ():
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if isinstance(small, cst.Import):
-                for alias in small.names:
-                    if code_of(alias.name) == "torch.nn.functional" and alias.asname is not None:
-                        return f"{code_of(alias.asname.name)}.{name}"
-            if isinstance(small, cst.ImportFrom) and small.module is not None and \
-                    code_of(small.module) == "torch.nn" and not isinstance(small.names, cst.ImportStar):
-                for alias in small.names:
-                    if code_of(alias.name) == "functional":
-                        prefix = code_of(alias.asname.name) if alias.asname is not None else "functional"
-                        return f"{prefix}.{name}"
-    return f"torch.nn.functional.{name}"
+@dataclass(frozen=True)
+class ImportNames:
+    """How one module spells torch (`import torch as th`), torch.nn (`from torch import nn`) and
+    torch.nn.functional (`import torch.nn.functional as F`), so that rewrites use the file's own names and add an
+    import only when the module has none."""
+
+    torch: tuple[str, ...] = ()
+    nn: tuple[str, ...] = ()
+    functional: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()  # every name an `import x` or `import x as y` binds: namespaces of calls
+    bound: frozenset[str] = field(default_factory=frozenset)  # every name the module uses or binds
+
+    @classmethod
+    def of(cls, module: cst.Module | None) -> ImportNames:
+        if module is None:
+            return cls(("torch",), (), ("F",), ("torch", "F"), frozenset())
+        torch, nn, functional, modules = [], [], [], []
+
+        def add(found: list, name: str) -> None:
+            if name not in found:
+                found.append(name)
+
+        class _Imports(cst.CSTVisitor):
+            def visit_Import(self, node: cst.Import) -> None:
+                for alias in node.names:
+                    dotted = code_of(alias.name)
+                    bound = code_of(alias.asname.name) if alias.asname is not None else dotted.split(".")[0]
+                    add(modules, bound)
+                    if alias.asname is None:
+                        if dotted.split(".")[0] == "torch":
+                            add(torch, "torch")
+                    elif dotted == "torch":
+                        add(torch, bound)
+                    elif dotted == "torch.nn":
+                        add(nn, bound)
+                    elif dotted == "torch.nn.functional":
+                        add(functional, bound)
+
+            def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+                if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+                    return
+                source = code_of(node.module)
+                for alias in node.names:
+                    name = code_of(alias.name)
+                    bound = code_of(alias.asname.name) if alias.asname is not None else name
+                    if (source, name) == ("torch", "nn"):
+                        add(nn, bound)
+                    elif (source, name) in (("torch.nn", "functional"), ("torch", "functional")):
+                        add(functional, bound)
+
+        module.visit(_Imports())
+        names = frozenset(n.value for n in _all_names(module))
+        return cls(tuple(sorted(torch, key=lambda n: n != "torch")), tuple(nn),
+                   tuple(sorted(functional, key=lambda n: n != "F")), tuple(modules), names)
+
+    @property
+    def namespaces(self) -> frozenset[str]:
+        """Receivers whose functions take the tensor first."""
+        found = set(self.modules) | set(self.functional)
+        for alias in self.torch:
+            found |= {alias, f"{alias}.special", f"{alias}.linalg", f"{alias}.nn.functional", f"{alias}.fft"}
+        found |= {f"{alias}.functional" for alias in self.nn}
+        return frozenset(found)
+
+    def functional_call(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """(how the module calls torch.nn.functional's `name`, the import it needs first, if any)."""
+        if self.functional:
+            return f"{self.functional[0]}.{name}", ()
+        if self.nn:
+            return f"{self.nn[0]}.functional.{name}", ()
+        if self.torch:
+            return f"{self.torch[0]}.nn.functional.{name}", ()
+        if "F" not in self.bound:
+            return f"F.{name}", ("import torch.nn.functional as F",)
+        return f"torch.nn.functional.{name}", ("import torch",)
+
+    def torch_call(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """(how the module calls `torch.<name>`, the import it needs first, if any)."""
+        if self.torch:
+            return f"{self.torch[0]}.{name}", ()
+        return f"torch.{name}", ("import torch",)
+
+    def as_torch(self, text: str) -> str:
+        """`text` with the module's alias of torch spelled `torch` (`-th.inf` → `-torch.inf`), for comparisons."""
+        for alias in self.torch:
+            if alias != "torch":
+                text = re.sub(rf"(?<![\w.]){re.escape(alias)}\.", "torch.", text)
+        return text
+
+
+def _all_names(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    node.visit(_Collector())
+    return found
 
 
 def names_read(node: cst.CSTNode) -> list[cst.Name]:
@@ -123,24 +217,32 @@ def names_read(node: cst.CSTNode) -> list[cst.Name]:
     return found
 
 
-def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
-    """The statements `name = ...` of `function` whose only reader was `old` and that `new` no longer reads:
-    the `inner = ...` of a formula the rewrite replaced by one call."""
+def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode | tuple, new: cst.CSTNode) -> tuple:
+    """The statements `name = ...` of `function` whose only readers were `old` (a node, or several the rewrite
+    removes) and other such statements, and that `new` no longer reads: the `inner = ...` of a formula the
+    rewrite replaced by one call, and the `mu = ...` that only that `inner` read."""
     if function is None:
         return ()
     kept = {n.value for n in names_read(new)}
-    inside = {id(n) for n in names_read(old)}
-    candidates = {n.value for n in names_read(old)} - kept
-    removed = []
-    for statement in function.body.body:
-        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            continue
-        small = statement.body[0]
-        if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
-                not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
-            continue
-        name = small.targets[0].target
-        others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
-        if not others:
-            removed.append(statement)
-    return tuple(removed)
+    olds = old if isinstance(old, tuple) else (old,)
+    inside = {id(n) for part in olds for n in names_read(part)}
+    candidates = {n.value for part in olds for n in names_read(part)} - kept
+    removed: list = []
+    changed = True
+    while changed:
+        changed = False
+        for statement in function.body.body:
+            if statement in removed or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                continue
+            small = statement.body[0]
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
+                    not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
+                continue
+            name = small.targets[0].target
+            others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
+            if not others:
+                removed.append(statement)
+                inside |= {id(n) for n in names_read(small.value)}
+                candidates |= {n.value for n in names_read(small.value)} - kept
+                changed = True
+    return tuple(s for s in function.body.body if s in removed)

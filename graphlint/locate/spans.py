@@ -14,6 +14,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphlint.files import read_source, split_lines
+from graphlint.fix.edits import deleted_lines
 from graphlint.fix.rewrite import Fixer, FixSite, code_of
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
@@ -91,13 +92,14 @@ class SourceSpans:
         if isinstance(answer, str):
             return answer
         path = site.frame.file
-        line, column, end_line, end_column = _replaced_extent(parsed, answer.old, answer.new)
-        edits = [Edit(path, line, column, end_line, end_column, code_of(answer.new))]
-        for statement_line in answer.removed:  # whole lines, with their indentation and line end
-            where = parsed.positions[statement_line]
-            end = (where.end.line + 1, 1) if where.end.line < len(parsed.lines) else (where.end.line, where.end.column + 1)
-            edits.append(Edit(path, where.start.line, 1, *end, ""))
-        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.line, e.column))))
+        edits = [Edit(path, *_replaced_extent(parsed, old, new), code_of(new))
+                 for old, new in ((answer.old, answer.new), *answer.also)]
+        statements = [(parsed.positions[s].start.line, parsed.positions[s].end.line) for s in answer.removed]
+        for first, last in deleted_lines(parsed.lines, statements):  # whole lines, with their line ends
+            end = (last + 1, 1) if last < len(parsed.lines) else (last, len(parsed.lines[last - 1]) + 1)
+            edits.append(Edit(path, first, 1, *end, ""))
+        edits += _import_edits(parsed, path, answer.imports)
+        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.line, e.column))), answer.applicability)
 
     def _node(self, parsed: _ParsedFile, site: Site) -> cst.CSTNode | None:
         frame = site.frame
@@ -232,6 +234,25 @@ def _replaced_extent(parsed: _ParsedFile, old: cst.CSTNode, new: cst.CSTNode) ->
             column = len(before) - 1
             end_column += len(after) - len(after.lstrip()) + 1
     return line, column + 1, end_line, end_column + 1
+
+
+def _import_edits(parsed: _ParsedFile, path: str, imports: tuple[str, ...]) -> list[Edit]:
+    """Insert `imports` after the module's leading imports (after its docstring when it has none)."""
+    if not imports:
+        return []
+    after = 0  # the last line of the leading docstring, `__future__` and import statements
+    for index, statement in enumerate(parsed.module.body):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and statement.body else None
+        docstring = index == 0 and isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
+        if not (docstring or isinstance(small, (cst.Import, cst.ImportFrom))):
+            break
+        after = parsed.positions[statement].end.line
+    newline = parsed.module.default_newline
+    text = "".join(f"{line}{newline}" for line in imports)
+    if after >= len(parsed.lines):
+        return [Edit(path, after, len(parsed.lines[after - 1]) + 1, after, len(parsed.lines[after - 1]) + 1,
+                     newline + text.removesuffix(newline))]
+    return [Edit(path, after + 1, 1, after + 1, 1, text)]
 
 
 def _assignment_to(parsed: _ParsedFile, target: cst.BaseExpression) -> cst.Assign | None:

@@ -50,7 +50,7 @@ def _location(location: Location, root: str) -> dict:
 
 
 def _fix(fix: Fix, root: str) -> dict:
-    return {"message": fix.message,
+    return {"message": fix.message, "applicability": fix.applicability,
             "edits": [{**_location(Location(e.path, e.line, e.column, e.end_line, e.end_column), root), "text": e.text}
                       for e in fix.edits]}
 

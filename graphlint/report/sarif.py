@@ -126,7 +126,8 @@ def _fix(fix: Fix, columns: SourceColumns, root: Path) -> sarif.Fix:
         )
         for path, edits in by_file.items()
     ]
-    return sarif.Fix(description=sarif.Message(text=fix.message), artifact_changes=changes)
+    return sarif.Fix(description=sarif.Message(text=fix.message), artifact_changes=changes,
+                     properties={"applicability": fix.applicability})
 
 
 def _physical(location: Location, columns: SourceColumns, root: Path) -> sarif.PhysicalLocation:

@@ -1,18 +1,18 @@
-"""The default output: `path:line:col: GL101 message`, one finding a line (`[*]` when a fix is offered), then
-a one-line summary."""
+"""The default output: `path:line:col: GL101 message`, one finding a line (`[*]` when a safe fix is offered,
+one `--fix` would apply once proven), then a one-line summary that also counts the unsafe fixes."""
 
 from __future__ import annotations
 
 from graphlint.errors import single_line
 from graphlint.files import display_path, writable
-from graphlint.results import Report
+from graphlint.results import SAFE, UNSAFE, Report
 
 
 def render_text(report: Report) -> str:
     lines = [
         f"{display_path(f.location.path)}:{f.location.line}:{f.location.column}: {f.rule_id} {f.message}"
         + (" (suppressed)" if f.suppressed else "")
-        + (" [*]" if f.fix is not None and not f.suppressed else "")
+        + (" [*]" if f.fix is not None and f.fix.applicability == SAFE and not f.suppressed else "")
         for f in report.findings
     ]
     lines.append(summary(report))
@@ -32,9 +32,12 @@ def summary(report: Report) -> str:
         text += f" ({' and '.join(hidden)} not shown)"
     if failed:
         text += f"; {failed} target{_s(failed)} could not be linted"
-    fixable = sum(1 for f in report.findings if f.fix is not None and not f.suppressed)
+    fixable = sum(1 for f in report.findings if f.fix is not None and f.fix.applicability == SAFE and not f.suppressed)
+    unsafe = sum(1 for f in report.findings if f.fix is not None and f.fix.applicability == UNSAFE and not f.suppressed)
     if fixable:
         text += f"; [*] {fixable} with a fix (graphlint check --fix proves and applies it)"
+    if unsafe:
+        text += f"; {unsafe} {'more ' if fixable else ''}with an unsafe fix (--fix --unsafe-fixes applies it)"
     return text + "."
 
 

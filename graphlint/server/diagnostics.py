@@ -16,7 +16,7 @@ from pygls.uris import from_fs_path
 
 from graphlint.errors import single_line
 from graphlint.report.columns import SourceColumns
-from graphlint.results import Edit, Finding, Location, Report, RuleInfo, Severity, TargetError
+from graphlint.results import SAFE, Edit, Finding, Location, Report, RuleInfo, Severity, TargetError
 
 SOURCE = "graphlint"
 SEVERITIES = {
@@ -126,12 +126,14 @@ def quick_fix(shown: Shown, columns: SourceColumns) -> types.CodeAction | None:
     changes: dict[str, list[types.TextEdit]] = {}
     for edit in finding.fix.edits:
         changes.setdefault(uri_of(edit.path), []).append(text_edit(edit, columns))
+    safe = finding.fix.applicability == SAFE
     return types.CodeAction(
-        title=f"Fix {finding.rule_id}: {finding.fix.message}",
-        kind=types.CodeActionKind.QuickFix,
+        title=f"Fix {finding.rule_id}{'' if safe else f' ({finding.fix.applicability})'}: {finding.fix.message}",
+        # An unsafe fix changes behaviour on purpose: offered as a rewrite to choose, never as the preferred fix.
+        kind=types.CodeActionKind.QuickFix if safe else types.CodeActionKind.RefactorRewrite,
         diagnostics=[shown.diagnostic],
         edit=types.WorkspaceEdit(changes=changes),
-        is_preferred=True,
+        is_preferred=safe,
     )
 
 

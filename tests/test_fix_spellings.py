@@ -1,0 +1,680 @@
+"""Fixes on the spellings real model files use: the file's own import aliases, attention under `if` guards, in
+einsum layouts, through baddbmm, with the weights returned (an unsafe fix), norms in helper methods and in the
+middle of a forward, and models that cannot run in float64. Each rewrite is read back from the plan and, where
+marked `proof`, proven on the model."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import findings_of, lint_file, write
+from graphlint.fix.apply import plan_fixes
+from graphlint.fix.edits import apply_edits, deleted_lines
+from graphlint.project import Project
+from graphlint.report.json import render_json
+from graphlint.report.text import render_text
+
+
+def _model(tmp_path, source: str):
+    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
+    return write(tmp_path, "model.py", textwrap.dedent(source))
+
+
+def _rewritten(finding) -> str:
+    """The file with the finding's fix applied, as --unsafe-fixes would write it, before any proof."""
+    path = finding.location.path
+    return apply_edits(open(path, encoding="utf-8").read(), finding.fix.edits)
+
+
+def _plan(tmp_path, report, unsafe=False):
+    return plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=unsafe)
+
+
+def _one_line(text: str) -> str:
+    """The code with calls split over lines joined again, to look for a call in it."""
+    return re.sub(r",?\s*\n\s*\)", ")", re.sub(r"\(\s*\n\s*", "(", re.sub(r",\n\s+", ", ", text)))
+
+
+# -- the file's own names -------------------------------------------------------------------------------------
+
+ALIASES = {
+    "import-torch-as-t": ('''
+        import torch as t
+        from torch import nn
+
+
+        class Classifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Linear(8, 4)
+
+            def forward(self, x):
+                return t.log(t.softmax(self.head(x), dim=-1))
+
+
+        def make():
+            return Classifier(), (t.randn(3, 8),)
+    ''', "return nn.functional.log_softmax(self.head(x), dim=-1)", ()),
+    "only-import-torch-as-th": ('''
+        import torch as th
+
+
+        class Classifier(th.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = th.nn.Linear(8, 4)
+
+            def forward(self, x):
+                return th.log(th.sigmoid(self.head(x)))
+
+
+        def make():
+            return Classifier(), (th.randn(3, 8),)
+    ''', "return th.nn.functional.logsigmoid(self.head(x))", ()),
+    "functional-as-fn": ('''
+        import torch
+        import torch.nn.functional as fn
+        from torch import nn
+
+
+        class Scorer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.score = nn.Linear(8, 1)
+
+            def forward(self, x):
+                return torch.log(fn.sigmoid(self.score(x)))
+
+
+        def make():
+            return Scorer(), (torch.randn(3, 8),)
+    ''', "return fn.logsigmoid(self.score(x))", ()),
+    "no-torch-namespace-imported": ('''
+        from torch import log, nn, randn, softmax
+
+
+        class Classifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Linear(8, 4)
+
+            def forward(self, x):
+                return log(softmax(self.head(x), dim=-1))
+
+
+        def make():
+            return Classifier(), (randn(3, 8),)
+    ''', "return nn.functional.log_softmax(self.head(x), dim=-1)", ()),
+    "nothing-to-reach-functional-with": ('''
+        from torch import log, randn, sigmoid
+        from torch.nn import Linear, Module
+
+
+        class Scorer(Module):
+            def __init__(self):
+                super().__init__()
+                self.score = Linear(8, 1)
+
+            def forward(self, x):
+                return log(sigmoid(self.score(x)))
+
+
+        def make():
+            return Scorer(), (randn(3, 8),)
+    ''', "return F.logsigmoid(self.score(x))", ("import torch.nn.functional as F",)),
+}
+
+
+@pytest.mark.parametrize("case", list(ALIASES))
+def test_rewrites_use_the_files_own_names_and_add_an_import_only_when_there_is_none(tmp_path, case):
+    source, line, added = ALIASES[case]
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL204")
+    assert finding.fix is not None, finding.no_fix
+    fixed = _rewritten(finding)
+    assert line in fixed
+    imports = [text for text in fixed.splitlines() if text.startswith(("import ", "from "))]
+    original = [text for text in textwrap.dedent(source).splitlines() if text.startswith(("import ", "from "))]
+    assert imports == original[: len(original)] + list(added)  # after the file's own imports, nothing else
+    compile(fixed, "model.py", "exec")
+
+
+def test_an_alias_of_torch_is_read_as_a_module_not_blamed_as_the_scores(tmp_path):
+    source = '''
+        import math
+
+        import torch as th
+        from torch import nn
+
+
+        class Attention(nn.Module):
+            def forward(self, q, k, v):
+                scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+                return th.softmax(scores, dim=-1) @ v
+
+
+        def make():
+            return Attention(), tuple(th.randn(2, 4, 8, 16) for _ in range(3))
+    '''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None, finding.no_fix
+    assert "return nn.functional.scaled_dot_product_attention(q, k, v)\n" in _rewritten(finding)
+
+
+# -- what a deletion leaves ----------------------------------------------------------------------------------
+
+def test_deleting_statements_leaves_no_doubled_or_dangling_blank_lines():
+    lines = ["def f(x):", "    a = 1", "", "    b = 2", "", "    # the sum", "    c = 3", "", "    return x", ""]
+    # b between two blank lines: one blank goes with it; c after a comment: the blank after it goes.
+    assert deleted_lines(lines, [(4, 4)]) == [(4, 5)]
+    assert deleted_lines(lines, [(7, 7)]) == [(7, 8)]
+    # a right after the def line: the blank after it would open the block, so it goes too.
+    assert deleted_lines(lines, [(2, 2)]) == [(2, 3)]
+    # the last statements of a block take the blank line before them.
+    assert deleted_lines(["def f():", "    a = 1", "", "    b = 2", "x = 1"], [(4, 4)]) == [(3, 4)]
+
+
+# -- applicability -------------------------------------------------------------------------------------------
+
+GL105_MODEL = '''
+    import torch
+    from torch import nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.norm = nn.BatchNorm1d(8)
+
+        def forward(self, x):
+            return self.norm(self.fc(x))
+
+
+    def make():
+        return Model(), (torch.randn(4, 8),)
+'''
+
+
+def test_a_fix_that_changes_the_state_dict_is_declared_unsafe_and_not_counted_as_fixable(tmp_path):
+    report = lint_file(_model(tmp_path, GL105_MODEL), device="meta", extend_select=("GL105",))
+    [finding] = findings_of(report, "GL105")
+    assert finding.fix is not None and finding.fix.applicability == "unsafe"
+    text = render_text(report)
+    assert "[*]" not in text
+    assert text.rstrip().endswith("; 1 with an unsafe fix (--fix --unsafe-fixes applies it).")
+    [shown] = [f for f in __import__("json").loads(render_json(report))["findings"] if f["rule"] == "GL105"]
+    assert shown["fix"]["applicability"] == "unsafe"
+    plan = _plan(tmp_path, report)  # never sent through a proof: declared unsafe, refused at once
+    assert plan.applied == [] and plan.refused == [(finding, f"declared unsafe: {finding.fix.message}")]
+    assert "bias=False" in _plan(tmp_path, report, unsafe=True).texts[str(finding.location.path)]
+
+
+# -- attention spellings, proven on the model ----------------------------------------------------------------
+
+ATTENTION_HEADER = '''
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+'''
+
+# (the model, a fragment the fixed file must contain (calls joined on one line), fragments it must not contain)
+ATTENTION = {
+    "llama-mask-guard-keys-transposed-2-3": ('''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        xq, keys, values = (w(x).view(b, n, self.heads, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores + mask  # (bs, heads, seqlen, seqlen)
+        scores = F.softmax(scores.float(), dim=-1).type_as(xq)
+        return torch.matmul(scores, values)
+
+
+def make():
+    return Attention(), (torch.randn(2, 6, 16), torch.triu(torch.full((6, 6), float("-inf")), diagonal=1))
+''', "F.scaled_dot_product_attention(xq, keys, values, attn_mask=mask, scale=1 / math.sqrt(self.head_dim))",
+        ("transpose(-2, -1)", "if mask")),
+    "masked-fill-under-a-guard-with-a-scale-after": ('''
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None):
+        scores = torch.matmul(q, k.transpose(-2, -1))
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        p = (scores / math.sqrt(q.size(-1))).softmax(dim=-1)
+        return torch.matmul(p, v)
+
+
+def make():
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    return Attention(), (q, k, v, torch.tril(torch.ones(6, 6)))
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0 if mask is not None else None)", ("masked_fill",)),
+    "causal-under-a-python-flag": ('''
+class Attention(nn.Module):
+    def __init__(self, causal=True):
+        super().__init__()
+        self.causal = causal
+        self.register_buffer("tri", torch.tril(torch.ones(6, 6)))
+
+    def forward(self, q, k, v):
+        att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))
+        if self.causal:
+            att = att.masked_fill(self.tri == 0, float("-inf"))
+        return F.softmax(att, dim=-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+''', "F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)", ("masked_fill",)),
+    "baddbmm-with-an-additive-bias": ('''
+class Attention(nn.Module):
+    def forward(self, q, k, v, bias):
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=q.shape[-1] ** -0.5)
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
+
+
+def make():
+    return Attention(), (*(torch.randn(4, 6, 8) for _ in range(3)), torch.randn(4, 6, 6))
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=bias)", ("baddbmm", "scale=")),
+    "single-head-addmm-and-mm": ('''
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rel", torch.randn(6, 6))
+
+    def forward(self, q, k, v):
+        scores = torch.addmm(self.rel, q, k.t(), alpha=q.shape[-1] ** -0.5)
+        return torch.mm(torch.softmax(scores, dim=-1), v)
+
+
+def make():
+    return Attention(), tuple(torch.randn(6, 8) for _ in range(3))
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=self.rel)", ("addmm", "scale=", ".t()")),
+    "einsum-channels-first-scaled-under-a-view": ('''
+class Attention(nn.Module):
+    def forward(self, qkv):
+        bs, width, length = qkv.shape
+        ch = width // 6
+        q, k, v = qkv.chunk(3, dim=1)
+        scale = 1 / math.sqrt(math.sqrt(ch))
+        weight = torch.einsum("bct,bcs->bts", (q * scale).view(bs * 2, ch, length), (k * scale).view(bs * 2, ch, length))
+        weight = torch.softmax(weight.float(), dim=-1).type(weight.dtype)
+        a = torch.einsum("bts,bcs->bct", weight, v.reshape(bs * 2, ch, length))
+        return a.reshape(bs, -1, length)
+
+
+def make():
+    return Attention(), (torch.randn(2, 24, 5),)
+''', ").transpose(-2, -1)", ("einsum",)),
+    "helper-with-a-guarded-dropout-module-passed-in": ('''
+def attention(query, key, value, mask=None, dropout=None):
+    d_k = query.size(-1)
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    p_attn = scores.softmax(dim=-1)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return torch.matmul(p_attn, value)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, q, k, v, mask):
+        return attention(q, k, v, mask=mask, dropout=self.dropout)
+
+
+def make():
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    return Attention(), (q, k, v, torch.tril(torch.ones(6, 6)))
+''', "dropout_p=dropout.p if dropout is not None and dropout.training else 0.0", ("d_k", "p_attn")),
+    "a-pre-transposed-key-variable": ('''
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        kt = k.transpose(2, 3)
+        scores = q @ kt * 0.5
+        return scores.softmax(-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+''', "F.scaled_dot_product_attention(q, k, v, scale=0.5)", ("kt", "transpose")),
+}
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("case", list(ATTENTION))
+def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, case):
+    source, expected, absent = ATTENTION[case]
+    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert expected in _one_line(fixed), fixed
+    body = fixed.split("def forward", 1)[1].split("def make", 1)[0]
+    assert not [fragment for fragment in absent if fragment in body], body
+    assert "\n\n\n\n" not in fixed and "softmax" not in body
+
+
+def test_a_flag_that_guards_more_than_the_mask_is_left_alone_with_the_reason(tmp_path):
+    source = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def forward(self, q, k, v, causal: bool = True):
+        scores = q @ k.transpose(-2, -1)
+        if causal:
+            n = scores.size(-1)
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return F.softmax(scores, dim=-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+'''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is None and finding.no_fix == "`if causal:` computes more than the masked `scores`"
+
+
+RETURNS_WEIGHTS = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = attn.softmax(dim=-1)
+        attn = self.attn_drop(attn)
+        x = (attn @ v).transpose(1, 2).reshape(b, n, c)
+        return x, attn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, x, return_attention=False):
+        y, attn = self.attn(x)
+        if return_attention:
+            return attn
+        return x + y
+
+
+def make():
+    return Block(), (torch.randn(2, 5, 16),)
+'''
+
+
+def test_weights_also_returned_get_an_unsafe_fix_that_compiles_and_runs(tmp_path):
+    path = _model(tmp_path, RETURNS_WEIGHTS)
+    report = lint_file(path, device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "unsafe"
+    assert "`attn` returned or stored as None" in finding.fix.message
+    fixed = _rewritten(finding)
+    assert "return x, None\n" in fixed and "attn.softmax" not in fixed
+    assert "y, attn = self.attn(x)" in fixed  # the caller gets None for the weights
+    path.write_text(fixed, encoding="utf-8")  # the trade is documented: it must still run
+    spec = importlib.util.spec_from_file_location("fixed_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, (x,) = module.make()
+    assert model(x).shape == x.shape
+
+
+# -- norms ---------------------------------------------------------------------------------------------------
+
+NORMS = {
+    "llama-norm-helper-between-casts": ('''
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim) + 0.1 * torch.randn(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float()).type_as(x)
+        return output * self.weight
+
+
+def make():
+    return RMSNorm(16), (torch.randn(2, 5, 16),)
+''', "return nn.functional.rms_norm(x, (x.shape[-1],), eps=self.eps)", "output = self._norm(x.float()).type_as(x)"),
+    "rmsnorm-in-the-middle-of-a-forward": ('''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.g = nn.Parameter(torch.ones(dim) + 0.1 * torch.randn(dim))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.fc(x)
+        ms = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(ms + 1e-6) * self.g  # normalise
+        return self.out(F.gelu(h))
+
+
+def make():
+    return Block(), (torch.randn(2, 5, 16),)
+''', "h = F.rms_norm(h, (h.shape[-1],), eps=1e-6) * self.g  # normalise", "ms ="),
+    "layernorm-in-the-middle-of-a-forward": ('''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        h = self.fc(x)
+        mu = h.mean(-1, keepdim=True)
+        var = ((h - mu) ** 2).mean(-1, keepdim=True)
+        h = (h - mu) / torch.sqrt(var + 1e-5)
+        return self.out(h)
+
+
+def make():
+    return Block(), (torch.randn(2, 5, 16),)
+''', "h = nn.functional.layer_norm(h, (h.shape[-1],), eps=1e-5)", "mu ="),
+}
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("case", list(NORMS))
+def test_norms_in_helpers_and_inside_a_forward_are_rewritten_and_proven(tmp_path, case):
+    source, expected, other = NORMS[case]
+    path = _model(tmp_path, source)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL106")
+    assert finding.fix is not None, finding.no_fix
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert expected in fixed
+    assert (other in fixed) == other.startswith("output")  # the casts around the helper stay; dead statistics go
+
+
+LOG_OF_A_VARIABLE = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x, actions):
+        logits = self.head(x)
+        probs = F.softmax(logits, dim=-1)
+        log_probs = torch.log(probs)
+        entropy = -(probs * log_probs).sum(-1)
+        return log_probs.gather(-1, actions[:, None]).squeeze(-1) + 0.01 * entropy
+
+
+def make():
+    return Policy(), (torch.randn(4, 8), torch.randint(0, 5, (4,)))
+'''
+
+
+@pytest.mark.proof
+def test_the_log_of_probabilities_in_a_variable_is_rewritten_from_the_logits_and_proven(tmp_path):
+    path = _model(tmp_path, LOG_OF_A_VARIABLE)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL204")
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    # The probabilities are still read by the entropy: their statement stays.
+    assert "        probs = F.softmax(logits, dim=-1)\n        log_probs = F.log_softmax(logits, dim=-1)\n" in fixed
+
+
+# -- the proof -----------------------------------------------------------------------------------------------
+
+MIXED = '''
+import torch
+from torch import nn
+
+
+class MixedMLP(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+        self.register_buffer("table", torch.randn(4 * dim, dim))
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = h * torch.sigmoid(h)
+        return self.fc2(h) + h @ self.table.float()
+
+
+def make():
+    return MixedMLP(), (torch.randn(2, 5, 16),)
+'''
+
+
+@pytest.mark.proof
+def test_a_model_that_cannot_run_in_float64_is_proven_in_its_own_dtype_and_says_so(tmp_path):
+    path = _model(tmp_path, MIXED)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL107")
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    [(noted, note)] = plan.notes
+    assert noted == finding and note.startswith("proven in float32 at its tolerance, since the model cannot run in "
+                                                "float64 (")
+    assert "h = nn.functional.silu(h)\n" in plan.texts[str(path)]
+
+
+# -- formatting ----------------------------------------------------------------------------------------------
+
+FORMATTED = '''\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim=32, heads=4, dropout=0.1):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    def forward(self, x, mask):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+
+        # scores over the keys
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+
+        y = att @ v  # (B, nh, T, hs)
+        return y.transpose(1, 2).contiguous().view(b, t, c)
+
+
+def make():
+    return SelfAttention(), (torch.randn(2, 8, 32), torch.rand(8, 8) > 0.3)
+'''
+
+
+def test_a_formatted_file_stays_formatted_and_keeps_its_comments(tmp_path):
+    ruff = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "--isolated"]
+    path = _model(tmp_path, FORMATTED)
+    assert subprocess.run([*ruff, str(path)], capture_output=True).returncode == 0  # formatted to begin with
+    report = lint_file(path, device="meta")
+    [finding] = findings_of(report, "GL101")
+    fixed = _rewritten(finding)
+    assert "        # scores over the keys\n        y = F.scaled_dot_product_attention(\n" in fixed
+    assert "\n        )  # (B, nh, T, hs)\n" in fixed
+    path.write_text(fixed, encoding="utf-8")
+    checked = subprocess.run([*ruff, "--diff", str(path)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.server
+def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_preferred_quick_fix(tmp_path):
+    from lsprotocol import types
+
+    from graphlint.report.columns import SourceColumns
+    from graphlint.server.diagnostics import Shown, quick_fix
+
+    report = lint_file(_model(tmp_path, GL105_MODEL), device="meta", extend_select=("GL105",))
+    [finding] = findings_of(report, "GL105")
+    diagnostic = types.Diagnostic(range=types.Range(types.Position(0, 0), types.Position(0, 1)), message="")
+    action = quick_fix(Shown(diagnostic, finding), SourceColumns())
+    assert action.kind == types.CodeActionKind.RefactorRewrite and not action.is_preferred
+    assert action.title.startswith("Fix GL105 (unsafe): ")
