@@ -32,29 +32,33 @@ _HAS_POSITIONS = sys.version_info >= (3, 11)
 
 class StackRecorder:
     """Reads user frames from the live interpreter stack, stopping at a boundary frame (graphlint's own caller
-    of the model), with per-code-object caches so that each op costs a short walk."""
+    of the model), with per-code-object caches so that each op costs a short walk.
+
+    The caches are keyed by the code object's identity: code objects compare equal across files (equality
+    ignores `co_filename`), so two files holding the same function at the same lines must not share an entry.
+    Each entry keeps its code object alive, so that an identity is never reused while it is cached."""
 
     def __init__(self) -> None:
-        self._files: dict[types.CodeType, str | None] = {}  # absolute file name, None when hidden
-        self._positions: dict[types.CodeType, list] = {}
+        self._files: dict[int, tuple[types.CodeType, str | None]] = {}  # absolute file name, None when hidden
+        self._positions: dict[int, tuple[types.CodeType, list]] = {}
         self.boundary: types.FrameType | None = None
 
     def _file_of(self, code: types.CodeType) -> str | None:
-        try:
-            return self._files[code]
-        except KeyError:
+        entry = self._files.get(id(code))
+        if entry is None:
             name = code.co_filename
-            file = self._files[code] = None if is_hidden_file(name) else os.path.abspath(name)
-            return file
+            entry = self._files[id(code)] = (code, None if is_hidden_file(name) else os.path.abspath(name))
+        return entry[1]
 
     def frame_of(self, f: types.FrameType) -> Frame:
         code = f.f_code
         file = self._file_of(code) or os.path.abspath(code.co_filename)
         line = f.f_lineno
         if _HAS_POSITIONS:
-            positions = self._positions.get(code)
-            if positions is None:
-                positions = self._positions[code] = list(code.co_positions())
+            entry = self._positions.get(id(code))
+            if entry is None:
+                entry = self._positions[id(code)] = (code, list(code.co_positions()))
+            positions = entry[1]
             index = f.f_lasti // 2
             if 0 <= index < len(positions):
                 start, end, col, end_col = positions[index]
