@@ -104,7 +104,8 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     its way to the loss. A cut matters when what it passes on reaches the loss (a detach inside a term the
     loss drops cuts nothing); a value that left torch (`.item()`) cannot be followed, so that cut always
     counts; the ops of a reentrant checkpoint's block count only when nothing else cuts the parameter. An
-    empty list: used, but its results never reach the loss."""
+    empty list: used, but its results never reach the loss. Without a loss, only the parameters that a cut
+    kept out of the output."""
     reads = parameter_nodes(capture.forward)
     live = reaches_loss(capture.forward)
 
@@ -120,5 +121,26 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     def checkpointed(node: fx.Node) -> bool:
         return trusted and in_reentrant_checkpoint(node) and node in live
 
+    if capture.autograd.root is None:
+        # No backward at all (the output needs no grad): the parameters whose path to the output is cut, such
+        # as a whole forward under @torch.no_grad() or @torch.inference_mode(); the others' outputs are simply
+        # not differentiable (integer predictions), which is no cut.
+        trainable = [name for name, info in capture.parameters.items() if info.requires_grad and name in reads]
+        cuts = {name: first_stops(reads[name], matters) for name in trainable}
+        return {name: stops for name, stops in cuts.items() if stops}
     return {name: first_stops(reads[name], matters) or first_stops(reads[name], checkpointed)
             for name in trainable_without_gradient(capture) if name in reads}
+
+
+def cut_lines(capture: Capture) -> set[tuple[str, int]]:
+    """The source lines (file, line) where GL202 reports a gradient cut: each cut's own line and, for a cut
+    inside a `no_grad` block, the statement's. A host trip on such a line is reported once, as the cut."""
+    lines = set()
+    for cuts in gradient_cuts(capture).values():
+        for cut in cuts:
+            stack = cut.meta.get("stack") or ()
+            region = cut.meta.get("grad_region")
+            for frames in (stack, region.statement_of(stack) if region is not None else ()):
+                if frames:
+                    lines.add((frames[-1].file, frames[-1].line))
+    return lines

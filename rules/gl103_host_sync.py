@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from graphlint.flow import gradient_cuts
+from graphlint.flow import cut_lines
 from graphlint.ops import is_own_code, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -58,8 +58,13 @@ class HostSync(Rule):
         - printing or formatting a tensor (`print(t)`, `f"{t}"`).
 
         One finding per line, with the number of times it ran. Not flagged: shape arithmetic (`x.shape[0]`,
-        `x.size(-1)`, `len(x)`), Python numbers, calls inside installed libraries, and an `.item()` that cuts
-        parameters off from the loss (GL202 reports that one).
+        `x.size(-1)`, `len(x)`), Python numbers, and calls inside installed libraries.
+
+        One policy for host trips that also cut gradients: a line where GL202 reports a gradient cut gets no
+        GL103, whatever host trips it holds. An `.item()` that cuts parameters off from the loss, and every trip
+        on a line such as `h.detach().cpu().numpy()` that does, are GL202's (an error, whose message says that
+        the trip also waits for the device); keeping the computation in tensors fixes both. A host trip that
+        cuts nothing trainable, on a line of its own, is GL103.
     """
     why = """
         The device runs work queued by Python asynchronously; reading a value back makes Python wait until
@@ -160,9 +165,9 @@ class HostSync(Rule):
     )
 
     def check(self, capture):
-        cuts = {node for nodes in gradient_cuts(capture).values() for node in nodes}  # GL202's findings
+        cut = cut_lines(capture)  # GL202 reports these lines, host trips included
         for node in capture.ops:
-            if node in cuts or not is_own_code(node):
+            if not is_own_code(node) or (node.meta["stack"][-1].file, node.meta["stack"][-1].line) in cut:
                 continue
             message = _message(node)
             if message is not None:

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import findings_of, line_of, lint_file, run_graphlint, write
+from conftest import backward_in_plain_pytorch, findings_of, line_of, lint_file, run_graphlint, write
 
 MODEL = '''
 import torch
@@ -126,6 +126,67 @@ def make():
     assert report.errors == []
     assert [f.location.line for f in findings_of(report, "GL202")] == [line_of(path, "# the cut")]
     assert [f.location.line for f in findings_of(report, "GL103")] == [line_of(path, "# a sync only")]
+
+
+SHARED_LINE = '''
+import numpy as np
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.gate = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+{body}
+        return (h * g).sum()
+
+
+def make():
+    return Model(), (torch.randn(4, 8),)
+'''
+
+# One host-trip policy: a line where GL202 reports a cut gets no GL103, whatever trips it holds; "# cut" marks it.
+SHARED = {
+    "detach, cpu and numpy": "g = torch.from_numpy(self.gate(x).detach().cpu().numpy())  # cut",
+    "cpu then numpy": "g = torch.from_numpy(np.tanh(self.gate(x).cpu().detach().numpy()))  # cut",
+    "an .item() that cuts": "g = torch.full_like(h, self.gate(x).mean().item())  # cut",
+    "tolist and back": "g = torch.tensor(self.gate(x).tolist())  # cut",
+    "an .item() in a no_grad block": "with torch.no_grad():\n    s = self.gate(x).abs().max().item()  # cut\ng = h * s",
+}
+
+
+@pytest.mark.parametrize("body", SHARED.values(), ids=SHARED.keys())
+def test_a_line_that_cuts_gradients_and_syncs_is_reported_once_as_the_cut(body, tmp_path):
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(body, " " * 8)))
+    model = backward_in_plain_pytorch(path)
+    assert model.gate.weight.grad is None and model.fc.weight.grad is not None  # plain PyTorch: really cut
+    report = lint_file(path)
+    assert report.errors == []
+    [cut] = findings_of(report, "GL202")
+    assert cut.location.line == line_of(path, "# cut")
+    assert "gate.weight, gate.bias" in cut.message
+    assert findings_of(report, "GL103") == []
+
+
+def test_a_host_trip_that_cuts_nothing_keeps_its_own_finding_beside_a_cut(tmp_path):
+    body = ("g = torch.from_numpy(self.gate(x).detach().cpu().numpy())  # cut\n"
+            "logged = h.detach().cpu().numpy()  # a sync only")
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(body, " " * 8)))
+    report = lint_file(path)
+    assert [f.location.line for f in findings_of(report, "GL202")] == [line_of(path, "# cut")]
+    assert {f.location.line for f in findings_of(report, "GL103")} == {line_of(path, "# a sync only")}
+
+
+def test_a_host_trip_that_cuts_says_it_also_waits_for_the_device(tmp_path):
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(SHARED["an .item() that cuts"], " " * 8)))
+    [cut] = findings_of(lint_file(path), "GL202")
+    assert cut.message.startswith(".item() in the model takes the value out of torch, which cuts gate.weight, gate.bias")
+    assert "waits for the device on every forward; keep the computation in tensors" in cut.message
 
 
 def test_a_call_inside_an_installed_library_is_not_flagged(tmp_path):

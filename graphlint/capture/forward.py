@@ -85,6 +85,9 @@ class GradDisabledRegion:
     # torch.utils.checkpoint's own no_grad (reentrant mode): its backward recomputes the block with grad on,
     # so nothing inside is cut by it.
     checkpoint: bool = False
+    # For a context entered by a decorator (`@torch.no_grad()` on a forward): the decorator's line, as a frame of
+    # the decorated function; the whole call of that function runs with autograd off.
+    decorator: Frame | None = None
 
     def include(self, stack: tuple[Frame, ...]) -> None:
         if self.common is None:
@@ -159,7 +162,7 @@ class ForwardRecorder(TorchFunctionMode):
         self._constants = 0
         self._first_call: fx.Node | None = None
         self._grad_region: GradDisabledRegion | None = None
-        # One entry per grad-mode context entered and not yet left: its region (None where grad is on).
+        # One entry per grad-mode context entered and not yet left: the region it interrupted (None: grad was on).
         self._grad_contexts: list[GradDisabledRegion | None] = []
 
     # -- graph inputs ---------------------------------------------------------------------------------------
@@ -196,6 +199,8 @@ class ForwardRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs) if not t.is_inference()]
         saved_start = self._saved_count()
+        name = op_name(func)
+        grad_was_enabled = name != "_set_grad_enabled" or torch.is_grad_enabled()
         try:
             out = call_user_code(func, *args, **kwargs)
         except Exception:
@@ -207,29 +212,41 @@ class ForwardRecorder(TorchFunctionMode):
             for key, t, before in versions
             if t._version != before
         )  # inference tensors have no version counter: writes to them cannot break a backward
-        name = op_name(func)
         if name == "_set_grad_enabled":  # entering or leaving `with torch.no_grad():`
-            self._grad_mode_switched(sys._getframe(1))
+            self._grad_mode_switched(sys._getframe(1), grad_was_enabled)
         if mutated or name in HOST_OPS or name in PRINT_OPS or _has_tensor(out):
             self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
         return out
 
-    def _grad_mode_switched(self, caller: types.FrameType) -> None:
+    def _grad_mode_switched(self, caller: types.FrameType, was_enabled: bool) -> None:
         """Leaving a grad-mode context returns to the region it interrupted (a user's no_grad inside a
         checkpointed block returns to the checkpoint's); entering one starts a region, owned by the checkpoint
         when torch.utils.checkpoint entered it."""
-        owner, leaving = _grad_switch_owner(caller)
+        owner, leaving, decorated = _grad_switch_owner(caller)
         if leaving and self._grad_contexts:
-            self._grad_contexts.pop()
-            self._grad_region = self._grad_contexts[-1] if self._grad_contexts else None
+            self._grad_region = self._grad_contexts.pop()
             if not torch.is_grad_enabled() and self._grad_region is None:
                 self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller))
             return
-        self._grad_region = None
+        # The region that was open; autograd may have been switched back on where torch did not show it.
+        enclosing, self._grad_region = None if was_enabled else self._grad_region, None
+        if enclosing is None and torch.is_inference_mode_enabled():
+            enclosing = self._unseen_region("inference_mode", caller)  # entered before any op ran in it
         if not torch.is_grad_enabled():
-            self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller),
-                                                   checkpoint=owner == "checkpoint")
-        self._grad_contexts.append(self._grad_region)
+            if enclosing is not None and not enclosing.checkpoint and owner != "checkpoint":
+                self._grad_region = enclosing  # autograd was already off: the enclosing context is the cut
+            else:
+                decorator = self._stacks.decorator_of(decorated, _DECORATOR_NAMES) if decorated else None
+                self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller),
+                                                       checkpoint=owner == "checkpoint", decorator=decorator)
+        self._grad_contexts.append(enclosing)
+
+    def _unseen_region(self, mode: str, frame: types.FrameType) -> GradDisabledRegion:
+        """A region entered where torch did not show it (inference_mode is switched in C++): only a decorator
+        that entered it can still be seen, on the stack."""
+        decorated = _decorated_by_inference_mode(frame, self._stacks.boundary) if mode == "inference_mode" else None
+        decorator = self._stacks.decorator_of(decorated, _DECORATOR_NAMES) if decorated is not None else None
+        return GradDisabledRegion(mode, decorator=decorator)
 
     def _record(self, func, name, args, kwargs, out, mutated, saved_range) -> None:
         kind, target = _fx_call(func, name)
@@ -253,7 +270,7 @@ class ForwardRecorder(TorchFunctionMode):
             self._grad_region = None
         else:
             if self._grad_region is None or self._grad_region.mode != mode:
-                self._grad_region = GradDisabledRegion(mode)  # entered where torch did not show it
+                self._grad_region = self._unseen_region(mode, sys._getframe(2))
             self._grad_region.include(stack)
             meta["grad_region"] = self._grad_region
         meta["phase"] = self.phase
@@ -327,17 +344,46 @@ class ForwardRecorder(TorchFunctionMode):
 
 _GRAD_MODE_FILE = os.path.join("torch", "autograd", "grad_mode.py")
 _CHECKPOINT_FILE = os.path.join("torch", "utils", "checkpoint.py")
+_CONTEXTLIB_FILE = os.path.join("torch", "utils", "_contextlib.py")
+# How the grad-mode decorators are spelled, to find the decorator's line among a function's decorators.
+_DECORATOR_NAMES = ("no_grad", "inference_mode", "set_grad_enabled")
 
 
-def _grad_switch_owner(frame: types.FrameType | None) -> tuple[str, bool]:
-    """Who switched grad mode ("checkpoint" for torch.utils.checkpoint, else "user"), and whether it was a
-    context being left: read from the frames above torch's grad-mode context managers."""
+def _grad_switch_owner(frame: types.FrameType | None) -> tuple[str, bool, Callable | None]:
+    """Who switched grad mode ("checkpoint" for torch.utils.checkpoint, else "user"), whether it was a
+    context being left, and the function whose decorator entered it (None for a `with` statement): read from
+    the frames above torch's grad-mode context managers."""
     leaving = False
     while frame is not None and frame.f_code.co_filename.endswith(_GRAD_MODE_FILE):
         leaving = leaving or frame.f_code.co_name == "__exit__"
         frame = frame.f_back
     owner = "checkpoint" if frame is not None and frame.f_code.co_filename.endswith(_CHECKPOINT_FILE) else "user"
-    return owner, leaving
+    return owner, leaving, _decorated_function(frame)
+
+
+def _decorated_function(frame: types.FrameType | None) -> Callable | None:
+    """The function a torch grad-mode decorator wraps, when `frame` is that decorator's wrapper running it."""
+    if frame is None or not frame.f_code.co_filename.endswith(_CONTEXTLIB_FILE):
+        return None
+    if frame.f_code.co_name not in ("decorate_context", "generator_context"):
+        return None
+    function = frame.f_locals.get("func")
+    return function if callable(function) else None
+
+
+def _decorated_by_inference_mode(frame: types.FrameType | None, boundary: types.FrameType | None) -> Callable | None:
+    """The outermost function on the stack whose `@torch.inference_mode()` decorator is running it (the
+    decorator that switched inference mode on), or None."""
+    found = None
+    while frame is not None and frame is not boundary:
+        function = _decorated_function(frame)
+        if function is not None:
+            factory = frame.f_locals.get("ctx_factory")
+            context = getattr(factory, "__self__", None)  # the decorator object: ctx_factory is its `clone`
+            if isinstance(context, torch.inference_mode) and getattr(context, "mode", True):
+                found = function
+        frame = frame.f_back
+    return found
 
 
 def _grad_mode() -> str:

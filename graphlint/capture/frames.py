@@ -7,6 +7,8 @@ turns into an exact libcst span.
 
 from __future__ import annotations
 
+import inspect
+import linecache
 import os
 import sys
 import types
@@ -65,6 +67,23 @@ class StackRecorder:
                 if start is not None and col is not None and end is not None and end_col is not None:
                     return Frame(file, start, code.co_name, col, end, end_col)
         return Frame(file, line or code.co_firstlineno, code.co_name)
+
+    def decorator_of(self, function, names: tuple[str, ...]) -> Frame | None:
+        """The line of the decorator that mentions one of `names` on a user function (the first decorator's
+        line when none does), as a frame of that function; None for a function in a hidden file."""
+        code = getattr(inspect.unwrap(function), "__code__", None)
+        if code is None or self._file_of(code) is None:
+            return None
+        file = code.co_filename
+        line = code.co_firstlineno  # with decorators, the first decorator's line
+        for number in range(line, line + 20):
+            text = linecache.getline(file, number).strip()
+            if not text.startswith("@"):
+                break  # the `def` line, or a file that cannot be read
+            if any(name in text for name in names):
+                line = number
+                break
+        return Frame(self._file_of(code), line, code.co_name)
 
     def user_stack(self, start: types.FrameType | None) -> tuple[Frame, ...]:
         """The visible frames from `start` out to the boundary (excluded), outermost first."""
