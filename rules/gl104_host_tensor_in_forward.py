@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import linecache
+import re
 from collections import deque
 
 import torch
 from torch import fx
+from torch.fx.passes.shape_prop import TensorMetadata
 
+from graphlint.capture.frames import Frame
+from graphlint.files import is_installed_file
 from graphlint.ops import is_own_code, op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -115,6 +120,7 @@ class HostTensorInForward(Rule):
     )
 
     def check(self, capture):
+        yield from _unrecorded_host_tensors(capture)
         for node in capture.ops:
             if op(node) not in FACTORIES or not is_own_code(node):
                 continue
@@ -130,6 +136,17 @@ class HostTensorInForward(Rule):
                                 "example device=x.device).",
                         related=((move, f"copied to the device by .{op(move)}()"),),
                     )
+                    continue
+                meeting = _first_meeting(node)
+                untaken = _untaken_move(node.meta["stack"][-1], meeting) if meeting is not None else None
+                if untaken is not None:
+                    yield Problem(
+                        node=node,
+                        message=f"torch.{op(node)}() in {{where}} builds a tensor on the host that a path taken "
+                                "only on a GPU copies to the device on every forward{occurrences} (this capture did "
+                                "not take it); pass device=... to the call (for example device=x.device).",
+                        related=((meeting, f"used with the model's tensors by {op(meeting)}()"),),
+                    )
             elif op(node) in _FROM_PYTHON_DATA and node.args and not _has_node(node.args[0]):
                 yield Problem(
                     node=node,
@@ -137,6 +154,96 @@ class HostTensorInForward(Rule):
                             "forward{occurrences}; register it once as a buffer in __init__, or use torch.full for "
                             "a single value.",
                 )
+
+
+def _unrecorded_host_tensors(capture):
+    """Tensors the forward made on the host by calls the capture cannot see (`torch.from_numpy`, legacy
+    constructors), anchored at their first use: moved to the device, or meeting the model's tensors, which
+    on a GPU needs a copy on a path this capture did not take (`v.cuda() if w.is_cuda else v`)."""
+    order = {node: index for index, node in enumerate(capture.ops)}
+    for node in capture.forward.nodes:
+        if node.op != "get_attr" or not node.meta.get("host_made"):
+            continue
+        uses = sorted((user for user in node.users if user in order), key=order.__getitem__)
+        made = node.meta.get("made_at") or (uses[0].meta.get("stack") if uses else ())
+        if not made or is_installed_file(made[-1].file):
+            continue  # made inside a library, which its users cannot change
+        first = uses[0]
+        # The line that made it, as a whole statement: the capture saw only its first use.
+        at = {"stack": (*made[:-1], Frame(made[-1].file, made[-1].line, made[-1].function)),
+              "module_path": next((m.path for m in reversed(first.meta.get("module_stack") or ()) if not m.library), "")}
+        move = _first_move(node)
+        if move is not None:
+            yield Problem(
+                **at,
+                message="A tensor made on the host in {where} (by a call such as torch.from_numpy or "
+                        "torch.FloatTensor) is copied to the device on every forward{occurrences}; make it on the "
+                        "device (torch.empty(..., device=x.device), torch.as_tensor(data, device=x.device)) or "
+                        "once, as a buffer in __init__.",
+                related=((move, f"copied to the device by .{op(move)}()"),),
+            )
+            continue
+        meeting = _first_meeting(node)
+        if meeting is not None:
+            yield Problem(
+                **at,
+                message="A tensor made on the host in {where} (by a call such as torch.from_numpy or "
+                        "torch.FloatTensor) meets the model's tensors, so on a GPU it is copied to the device on "
+                        "every forward{occurrences} (on a path this capture did not take, such as `if x.is_cuda:`); "
+                        "make it on the device (torch.empty(..., device=x.device), torch.as_tensor(data, "
+                        "device=x.device)) or once, as a buffer in __init__.",
+                related=((meeting, f"used with the model's tensors by {op(meeting)}()"),),
+            )
+
+
+_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
+
+
+def _untaken_move(made: Frame, meeting: fx.Node) -> int | None:
+    """The line of a move of the variable that `made`'s line assigns (`v = v.cuda()`, `v = v.to(x.device) if
+    x.is_cuda else v`) that the capture did not run, read from the source between that line and the line of
+    the same function that used it with the model's tensors: a path taken only on a GPU. None when there is none."""
+    name = _ASSIGNED.match(linecache.getline(made.file, made.line))
+    if name is None:
+        return None
+    end = next((f.line for f in reversed(meeting.meta.get("stack") or ())
+                if (f.file, f.function) == (made.file, made.function)), None)
+    if end is None or end < made.line:
+        return None
+    variable = re.escape(name.group(1))
+    moved = re.compile(rf"\b{variable}\s*=.*\b{variable}\s*\.\s*(?:cuda|to)\s*\(")
+    for line in range(made.line + 1, end + 1):
+        if moved.search(linecache.getline(made.file, line)):
+            return line
+    return None
+
+
+def _first_meeting(start: fx.Node) -> fx.Node | None:
+    """The first op where a host value computed only from `start` (not a single number, which torch accepts
+    beside device tensors) is combined with a tensor that is not: on a GPU, the host value must be there."""
+    host = {start}
+    queue = deque((user, 1) for user in start.users)
+    while queue:
+        node, depth = queue.popleft()
+        if node in host or depth > _MAX_STEPS:
+            continue
+        inputs = node.all_input_nodes
+        if all(n in host or _host_factory(n) for n in inputs):
+            host.add(node)
+            queue.extend((user, depth + 1) for user in node.users)
+            continue
+        if any(n in host and not _is_scalar(n) for n in inputs) and any(_is_tensor(n) for n in inputs if n not in host):
+            return node
+    return None
+
+
+def _is_scalar(node: fx.Node) -> bool:
+    meta = node.meta.get("tensor_meta")
+    return isinstance(meta, TensorMetadata) and len(meta.shape) == 0
+
+
+def _is_tensor(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("tensor_meta"), TensorMetadata)
 
 
 def _first_move(factory: fx.Node) -> fx.Node | None:

@@ -20,7 +20,7 @@ from torch import fx
 
 from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
 from graphlint.capture.debug import DebugSwitch, DebugSwitchWatch, debug_modes_off
-from graphlint.capture.forward import ForwardRecorder, recorded_ops, storage_key
+from graphlint.capture.forward import ForwardRecorder, kept_tensors, recorded_ops, storage_key
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.loss import choose_loss
@@ -96,7 +96,7 @@ def capture_model(
     stacks = StackRecorder()
     saved = SavedTensorRecorder()
     tracker = ModuleCallTracker(modules)
-    recorder = ForwardRecorder(stacks, tracker, names, saved.count)
+    recorder = ForwardRecorder(stacks, tracker, names, saved.count, kept_tensors(model, args, kwargs))
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     debug = debug or DebugSwitchWatch()

@@ -16,12 +16,16 @@ Each node's `meta` carries:
 - `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
 - `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
 - `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
+- `host_made` (on `get_attr` nodes of tensors no recorded call produced): made on the host during the forward by a
+  call the capture cannot see (`torch.from_numpy`, legacy constructors such as `torch.FloatTensor(n)`).
 """
 
 from __future__ import annotations
 
+import linecache
 import operator
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -148,6 +152,7 @@ class ForwardRecorder(TorchFunctionMode):
         modules: ModuleCallTracker,
         names: dict[int, str],
         saved_count: Callable[[], int],
+        kept: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__()
         self.graph = fx.Graph()
@@ -156,6 +161,8 @@ class ForwardRecorder(TorchFunctionMode):
         self._stacks = stacks
         self._modules = modules
         self._names = names  # id(parameter or buffer) -> qualified name
+        self._kept = kept  # ids of the tensors that existed before the forward (held by the model, its inputs, globals)
+        self._fresh_host: list[tuple[fx.Node, torch.Tensor]] = []  # host-made tensors met in the call being recorded
         self._saved_count = saved_count
         self._node_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._attr_nodes: dict[int, fx.Node] = {}
@@ -275,6 +282,9 @@ class ForwardRecorder(TorchFunctionMode):
             meta["grad_region"] = self._grad_region
         meta["phase"] = self.phase
         meta["saved_range"] = saved_range
+        while self._fresh_host:
+            made, tensor = self._fresh_host.pop()
+            made.meta["made_at"] = _assignment_of(tensor, stack, sys._getframe(2))
         if mutated:
             meta["mutated"] = mutated
             for key, tensor in _top_level_tensors(args, kwargs):
@@ -336,10 +346,23 @@ class ForwardRecorder(TorchFunctionMode):
                     node = self.graph.get_attr(name)
             node.meta["tensor_meta"] = _tensor_meta(tensor)
             node.meta["parameter"] = key in self._names
+            node.meta["host_made"] = key not in self._names and self._made_on_host(tensor)
+            if node.meta["host_made"]:
+                self._fresh_host.append((node, tensor))
             self._attr_nodes[key] = node
             self._node_of[tensor] = node
         return node
 
+
+    def _made_on_host(self, tensor: torch.Tensor) -> bool:
+        """Whether a tensor that no recorded call produced was made on the host during the forward, by a call
+        torch does not route through the capture (`torch.from_numpy`, `torch.FloatTensor(n)`, `frombuffer`):
+        on the CPU, not held by the model, its inputs or a module's globals, and not a view of a recorded tensor
+        (iterating a tensor yields such views)."""
+        if tensor.device.type != "cpu" or id(tensor) in self._kept:
+            return False
+        storage = storage_key(tensor)
+        return storage is not None and all(storage_key(known) != storage for known in self._node_of.keys())
 
 
 _GRAD_MODE_FILE = os.path.join("torch", "autograd", "grad_mode.py")
@@ -386,6 +409,33 @@ def _decorated_by_inference_mode(frame: types.FrameType | None, boundary: types.
     return found
 
 
+def _assignment_of(tensor: torch.Tensor, stack: tuple[Frame, ...], frame: types.FrameType | None) -> tuple[Frame, ...]:
+    """Where a tensor first used in the statement at the end of `stack` was made: when a local variable of that
+    function holds it, the nearest earlier line of the function that assigns the variable from something else;
+    else that statement (a temporary, as in `torch.FloatTensor(n).uniform_()`)."""
+    if not stack:
+        return stack
+    here = stack[-1]
+    while frame is not None and not (frame.f_code.co_name == here.function and frame.f_lineno >= here.line
+                                     and os.path.abspath(frame.f_code.co_filename) == here.file):
+        frame = frame.f_back
+    if frame is None:
+        return stack
+    names = [name for name, value in frame.f_locals.items() if value is tensor]
+    if not names:
+        return stack
+    alternatives = "|".join(map(re.escape, names))
+    assigns = re.compile(r"^\s*(?:[\w.\[\], ]*[, ]\s*)?(?:" + alternatives + r")\s*(?:,[\w.\[\], ]*)?(?::[^=]*)?=(?!=)")
+    mentions = re.compile(r"\b(?:" + alternatives + r")\b")
+    for line in range(here.line - 1, frame.f_code.co_firstlineno, -1):
+        text = linecache.getline(here.file, line)
+        found = assigns.match(text)
+        # `v = v.cuda()` (perhaps on a path not taken) moves the tensor; the line that made it assigns something else
+        if found and not mentions.search(text[found.end():]):
+            return (*stack[:-1], Frame(here.file, line, here.function))
+    return stack
+
+
 def _grad_mode() -> str:
     if torch.is_grad_enabled():
         return "enabled"
@@ -412,6 +462,47 @@ def _has_tensor(out: Any) -> bool:
 def _sequence_nr(tensor: torch.Tensor) -> int | None:
     grad_fn = tensor.grad_fn
     return grad_fn._sequence_nr() if grad_fn is not None else None
+
+
+def kept_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> frozenset[int]:
+    """The ids of the tensors that exist before the forward and that it may read without recording where they
+    came from: attributes of the model's modules and classes, the globals of the files that define them, and
+    tensors anywhere inside the inputs (a cache object's fields)."""
+    found: set[int] = set()
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found.add(id(value))
+            return
+        if depth <= 0 or id(value) in seen or isinstance(value, (*_PLAIN_TYPES, types.ModuleType, type)):
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)
+        elif isinstance(value, torch.nn.Module) or callable(value):
+            return  # modules are walked on their own; functions hold no inputs
+        else:
+            items = list(getattr(value, "__dict__", {}).values())
+        for item in items:
+            walk(item, depth - 1)
+
+    defining = set()
+    for module in model.modules():
+        for value in vars(module).values():
+            walk(value, 2)
+        for cls in type(module).__mro__:
+            defining.add(cls.__module__)
+            for value in vars(cls).values():
+                walk(value, 1)
+    for name in defining:
+        for value in vars(sys.modules.get(name, types)).values():
+            walk(value, 2)
+    walk(list(args), 4)
+    walk(list(kwargs.values()), 4)
+    return frozenset(found)
 
 
 def recorded_ops(graph: fx.Graph) -> list[fx.Node]:
