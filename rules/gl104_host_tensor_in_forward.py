@@ -33,18 +33,33 @@ class HostTensorInForward(Rule):
     precision = "high"
     summary = "A tensor built on the host and copied to the device on every forward."
     what = """
-        In the project's own forward or loss:
+        In the project's own forward or loss, a tensor judged by its origin: not an input, a parameter or a
+        buffer, but made on the host inside the forward, then copied to the device. Reported at the line that
+        made it, with the copy as a related location:
 
         - a torch factory call without `device=` (`torch.arange`, `zeros`, `ones`, `empty`, `full`, `eye`,
           `rand`, `randn`, `randint`, `tensor`, ...) whose result, directly or after more host-side ops, is moved
-          with `.to(device or tensor)`, `.cuda()` or `.type_as(tensor)`; the move is shown as a related location;
+          with `.to(device or tensor)`, `.cuda()` or `.type_as(tensor)`;
+        - a tensor made by a call that PyTorch does not record: `torch.from_numpy(...)` (however it is imported),
+          legacy constructors (`torch.FloatTensor(n)`, `torch.LongTensor([...])`, `torch.Tensor(...)`),
+          `torch.frombuffer`: moved, or used with the model's tensors (on a GPU, that use needs it on the device);
         - `torch.tensor(<Python data>, device=...)`: the data lives in Python, so it is copied on every forward.
 
+        Paths taken only on a GPU. graphlint captures on the meta device or the CPU, so `if x.is_cuda:`,
+        `v.cuda() if w.is_cuda else v` and `if x.device.type == "cuda":` take their CPU branch, and the copy
+        does not run. graphlint still sees the tensor's origin and where it meets the model's tensors, and reads
+        the source between them: a factory result reassigned from a move of itself there (`v = v.cuda()`,
+        `v = v.to(x.device)`) that the capture did not run is reported. A tensor from a call PyTorch does not
+        record is reported wherever it meets the model's tensors (not a single number, which torch takes beside
+        device tensors). What graphlint does not see: a move on an untaken path in another function, and
+        custom CUDA code.
+
         Not flagged: `torch.arange(n, device=x.device)`, `x.new_zeros(...)`, `torch.zeros_like(x)`, registered
-        buffers and tensors built in `__init__`, casts that only change the dtype, factory calls with a
-        `generator=` (a host generator is a deliberate choice), and calls inside installed libraries. The
-        capture runs on the meta device, so the rule judges the calls as written, not where memory landed.
-        `torch.from_numpy` is not seen (torch does not route it through the capture).
+        buffers, tensors built in `__init__` or at module level (even when moved in the forward), views of the
+        inputs (iterating a batch), casts that only change the dtype, factory calls with a `generator=` (a host
+        generator is a deliberate choice), a factory result that never goes to the device, and calls inside
+        installed libraries. The capture runs on the meta device, so the rule judges the calls as written, not
+        where memory landed.
     """
     why = """
         The tensor is filled by the CPU, then copied to the device through pageable memory, which makes the
@@ -55,11 +70,14 @@ class HostTensorInForward(Rule):
         positions = torch.arange(x.shape[1]).to(x.device)
         noise = torch.randn(x.shape).cuda()
         scale = torch.tensor([0.5, 2.0], device=x.device)
+        negatives = torch.FloatTensor(n).uniform_(0, vocab).long()
+        negatives = negatives.cuda() if self.embed.weight.is_cuda else negatives
     """
     instead = """
         positions = torch.arange(x.shape[1], device=x.device)
         noise = torch.randn_like(x)
         self.register_buffer("scale", torch.tensor([0.5, 2.0]), persistent=False)   # in __init__
+        negatives = torch.randint(0, vocab, (n,), device=self.embed.weight.device)
     """
     bad_examples = (
         Example(
@@ -86,6 +104,34 @@ class HostTensorInForward(Rule):
 
                 def make():
                     return Model(), (torch.randint(0, 32, (2, 6)),)
+            ''',
+        ),
+        Example(
+            title="negatives sampled on the host with numpy and a legacy constructor, moved on a GPU-only path",
+            source='''
+                import numpy as np
+                import torch
+                from torch import nn
+
+
+                class SkipGram(nn.Module):
+                    def __init__(self, vocab=50, dim=8):
+                        super().__init__()
+                        self.vocab = vocab
+                        self.embed = nn.Embedding(vocab, dim)
+                        self.frequencies = np.full(vocab, 1 / vocab)
+
+                    def forward(self, words):
+                        n = words.numel() * 4
+                        negatives = torch.FloatTensor(n).uniform_(0, self.vocab - 1).long()  # expect: GL104
+                        negatives = negatives.cuda() if self.embed.weight.is_cuda else negatives
+                        noise = torch.from_numpy(np.random.choice(self.vocab, n, p=self.frequencies))  # expect: GL104
+                        noise = noise.to(words.device)
+                        return -(self.embed(words).sum() - self.embed(negatives).sum() - self.embed(noise).sum())
+
+
+                def make():
+                    return SkipGram(), (torch.randint(0, 50, (2, 6)),)
             ''',
         ),
     )

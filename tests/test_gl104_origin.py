@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from conftest import findings_of, line_of, lint_file, write
+from graphlint.rules.gl104_host_tensor_in_forward import HostTensorInForward
 
 MODEL = '''
 import numpy as np
@@ -111,8 +112,16 @@ def test_the_span_is_the_call_that_made_it(tmp_path):
     assert finding.message.startswith("A tensor made on the host in the model (by a call such as torch.from_numpy")
 
 
+@pytest.mark.parametrize("example", [e for e in HostTensorInForward.bad_examples if "from_numpy" in e.code],
+                         ids=lambda e: e.title.replace(" ", "-"))
+def test_the_examples_copy_once_per_flagged_line(example, tmp_path):
+    path = write(tmp_path, "example.py", example.code)
+    assert _host_to_device_copies(path) == len(example.expected_lines("GL104"))
+
+
 class _Copies(TorchFunctionMode):
-    """Counts copies of CPU tensors to the meta device (standing in for a GPU)."""
+    """Counts copies of CPU tensors to the meta device (standing in for a GPU): moves, and calls that take a
+    CPU tensor (not a single number) beside device tensors, which a GPU copies first (indexing with it)."""
 
     def __init__(self):
         super().__init__()
@@ -120,9 +129,12 @@ class _Copies(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") in ("to", "cuda") and isinstance(out, torch.Tensor) and args and \
-                isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu" and out.device.type == "meta":
-            self.count += 1
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if getattr(func, "__name__", "") in ("to", "cuda"):
+            if isinstance(out, torch.Tensor) and tensors[0].device.type == "cpu" and out.device.type == "meta":
+                self.count += 1
+        elif any(t.device.type == "meta" for t in tensors):
+            self.count += sum(t.device.type == "cpu" and t.dim() > 0 for t in tensors)
         return out
 
 
@@ -138,9 +150,10 @@ def _host_to_device_copies(path) -> int:
     saved = {name: torch.Tensor.__dict__.get(name) for name in patched}
     for name, value in patched.items():
         setattr(torch.Tensor, name, value)
+    args = tuple(a.to("meta") for a in args)
     try:
         with _Copies() as copies:
-            model(*(a.to("meta") for a in args))
+            model(*args)
     finally:
         for name, value in saved.items():
             if value is None:
