@@ -36,9 +36,12 @@ class BiasBeforeNorm(Rule):
     what = """
         A `Conv1d/2d/3d`, `ConvTranspose*d` or `Linear` with a bias whose output goes only into a norm that
         subtracts a per-channel mean computed over the batch: `BatchNorm1d/2d/3d` in training mode,
-        `InstanceNorm*d`, `GroupNorm` with one channel per group, or their functional forms. Views that keep
-        the channel axis may sit in between (`transpose(1, 2)` before a `BatchNorm1d`, `unsqueeze`,
-        `flatten` of the dimensions after it).
+        `InstanceNorm*d`, `GroupNorm` with one channel per group, or their functional forms. Reshapes,
+        flattens and permutes may sit in between as long as each channel of the norm still sees one bias value,
+        whatever index the bias's axis has by then: `transpose(1, 2)` or `permute` before a `BatchNorm1d`,
+        batch and tokens merged with `flatten(0, 1)` (LeViT's `bn(x.flatten(0, 1)).reshape_as(x)`), a conv in
+        channels-last layout flattened to `(N, C)`, `unsqueeze`. Uses of the layer's output for its shape only
+        (`reshape_as(x)`, `zeros_like(x)`) do not count as other uses.
 
         The finding points at the line that built the layer (the argument inside `nn.Sequential(...)` when it
         is there), once per line with the number of layers; the norm is a related location. Not flagged:
