@@ -16,6 +16,8 @@ Each node's `meta` carries:
 - `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
 - `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
 - `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
+- `torch_helper`: for a call made by torch's own Python helper (not a module's forward), the helper the user
+  called and the helper's line that made the call (`Frame`s), such as `pad_packed_sequence`.
 - `host_made` (on `get_attr` nodes of tensors no recorded call produced): made on the host during the forward by a
   call the capture cannot see (`torch.from_numpy`, legacy constructors such as `torch.FloatTensor(n)`).
 """
@@ -282,6 +284,9 @@ class ForwardRecorder(TorchFunctionMode):
             meta["grad_region"] = self._grad_region
         meta["phase"] = self.phase
         meta["saved_range"] = saved_range
+        helper = self._stacks.torch_helper(sys._getframe(2))
+        if helper is not None:
+            meta["torch_helper"] = helper
         while self._fresh_host:
             made, tensor = self._fresh_host.pop()
             made.meta["made_at"] = _assignment_of(tensor, stack, sys._getframe(2))
