@@ -122,11 +122,14 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
         return trusted and in_reentrant_checkpoint(node) and node in live
 
     if capture.autograd.root is None:
-        # No backward at all (the output needs no grad): the parameters whose path to the output is cut, such
-        # as a whole forward under @torch.no_grad() or @torch.inference_mode(); the others' outputs are simply
-        # not differentiable (integer predictions), which is no cut.
+        # No backward at all (the output needs no grad): the parameters that autograd was off for on their way
+        # to the output, as under @torch.no_grad() or @torch.inference_mode() on the whole forward. An output
+        # that is simply not differentiable (integer predictions, a Python number) cuts nothing: no loss is meant.
+        def switched_off(node: fx.Node) -> bool:
+            return matters(node) and cut_kind(node) in ("no_grad", "inference_mode")
+
         trainable = [name for name, info in capture.parameters.items() if info.requires_grad and name in reads]
-        cuts = {name: first_stops(reads[name], matters) for name in trainable}
+        cuts = {name: first_stops(reads[name], switched_off) for name in trainable}
         return {name: stops for name, stops in cuts.items() if stops}
     return {name: first_stops(reads[name], matters) or first_stops(reads[name], checkpointed)
             for name in trainable_without_gradient(capture) if name in reads}

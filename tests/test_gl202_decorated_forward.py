@@ -159,6 +159,24 @@ def test_a_model_with_nothing_to_train_keeps_only_the_note(tmp_path):
     assert any("no backward pass was captured" in note for note in report.results[0].notes)
 
 
+NO_LOSS_NOT_CUT = {
+    "a Python number": "return int(self.output(self.tok_embeddings(tokens)).argmax())",
+    "integer predictions": "return self.output(self.tok_embeddings(tokens)).argmax(-1)",
+    "a detached output": "return self.output(self.tok_embeddings(tokens)).detach()",
+}
+
+
+@pytest.mark.parametrize("body", NO_LOSS_NOT_CUT.values(), ids=NO_LOSS_NOT_CUT.keys())
+def test_an_output_that_is_not_differentiable_on_purpose_keeps_only_the_note(body, tmp_path):
+    source = LLAMA.replace("    {decorator}  # the decorator\n", "").replace(
+        "        h = self.tok_embeddings(tokens)\n", f"        {body}\n")
+    path = write(tmp_path, "llama.py", source)
+    report = lint_file(path)
+    assert report.errors == []
+    assert findings_of(report, "GL202") == findings_of(report, "GL203") == []
+    assert any("no backward pass was captured" in note for note in report.results[0].notes)
+
+
 NOT_CUT = {
     "enable_grad on a forward": "    @torch.enable_grad()\n    def forward(self, x):",
     "inference_mode(False) on a forward": "    @torch.inference_mode(False)\n    def forward(self, x):",
