@@ -12,6 +12,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture.frames import Frame
 from graphlint.files import is_installed_file
+from graphlint.flow import cut_lines
 from graphlint.ops import is_own_code, op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -207,13 +208,14 @@ def _unrecorded_host_tensors(capture):
     constructors), anchored at their first use: moved to the device, or meeting the model's tensors, which
     on a GPU needs a copy on a path this capture did not take (`v.cuda() if w.is_cuda else v`)."""
     order = {node: index for index, node in enumerate(capture.ops)}
+    trips = cut_lines(capture)  # a value back from a trip out of torch that cuts gradients is GL202's line
     for node in capture.forward.nodes:
         if node.op != "get_attr" or not node.meta.get("host_made"):
             continue
         uses = sorted((user for user in node.users if user in order), key=order.__getitem__)
         made = node.meta.get("made_at") or (uses[0].meta.get("stack") if uses else ())
-        if not made or is_installed_file(made[-1].file):
-            continue  # made inside a library, which its users cannot change
+        if not made or is_installed_file(made[-1].file) or (made[-1].file, made[-1].line) in trips:
+            continue  # made inside a library, which its users cannot change, or reported as the cut
         first = uses[0]
         # The line that made it, as a whole statement: the capture saw only its first use.
         at = {"stack": (*made[:-1], Frame(made[-1].file, made[-1].line, made[-1].function)),

@@ -173,7 +173,7 @@ def test_a_line_that_cuts_gradients_and_syncs_is_reported_once_as_the_cut(body, 
     [cut] = findings_of(report, "GL202")
     assert cut.location.line == line_of(path, "# cut")
     assert "gate.weight, gate.bias" in cut.message
-    assert findings_of(report, "GL103") == []
+    assert findings_of(report, "GL103") == findings_of(report, "GL104") == []  # the way back is the same trip
 
 
 def test_a_host_trip_that_cuts_nothing_keeps_its_own_finding_beside_a_cut(tmp_path):

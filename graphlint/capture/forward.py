@@ -364,7 +364,7 @@ class ForwardRecorder(TorchFunctionMode):
         torch does not route through the capture (`torch.from_numpy`, `torch.FloatTensor(n)`, `frombuffer`):
         on the CPU, not held by the model, its inputs or a module's globals, and not a view of a recorded tensor
         (iterating a tensor yields such views)."""
-        if tensor.device.type != "cpu" or id(tensor) in self._kept:
+        if tensor.device.type != "cpu" or id(tensor) in self._kept or tensor._base is not None:
             return False
         storage = storage_key(tensor)
         return storage is not None and all(storage_key(known) != storage for known in self._node_of.keys())
