@@ -20,9 +20,9 @@ from graphlint.rule import Example, Problem, Rule
 # torch functions that create a tensor and take `device=`; without it they fill host memory.
 FACTORIES = frozenset({
     "arange", "range", "linspace", "logspace", "zeros", "ones", "empty", "full", "eye", "rand", "randn",
-    "randint", "randperm", "tensor", "as_tensor", "scalar_tensor",
+    "randint", "randperm", "tensor", "as_tensor", "asarray", "scalar_tensor",
 })
-_FROM_PYTHON_DATA = frozenset({"tensor", "as_tensor"})
+_FROM_PYTHON_DATA = frozenset({"tensor", "as_tensor", "asarray"})
 _MAX_STEPS = 8
 
 
@@ -44,7 +44,8 @@ class HostTensorInForward(Rule):
         - a tensor made by a call that PyTorch does not record: `torch.from_numpy(...)` (however it is imported),
           legacy constructors (`torch.FloatTensor(n)`, `torch.LongTensor([...])`, `torch.Tensor(...)`),
           `torch.frombuffer`: moved, or used with the model's tensors (on a GPU, that use needs it on the device);
-        - `torch.tensor(<Python data>, device=...)`: the data lives in Python, so it is copied on every forward.
+        - `torch.tensor(<Python data>, device=...)` (or `as_tensor`, `asarray`, `x.new_tensor(<Python data>)`):
+          the data lives in Python, so it is copied on every forward.
 
         Paths taken only on a GPU. graphlint captures on the meta device or the CPU, so `if x.is_cuda:`,
         `v.cuda() if w.is_cuda else v` and `if x.device.type == "cuda":` take their CPU branch, and the copy
@@ -169,6 +170,13 @@ class HostTensorInForward(Rule):
     def check(self, capture):
         yield from _unrecorded_host_tensors(capture)
         for node in capture.ops:
+            if op(node) == "new_tensor" and len(node.args) > 1 and not _has_node(node.args[1]) and is_own_code(node):
+                yield Problem(
+                    node=node,
+                    message=".new_tensor() of Python data in {where} copies that data to the device on every "
+                            "forward{occurrences}; register it once as a buffer in __init__, or use new_full for "
+                            "a single value.",
+                )
             if op(node) not in FACTORIES or not is_own_code(node):
                 continue
             if _host_factory(node):

@@ -68,6 +68,7 @@ FLAGGED = {
         "h = (mask @ h)  # used",
     "a factory without device, moved in a conditional expression":
         "noise = torch.randn(8)  # made\nnoise = noise.cuda() if h.is_cuda else noise\nh = h + noise  # used",
+    "asarray of a Python list, moved": "w = torch.asarray([0.5, 2.0] * 4)  # made\nh = h * w.to(ids.device)  # moved",
 }
 
 NOT_FLAGGED = {
@@ -101,6 +102,14 @@ def test_tensors_not_made_on_the_host_in_the_forward_are_not_flagged(body, tmp_p
     report = lint_file(path)
     assert report.errors == []
     assert findings_of(report, "GL104") == []
+
+
+def test_python_data_given_to_new_tensor_in_every_forward_is_flagged(tmp_path):
+    path = write(tmp_path, "model.py", model_with("h = h * h.new_tensor([0.5, 2.0] * 4)  # made\n"
+                                                  "h = h * h.new_tensor(h.detach())"))
+    [finding] = findings_of(lint_file(path), "GL104")
+    assert finding.location.line == line_of(path, "# made")
+    assert finding.message.startswith(".new_tensor() of Python data in the model copies that data to the device")
 
 
 def test_the_span_is_the_call_that_made_it(tmp_path):
