@@ -96,7 +96,7 @@ def capture_model(
     stacks = StackRecorder()
     saved = SavedTensorRecorder()
     tracker = ModuleCallTracker(modules)
-    recorder = ForwardRecorder(stacks, tracker, names, saved.count, kept_tensors(model, args, kwargs))
+    recorder = ForwardRecorder(stacks, tracker, names, saved.count, functools.partial(kept_tensors, model, args, kwargs))
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     debug = debug or DebugSwitchWatch()

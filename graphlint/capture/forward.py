@@ -154,7 +154,7 @@ class ForwardRecorder(TorchFunctionMode):
         modules: ModuleCallTracker,
         names: dict[int, str],
         saved_count: Callable[[], int],
-        kept: frozenset[int] = frozenset(),
+        kept: Callable[[], frozenset[int]] = frozenset,
     ) -> None:
         super().__init__()
         self.graph = fx.Graph()
@@ -163,7 +163,9 @@ class ForwardRecorder(TorchFunctionMode):
         self._stacks = stacks
         self._modules = modules
         self._names = names  # id(parameter or buffer) -> qualified name
-        self._kept = kept  # ids of the tensors that existed before the forward (held by the model, its inputs, globals)
+        # The ids of the tensors held by the model, its inputs and globals, found when first needed (rarely).
+        self._find_kept = kept
+        self._kept: frozenset[int] | None = None
         self._fresh_host: list[tuple[fx.Node, torch.Tensor]] = []  # host-made tensors met in the call being recorded
         self._saved_count = saved_count
         self._node_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -364,7 +366,11 @@ class ForwardRecorder(TorchFunctionMode):
         torch does not route through the capture (`torch.from_numpy`, `torch.FloatTensor(n)`, `frombuffer`):
         on the CPU, not held by the model, its inputs or a module's globals, and not a view of a recorded tensor
         (iterating a tensor yields such views)."""
-        if tensor.device.type != "cpu" or id(tensor) in self._kept or tensor._base is not None:
+        if tensor.device.type != "cpu" or tensor._base is not None:
+            return False
+        if self._kept is None:
+            self._kept = self._find_kept()
+        if id(tensor) in self._kept:
             return False
         storage = storage_key(tensor)
         return storage is not None and all(storage_key(known) != storage for known in self._node_of.keys())
