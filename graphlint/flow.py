@@ -118,7 +118,8 @@ def gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     its way to the loss. A cut matters when what it passes on reaches the loss (a detach inside a term the
     loss drops cuts nothing); a value that left torch (`.item()`) cannot be followed, so that cut always
     counts; the ops of a reentrant checkpoint's block count only when nothing else cuts the parameter. An
-    empty list: used, but its results never reach the loss."""
+    empty list: used, but its results never reach the loss. Without a loss, only the parameters that a cut
+    kept out of the output."""
     return _once(capture, _gradient_cuts)
 
 
@@ -138,5 +139,29 @@ def _gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
     def checkpointed(node: fx.Node) -> bool:
         return trusted and in_reentrant_checkpoint(node) and node in live
 
+    if capture.autograd.root is None:
+        # No backward at all (the output needs no grad): the parameters that autograd was off for on their way
+        # to the output, as under @torch.no_grad() or @torch.inference_mode() on the whole forward. An output
+        # that is simply not differentiable (integer predictions, a Python number) cuts nothing: no loss is meant.
+        def switched_off(node: fx.Node) -> bool:
+            return matters(node) and cut_kind(node) in ("no_grad", "inference_mode")
+
+        trainable = [name for name, info in capture.parameters.items() if info.requires_grad and name in reads]
+        cuts = {name: first_stops(reads[name], switched_off) for name in trainable}
+        return {name: stops for name, stops in cuts.items() if stops}
     return {name: first_stops(reads[name], matters) or first_stops(reads[name], checkpointed)
             for name in trainable_without_gradient(capture) if name in reads}
+
+
+def cut_lines(capture: Capture) -> set[tuple[str, int]]:
+    """The source lines (file, line) where GL202 reports a gradient cut: each cut's own line and, for a cut
+    inside a `no_grad` block, the statement's. A host trip on such a line is reported once, as the cut."""
+    lines = set()
+    for cuts in gradient_cuts(capture).values():
+        for cut in cuts:
+            stack = facts(cut).stack
+            region = facts(cut).grad_region
+            for frames in (stack, region.statement_of(stack) if region is not None else ()):
+                if frames:
+                    lines.add((frames[-1].file, frames[-1].line))
+    return lines

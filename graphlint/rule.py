@@ -83,7 +83,8 @@ class Problem:
     - `{parameters}`: the union of `parameters`, grouped (`enc.0.weight, enc.0.bias, ... (4 tensors in enc)`).
     Braces around any other word are left as they are.
 
-    `related` are other nodes of the same pattern with a short label. With `at_build_site`, an op inside a
+    `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
+    helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
     it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite).
     """
@@ -92,7 +93,7 @@ class Problem:
     node: fx.Node | None = None
     stack: tuple[Frame, ...] = ()  # the anchor when there is no node: the user stack that built or ran it
     module_path: str = ""  # for a problem without a node
-    related: tuple[tuple[fx.Node, str], ...] = ()
+    related: tuple[tuple[fx.Node | Frame, str], ...] = ()
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from graphlint.flow import gradient_cuts
+from graphlint.capture import facts
+from graphlint.flow import cut_lines
 from graphlint.ops import is_own_code, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -38,6 +39,32 @@ _VALUE_SHAPED_OPS = {
     "getitem": "Indexing with a boolean mask",
 }
 _STATIC_FIX = "use torch.where or masked_fill to keep a static shape"
+# Syncs inside torch helpers whose cause and remedy are known: (helper, op) -> (what it does, what to do).
+_HELPER_CAUSES = {
+    ("pad_packed_sequence", "cpu"): (
+        "copies the batch's unsorted_indices to the host (.cpu()) because the batch was packed with "
+        "enforce_sorted=False",
+        "sort each batch by length, longest first (in the data loader), and pack it with enforce_sorted=True",
+    ),
+    ("Distribution.__init__", "bool"): (
+        "checks its arguments' values on the host (validate_args)",
+        "pass validate_args=False to the distribution in training code "
+        "(or torch.distributions.Distribution.set_default_validate_args(False))",
+    ),
+    ("Distribution._validate_sample", "bool"): (
+        "checks the sample's values on the host (validate_args)",
+        "pass validate_args=False to the distribution in training code "
+        "(or torch.distributions.Distribution.set_default_validate_args(False))",
+    ),
+    ("pack_padded_sequence", "to"): (
+        "copies lengths to the host, where it needs them",
+        "keep the lengths on the CPU (a list or a CPU tensor) rather than on the device",
+    ),
+    ("pack_padded_sequence", "as_tensor"): (
+        "copies lengths to the host, where it needs them",
+        "keep the lengths on the CPU (a list or a CPU tensor) rather than on the device",
+    ),
+}
 
 
 class HostSync(Rule):
@@ -58,8 +85,20 @@ class HostSync(Rule):
         - printing or formatting a tensor (`print(t)`, `f"{t}"`).
 
         One finding per line, with the number of times it ran. Not flagged: shape arithmetic (`x.shape[0]`,
-        `x.size(-1)`, `len(x)`), Python numbers, calls inside installed libraries, and an `.item()` that cuts
-        parameters off from the loss (GL202 reports that one).
+        `x.size(-1)`, `len(x)`), Python numbers, and calls inside installed libraries.
+
+        A sync inside torch's own Python code that the forward called (`torch.nn.utils.rnn.pad_packed_sequence`,
+        `pack_padded_sequence`, a `torch.distributions` object checking its arguments) is reported at the call in
+        the project's code, naming the helper and why it syncs there, with torch's line as a related location
+        and the remedy when it is known ("`pad_packed_sequence` copies `unsorted_indices` to the host because
+        the batch was packed with `enforce_sorted=False`": sort the batches and pack with `enforce_sorted=True`;
+        `validate_args=False` for a distribution in training code).
+
+        One policy for host trips that also cut gradients: a line where GL202 reports a gradient cut gets no
+        GL103, whatever host trips it holds. An `.item()` that cuts parameters off from the loss, and every trip
+        on a line such as `h.detach().cpu().numpy()` that does, are GL202's (an error, whose message says that
+        the trip also waits for the device); keeping the computation in tensors fixes both. A host trip that
+        cuts nothing trainable, on a line of its own, is GL103.
     """
     why = """
         The device runs work queued by Python asynchronously; reading a value back makes Python wait until
@@ -160,13 +199,20 @@ class HostSync(Rule):
     )
 
     def check(self, capture):
-        cuts = {node for nodes in gradient_cuts(capture).values() for node in nodes}  # GL202's findings
+        cut = cut_lines(capture)  # GL202 reports these lines, host trips included
         for node in capture.ops:
-            if node in cuts or not is_own_code(node):
+            if not is_own_code(node) or (facts(node).stack[-1].file, facts(node).stack[-1].line) in cut:
                 continue
             message = _message(node)
-            if message is not None:
+            if message is None:
+                continue
+            helper = facts(node).torch_helper
+            if helper is None:
                 yield Problem(node=node, message=message)
+                continue
+            called, line = helper  # the helper the user called, and torch's line that synchronises
+            yield Problem(node=node, message=_helper_message(node, called.function, line.function),
+                          related=((line, f"{_what(node)} inside torch's {called.function}()"),))
 
 
 def _message(node: fx.Node) -> str | None:
@@ -180,6 +226,26 @@ def _message(node: fx.Node) -> str | None:
         what, does, fix = _MESSAGES[name]
         return f"{what} in {{where}} {does}, {_BLOCKS}{{occurrences}}; {fix}."
     return None
+
+
+def _what(node: fx.Node) -> str:
+    """The synchronising call as written in torch's code: `.cpu()`, `nonzero()`."""
+    name = op(node)
+    if name in _VALUE_SHAPED_OPS:
+        return _VALUE_SHAPED_OPS[name][0].lower() + _VALUE_SHAPED_OPS[name][1:]
+    what = _MESSAGES[name][0] if name in _MESSAGES else f".{name}()"
+    return what[0].lower() + what[1:] if what[:2] in ("A ", "Pr", "Fo") else what
+
+
+def _helper_message(node: fx.Node, helper: str, inner: str) -> str:
+    """The finding for a sync inside a torch helper the user called: the helper, why it syncs there, and the
+    remedy when it is known."""
+    cause, remedy = _HELPER_CAUSES.get((helper, op(node))) or _HELPER_CAUSES.get((inner, op(node))) or (None, None)
+    if cause is None:
+        does = "reads values on the host" if op(node) in _VALUE_SHAPED_OPS else _MESSAGES.get(op(node), ("", "syncs"))[1]
+        cause = f"calls {_what(node)} inside, which {does}"
+        remedy = "call it outside the forward, or give it inputs that need no copy (torch's line is related)"
+    return f"torch's {helper}() in {{where}} {cause}, {_BLOCKS}{{occurrences}}; {remedy}."
 
 
 def _value_shaped(node: fx.Node) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import fx
 
 from graphlint.capture import facts
@@ -17,6 +18,12 @@ _LAYERS = {"linear": 0, "conv1d": 1, "conv2d": 2, "conv3d": 3,
            "conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 _SAME_AXES = CAST | frozenset({"contiguous", "clone"})
 _RESHAPES = frozenset({"view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze"})
+_REARRANGES = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t", "movedim", "moveaxis"})
+_MAX_INDEX_ELEMENTS = 1 << 21  # larger outputs follow the bias's axis alone
+# Calls that take a tensor for its shape, dtype or device only: as their second argument, or as their first.
+_SHAPE_OF_SECOND = frozenset({"view_as", "reshape_as", "expand_as", "type_as"})
+_SHAPE_OF_FIRST = frozenset({"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+                             "randint_like", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor"})
 
 
 class BiasBeforeNorm(Rule):
@@ -29,9 +36,12 @@ class BiasBeforeNorm(Rule):
     what = """
         A `Conv1d/2d/3d`, `ConvTranspose*d` or `Linear` with a bias whose output goes only into a norm that
         subtracts a per-channel mean computed over the batch: `BatchNorm1d/2d/3d` in training mode,
-        `InstanceNorm*d`, `GroupNorm` with one channel per group, or their functional forms. Views that keep
-        the channel axis may sit in between (`transpose(1, 2)` before a `BatchNorm1d`, `unsqueeze`,
-        `flatten` of the dimensions after it).
+        `InstanceNorm*d`, `GroupNorm` with one channel per group, or their functional forms. Reshapes,
+        flattens and permutes may sit in between as long as each channel of the norm still sees one bias value,
+        whatever index the bias's axis has by then: `transpose(1, 2)` or `permute` before a `BatchNorm1d`,
+        batch and tokens merged with `flatten(0, 1)` (LeViT's `bn(x.flatten(0, 1)).reshape_as(x)`), a conv in
+        channels-last layout flattened to `(N, C)`, `unsqueeze`. Uses of the layer's output for its shape only
+        (`reshape_as(x)`, `zeros_like(x)`) do not count as other uses.
 
         The finding points at the line that built the layer (the argument inside `nn.Sequential(...)` when it
         is there), once per line with the number of layers; the norm is a related location. Not flagged:
@@ -279,22 +289,80 @@ def _has_trained_bias(layer: fx.Node) -> bool:
 
 
 def _cancelling_norm(layer: fx.Node, axis: int) -> fx.Node | None:
-    """The norm that alone uses the layer's output, through views that keep the bias's axis as its channel
-    axis, when it subtracts a mean per channel; None otherwise."""
+    """The norm that alone uses the layer's output, through views that keep each of its channels fed by one
+    bias value (the bias's axis as its channel axis, whatever index it has, perhaps merged with other
+    per-sample axes), when it subtracts a mean per channel; None otherwise."""
+    index = _bias_index(layer, axis)
     node = layer
     for _ in range(MAX_PASS_THROUGH_STEPS):
-        if len(node.users) != 1:
+        users = [user for user in node.users if not _reads_shape_only(user, node)]
+        if len(users) != 1:
             return None
-        user = next(iter(node.users))
+        user = users[0]
         if arg(user, 0, "input") is not node:
             return None
         if op(user) in ("batch_norm", "instance_norm", "group_norm"):
-            return user if axis == 1 and _subtracts_channel_mean(user) else None
-        axis = _axis_after(user, axis)
-        if axis is None:
+            if not _subtracts_channel_mean(user):
+                return None
+            cancelled = _one_bias_per_channel(index) if index is not None else axis == 1
+            return user if cancelled else None
+        index = _replay(user, index) if index is not None else None
+        axis = _axis_after(user, axis) if axis is not None else None
+        if index is None and axis is None:
             return None
         node = user
     return None
+
+
+def _bias_index(layer: fx.Node, axis: int) -> torch.Tensor | None:
+    """A tensor of the layer output's shape holding, at each element, the index of the bias element added
+    there; replaying the views on it shows which bias values each norm channel sees. None when too large,
+    where the axis is followed instead."""
+    meta = tensor_meta(layer)
+    if meta is None or math.prod(meta.shape) > _MAX_INDEX_ELEMENTS:
+        return None
+    shape = [1] * len(meta.shape)
+    shape[axis] = meta.shape[axis]
+    return torch.arange(meta.shape[axis]).reshape(shape).expand(meta.shape)
+
+
+def _replay(view: fx.Node, index: torch.Tensor) -> torch.Tensor | None:
+    """The view applied to the index tensor; None when the op is not a pure rearrangement of elements."""
+    name = op(view)
+    after = tensor_meta(view)
+    if after is None:
+        return None
+    if name in _SAME_AXES:
+        out = index
+    elif name in _RESHAPES:
+        out = index.reshape(after.shape) if math.prod(after.shape) == index.numel() else None
+    elif name in ("T", "mT"):
+        out = getattr(index, name)
+    elif name in _REARRANGES:
+        try:
+            out = getattr(index, name)(*view.args[1:], **view.kwargs)
+        except Exception:  # arguments recorded as nodes or in a form the method does not take
+            return None
+    else:
+        return None
+    return out if out is not None and tuple(out.shape) == tuple(after.shape) else None
+
+
+def _one_bias_per_channel(index: torch.Tensor) -> bool:
+    """Whether every channel (axis 1) of the norm's input holds one bias element at all its positions."""
+    if index.dim() < 2:
+        return False
+    per_channel = index.transpose(0, 1).reshape(index.shape[1], -1)
+    return bool((per_channel == per_channel[:, :1]).all())
+
+
+def _reads_shape_only(user: fx.Node, value: fx.Node) -> bool:
+    """Whether `user` reads only the shape, dtype or device of `value`, not its numbers: `y.reshape_as(value)`
+    (LeViT's `bn(x.flatten(0, 1)).reshape_as(x)`), `torch.zeros_like(value)`, `value.new_zeros(...)`."""
+    name = op(user)
+    if name in _SHAPE_OF_SECOND:
+        return arg(user, 0, "input") is not value
+    return name in _SHAPE_OF_FIRST
 
 
 def _subtracts_channel_mean(norm: fx.Node) -> bool:
@@ -319,6 +387,15 @@ def _axis_after(view: fx.Node, axis: int) -> int | None:
     if name == "transpose" and len(view.args) >= 3:
         first, second = (d % ndim for d in view.args[1:3])
         return second if axis == first else first if axis == second else axis
+    if name in ("t", "T", "mT"):  # 2-D transpose, all dimensions reversed, the last two swapped
+        if name == "mT":
+            return {ndim - 1: ndim - 2, ndim - 2: ndim - 1}.get(axis, axis)
+        return ndim - 1 - axis
+    if name in ("movedim", "moveaxis") and len(view.args) >= 3 and all(isinstance(d, int) for d in view.args[1:3]):
+        order = list(range(ndim))
+        source, destination = (d % ndim for d in view.args[1:3])
+        order.insert(destination, order.pop(source))
+        return order.index(axis)
     if name == "permute":
         dims = view.args[1:] if len(view.args) > 2 else view.args[1] if len(view.args) == 2 else view.kwargs.get("dims")
         order = [d % ndim for d in dims] if isinstance(dims, (list, tuple)) else []

@@ -20,18 +20,21 @@ class UnfusedNorm(Rule):
     what = """
         A normalisation over the last dimension spelled out step by step, with or without a float32 up-cast:
 
-        - LayerNorm: the mean, the centred input `x - mean`, the variance (`(x - mean).pow(2).mean(-1,
-          keepdim=True)` or `x.var(-1, keepdim=True, unbiased=False)`), `+ eps`, `sqrt` or `rsqrt`, and a
-          division or product;
-        - RMSNorm: the mean of squares (`x.pow(2)`, `x * x` or `x.square()`), `+ eps`, `rsqrt` or `sqrt`, and a
-          product or division of `x` by it;
+        - LayerNorm: the mean, the centred input `x - mean`, the biased variance (`(x - mean).pow(2).mean(-1,
+          keepdim=True)`, `x.var(-1, keepdim=True, unbiased=False)` or `correction=0`, `torch.var_mean(x, -1,
+          keepdim=True, correction=0)`, the square of a biased `std` or of `torch.std_mean`'s), `+ eps`, and
+          the root: `rsqrt`, `** -0.5`, `1 / sqrt(...)` or `sqrt(...).reciprocal()` times the centred input, or
+          the centred input divided by `sqrt`;
+        - RMSNorm: the mean of squares (`x.pow(2)`, `x ** 2`, `x * x`, `x.square()`), `+ eps`, and the same
+          roots, with `x`;
 
         followed or not by a learned scale and shift. It is reported once per line with the number of layers
         that run it. The finding points at the normalising step (the product or division); the mean is a
         related location. Not flagged: `nn.LayerNorm`, `nn.RMSNorm` and their functional forms,
         `F.normalize` and `x / x.norm(dim=-1, keepdim=True)` (L2 normalisation), standardising by constants
-        or by the unbiased standard deviation, statistics over the batch dimension, and normalisations inside
-        installed libraries (`transformers`' own `LlamaRMSNorm`).
+        or by the unbiased standard deviation (the default of `var`, `std`, `var_mean` and `std_mean`), epsilon
+        added to the standard deviation rather than the variance (not the library's formula), statistics over
+        the batch dimension, and normalisations inside installed libraries (`transformers`' own `LlamaRMSNorm`).
     """
     why = """
         Written out, a norm is five to eight kernels, each reading and writing the whole activation, and
@@ -249,7 +252,7 @@ class UnfusedNorm(Rule):
 
     def check(self, capture):
         for node in capture.ops:
-            if op(node) in ("rsqrt", "sqrt") and not ran_in_library(node):
+            if _is_root(node) and not ran_in_library(node):
                 found = _norm(node)
                 if found is not None and not ran_in_library(found[0]):
                     yield _problem(*found)
@@ -266,8 +269,16 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
     )
 
 
+def _is_root(node: fx.Node) -> bool:
+    """`rsqrt(s)`, `sqrt(s)` or `s ** -0.5`: the root of the statistic plus epsilon."""
+    name = op(node)
+    return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") == -0.5)
+
+
 def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
-    """(normalising step, mean, "LayerNorm" or "RMSNorm") for `rsqrt(stat + eps)` or `sqrt(stat + eps)`."""
+    """(normalising step, mean, "LayerNorm" or "RMSNorm") for `rsqrt(stat + eps)`, `sqrt(stat + eps)` or
+    `(stat + eps) ** -0.5`, where stat is the biased variance (`var`, `var_mean` with correction 0, a squared
+    biased `std` or `std_mean`, the mean of squares of the centred input) or the mean of squares."""
     plus_eps = strip_casts(arg(root, 0, "input"))
     if not isinstance(plus_eps, fx.Node) or op(plus_eps) != "add" or len(plus_eps.args) != 2:
         return None
@@ -277,43 +288,79 @@ def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
     if not isinstance(stat, fx.Node) or not isinstance(eps, float) or not 0 < eps < 0.1:
         return None
     stat = strip_casts(stat)
-    dims = _row_dims(stat)
-    if dims is None:
-        return None
-    if op(stat) == "var":
-        if not _biased(stat):
-            return None
-        base, kind, centred = strip_casts(arg(stat, 0, "input")), "LayerNorm", None
+    variance = _biased_variance(stat)
+    if variance is not None:
+        reducer, base = variance
+        dims = _row_dims(reducer)
+        kind, centred, anchor = "LayerNorm", None, stat
     elif op(stat) == "mean":
+        dims = _row_dims(stat)
         base = _squared(arg(stat, 0, "input"))
         if base is None:
             return None
         centred = base if _centring_mean(base, dims) is not None else None
-        kind = "LayerNorm" if centred is not None else "RMSNorm"
+        kind, anchor = ("LayerNorm" if centred is not None else "RMSNorm"), stat
     else:
         return None
-    for step in root.users:
-        other = _normalised(step, root)
-        if other is None:
-            continue
+    if dims is None:
+        return None
+    for step, other in _normalising_steps(root):
         if kind == "RMSNorm" and strip_casts(other) is base:
-            return step, stat, kind
+            return step, anchor, kind
         if kind == "LayerNorm":
             mean = _centring_mean(other, dims)
             x = base if centred is None else arg(centred, 0, "input")
-            if mean is not None and strip_casts(arg(mean, 0, "input")) is strip_casts(x):
+            if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
                 return step, mean, kind
     return None
 
 
-def _normalised(step: fx.Node, root: fx.Node):
-    """What `step` normalises: `y * rsqrt(...)` (either order) or `y / sqrt(...)`; None otherwise."""
+def _normalising_steps(root: fx.Node):
+    """(step, what it normalises) for each use of the root: `y * rsqrt(...)` (either order), `y / sqrt(...)`,
+    and `y * (1 / sqrt(...))` or `y * sqrt(...).reciprocal()`."""
+    inverse = op(root) != "sqrt"
+    for step in root.users:
+        if not inverse and (op(step) == "reciprocal" or (op(step) == "rdiv" and step.args[1:2] in ((1,), (1.0,)))):
+            for outer in step.users:
+                other = _normalised(outer, step, inverse=True)
+                if other is not None:
+                    yield outer, other
+            continue
+        other = _normalised(step, root, inverse)
+        if other is not None:
+            yield step, other
+
+
+def _biased_variance(stat: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(the reducing call, its input) when `stat` is a biased variance: `var(..., correction=0)`, the variance
+    of `var_mean(..., correction=0)`, or the square of a biased `std` or of `std_mean`'s deviation."""
+    squared = _squared(stat)
+    candidates = ((stat, ("var", "var_mean")),) + (((squared, ("std", "std_mean")),) if squared is not None else ())
+    for value, names in candidates:
+        reducer = value.args[0] if op(value) == "getitem" and value.args[1:2] == (0,) else value
+        if isinstance(reducer, fx.Node) and op(reducer) in names and _biased(reducer):
+            if op(reducer).endswith("_mean") and reducer is value:
+                continue  # the tuple itself, not its first part
+            return reducer, strip_casts(arg(reducer, 0, "input"))
+    return None
+
+
+def _reduced(mean: fx.Node):
+    """The input of a mean: of `x.mean(...)`, or of the `var_mean`/`std_mean` whose second part it is."""
+    if op(mean) == "getitem":
+        return arg(mean.args[0], 0, "input")
+    return arg(mean, 0, "input")
+
+
+def _normalised(step: fx.Node, root: fx.Node, inverse: bool):
+    """What `step` normalises: `y * root` (either order) for an inverse root, `y / root` for a root; None
+    otherwise."""
     if len(step.args) != 2:
         return None
     first, second = step.args
-    if op(root) == "rsqrt" and op(step) in MUL:
+    if inverse and op(step) in MUL:
         return first if second is root else second if first is root else None
-    if op(root) == "sqrt" and op(step) in DIV and second is root:
+    if not inverse and op(step) in DIV and second is root:
         return first
     return None
 
@@ -332,8 +379,9 @@ def _row_dims(stat: fx.Node) -> tuple[int, ...] | None:
 
 
 def _biased(var: fx.Node) -> bool:
-    """LayerNorm divides by n: `unbiased=False` or `correction=0`."""
-    return var.kwargs.get("unbiased") is False or var.kwargs.get("correction") == 0
+    """LayerNorm divides by n: `unbiased=False` or `correction=0` (by keyword, or `unbiased` by position)."""
+    return var.kwargs.get("unbiased") is False or var.kwargs.get("correction") in (0, 0.0) or \
+        (len(var.args) > 2 and var.args[2] is False)
 
 
 def _squared(value):
@@ -356,6 +404,10 @@ def _centring_mean(centred, dims: tuple[int, ...]) -> fx.Node | None:
     if not isinstance(centred, fx.Node) or op(centred) != "sub" or len(centred.args) != 2:
         return None
     x, mean = centred.args
-    if not isinstance(mean, fx.Node) or op(mean) != "mean" or _row_dims(mean) != dims:
+    if not isinstance(mean, fx.Node):
         return None
-    return mean if strip_casts(arg(mean, 0, "input")) is strip_casts(x) else None
+    reducer = mean.args[0] if op(mean) == "getitem" and mean.args[1:2] == (1,) else mean
+    if not isinstance(reducer, fx.Node) or op(reducer) not in ("mean", "var_mean", "std_mean") or \
+            _row_dims(reducer) != dims or (reducer is not mean and not op(reducer).endswith("_mean")):
+        return None
+    return mean if strip_casts(arg(reducer, 0, "input")) is strip_casts(x) else None

@@ -27,10 +27,21 @@ class GradientCut(Rule):
         back with `torch.tensor` or `torch.from_numpy`), or by a reentrant `torch.utils.checkpoint` none of
         whose inputs requires grad (its backward never runs: the frozen-embedding mistake under LoRA).
 
+        A function decorated with `@torch.no_grad()`, `@torch.inference_mode()` or
+        `@torch.set_grad_enabled(False)` (a module's `forward`, or a helper it calls) runs its whole call with
+        autograd off: every trainable parameter it uses on the way to the loss is cut. When the whole forward is
+        decorated (Meta's reference Llama decorates `Transformer.forward` with `@torch.inference_mode()`), the
+        output needs no grad and no backward pass can run; the parameters are reported all the same. The
+        "no backward pass was captured" note alone is left for models with nothing to train.
+
         The finding points at the cut: the `.detach()` call, the `.data` access, the statement inside the
-        `no_grad` block, the `.item()`, the checkpoint call. The message names the parameters that lose their
-        gradient, grouped by module path. It is read from a real backward: a parameter is cut when the
-        backward does not reach it although the forward used it on the way to the loss.
+        `no_grad` block, the decorator, the `.item()`, the checkpoint call. The message names the parameters
+        that lose their gradient, grouped by module path. It is read from a real backward: a parameter is cut
+        when the backward does not reach it although the forward used it on the way to the loss.
+
+        A trip out of torch that cuts parameters is also a host sync; it is reported once, here, and GL103
+        leaves every line that has a GL202 finding alone (the `.cpu()` of `h.detach().cpu().numpy()` as much as
+        its `.numpy()`). Keeping the computation in tensors on the device fixes both.
 
         Not flagged: parameters with `requires_grad=False` (a frozen teacher under `no_grad`, a momentum or
         target network detached on purpose), detaches that cut nothing trainable, and parameters that the
@@ -103,6 +114,63 @@ class GradientCut(Rule):
                     return Net(), (torch.randn(4, 8),)
             ''',
         ),
+        Example(
+            title="an encoder whose forward is decorated with @torch.no_grad()",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Encoder(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.proj = nn.Linear(8, 16)
+
+                    @torch.no_grad()  # expect: GL202
+                    def forward(self, x):
+                        return self.proj(x).relu()
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.encoder = Encoder()
+                        self.head = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.head(self.encoder(x))
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
+        Example(
+            title="a whole forward under @torch.inference_mode(): nothing can train, and no backward can run",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Transformer(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.embed = nn.Embedding(32, 8)
+                        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+                        self.output = nn.Linear(8, 32, bias=False)
+
+                    @torch.inference_mode()  # expect: GL202
+                    def forward(self, tokens, start_pos: int):
+                        h = self.embed(tokens)
+                        for layer in self.layers:
+                            h = h + layer(h).relu()
+                        return self.output(h).float()
+
+
+                def make():
+                    return Transformer(), (torch.randint(0, 32, (2, 5)), 0)
+            ''',
+        ),
     )
     good_examples = (
         Example(
@@ -133,6 +201,43 @@ class GradientCut(Rule):
                     return Distill(), (torch.randn(4, 8),)
             ''',
         ),
+        Example(
+            title="decorated functions that cut nothing trainable: a frozen extractor, a mask helper",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Extractor(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.proj = nn.Linear(8, 8)
+                        self.requires_grad_(False)
+
+                    @torch.no_grad()
+                    def forward(self, x):
+                        return self.proj(x)
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.extractor = Extractor()
+                        self.head = nn.Linear(8, 2)
+
+                    @torch.no_grad()
+                    def keep(self, x):
+                        return (x.abs() > 0.1).to(x.dtype)
+
+                    def forward(self, x):
+                        features = self.extractor(x)
+                        return self.head(features * self.keep(x))
+
+
+                def make():
+                    return Net(), (torch.randn(4, 8),)
+            ''',
+        ),
     )
 
     def check(self, capture):
@@ -147,6 +252,13 @@ class GradientCut(Rule):
             yield _problem(first_node[key], tuple(names))
 
 
+# Trips out of torch whose op name alone would not say what the user wrote.
+_HOST_TRIPS = {
+    "bool": "A Python branch on a tensor",
+    "int": "int() of a tensor",
+    "float": "float() of a tensor",
+    "index": "A tensor used as a Python index",
+}
 _WHAT = {
     "detach": (".detach()", "remove the .detach()"),
     "data": (".data", "use the tensor itself rather than .data"),
@@ -167,10 +279,21 @@ def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
         if not call:  # no visible frame entered the checkpoint: the block's first op stands for it
             return Problem(message=message, node=cut, parameters=names)
         return Problem(message=message, stack=call, module_path=_user_module_path(cut), parameters=names)
+    decorator = _decorator(cut)
+    if decorator is not None:
+        context = "torch.inference_mode()" if kind == "inference_mode" else "torch.no_grad()"
+        message = (f"The {context} decorator on {decorator.function}() in {{where}} turns autograd off for its "
+                   f"whole call, which cuts {{parameters}} off from the loss{{occurrences}}, so they never train; "
+                   f"remove the decorator (and call the model under `with {context}:` where only inference is "
+                   "meant), or freeze them with requires_grad_(False) if that is intended.")
+        return Problem(message=message, stack=(decorator,), module_path=_user_module_path(cut), parameters=names)
     if kind == "host":
-        what, fix = f".{op(cut)}()", "keep the computation in tensors"
-    else:
-        what, fix = _WHAT[kind]
+        what = _HOST_TRIPS.get(op(cut), f".{op(cut)}()")
+        message = (f"{what} in {{where}} takes the value out of torch, which cuts {{parameters}} off from the "
+                   "loss{occurrences}, so they never train, and waits for the device on every forward; keep the "
+                   "computation in tensors, or freeze them with requires_grad_(False) if that is intended.")
+        return Problem(message=message, node=cut, parameters=names)
+    what, fix = _WHAT[kind]
     message = (f"{what} in {{where}} cuts {{parameters}} off from the loss{{occurrences}}, so they never train; "
                f"{fix}, or freeze them with requires_grad_(False) if that is intended.")
     statement = _statement_in_block(cut)
@@ -183,6 +306,15 @@ def _user_module_path(node: fx.Node) -> str:
     """The innermost running module whose forward is the user's code, not torch.nn's."""
     own = [m for m in facts(node).module_stack if not m.library]
     return own[-1].path if own else ""
+
+
+def _decorator(cut: fx.Node):
+    """For a cut made by a grad-mode decorator on a function (the whole call runs with autograd off): the
+    decorator's line, as a frame of that function."""
+    region = facts(cut).grad_region
+    if region is None or cut_kind(cut) not in ("no_grad", "inference_mode"):
+        return None
+    return region.decorator
 
 
 def _statement_in_block(cut: fx.Node) -> tuple | None:
@@ -198,5 +330,7 @@ def _occasion(cut: fx.Node) -> tuple:
     a `no_grad` block are one cut, and all the ops of one reentrant checkpoint call."""
     if cut_kind(cut) is None and in_reentrant_checkpoint(cut):
         return (facts(cut).grad_region,)  # one checkpoint call
+    if _decorator(cut) is not None:
+        return (facts(cut).grad_region,)  # one call of the decorated function
     statement = _statement_in_block(cut)
     return (facts(cut).grad_region, statement) if statement is not None else (cut,)

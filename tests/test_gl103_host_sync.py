@@ -7,12 +7,15 @@ the meta device, which has none. `test_every_flagged_call_needs_real_values` che
 from __future__ import annotations
 
 import json
+import linecache
+import os
 import textwrap
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
-from conftest import findings_of, line_of, lint_file, run_graphlint, write
+from conftest import backward_in_plain_pytorch, findings_of, line_of, lint_file, run_graphlint, write
 
 MODEL = '''
 import torch
@@ -126,6 +129,177 @@ def make():
     assert report.errors == []
     assert [f.location.line for f in findings_of(report, "GL202")] == [line_of(path, "# the cut")]
     assert [f.location.line for f in findings_of(report, "GL103")] == [line_of(path, "# a sync only")]
+
+
+SHARED_LINE = '''
+import numpy as np
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.gate = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+{body}
+        return (h * g).sum()
+
+
+def make():
+    return Model(), (torch.randn(4, 8),)
+'''
+
+# One host-trip policy: a line where GL202 reports a cut gets no GL103, whatever trips it holds; "# cut" marks it.
+SHARED = {
+    "detach, cpu and numpy": "g = torch.from_numpy(self.gate(x).detach().cpu().numpy())  # cut",
+    "cpu then numpy": "g = torch.from_numpy(np.tanh(self.gate(x).cpu().detach().numpy()))  # cut",
+    "an .item() that cuts": "g = torch.full_like(h, self.gate(x).mean().item())  # cut",
+    "tolist and back": "g = torch.tensor(self.gate(x).tolist())  # cut",
+    "an .item() in a no_grad block": "with torch.no_grad():\n    s = self.gate(x).abs().max().item()  # cut\ng = h * s",
+}
+
+
+@pytest.mark.parametrize("body", SHARED.values(), ids=SHARED.keys())
+def test_a_line_that_cuts_gradients_and_syncs_is_reported_once_as_the_cut(body, tmp_path):
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(body, " " * 8)))
+    model = backward_in_plain_pytorch(path)
+    assert model.gate.weight.grad is None and model.fc.weight.grad is not None  # plain PyTorch: really cut
+    report = lint_file(path)
+    assert report.errors == []
+    [cut] = findings_of(report, "GL202")
+    assert cut.location.line == line_of(path, "# cut")
+    assert "gate.weight, gate.bias" in cut.message
+    assert findings_of(report, "GL103") == findings_of(report, "GL104") == []  # the way back is the same trip
+
+
+def test_a_host_trip_that_cuts_nothing_keeps_its_own_finding_beside_a_cut(tmp_path):
+    body = ("g = torch.from_numpy(self.gate(x).detach().cpu().numpy())  # cut\n"
+            "logged = h.detach().cpu().numpy()  # a sync only")
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(body, " " * 8)))
+    report = lint_file(path)
+    assert [f.location.line for f in findings_of(report, "GL202")] == [line_of(path, "# cut")]
+    assert {f.location.line for f in findings_of(report, "GL103")} == {line_of(path, "# a sync only")}
+
+
+def test_a_host_trip_that_cuts_says_it_also_waits_for_the_device(tmp_path):
+    path = write(tmp_path, "model.py", SHARED_LINE.replace("{body}", textwrap.indent(SHARED["an .item() that cuts"], " " * 8)))
+    [cut] = findings_of(lint_file(path), "GL202")
+    assert cut.message.startswith(".item() in the model takes the value out of torch, which cuts gate.weight, gate.bias")
+    assert "waits for the device on every forward; keep the computation in tensors" in cut.message
+
+
+PACKED = '''
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x, lengths):
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted={sorted})
+        out, _ = self.rnn(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True)  # the helper
+        return out.sum()
+
+
+def make():
+    return Tagger(), (torch.randn(3, 5, 8), torch.tensor({lengths}))
+'''
+
+
+class _HostReads(TorchFunctionMode):
+    """Plain PyTorch: the calls that hand a value to the host, wherever they are made (torch's helpers too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("cpu", "item", "tolist", "__bool__"):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _host_reads(path) -> list[str]:
+    namespace = {"__name__": "plain_model"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    model, args = namespace["make"]()
+    with _HostReads() as mode:
+        model(*args)
+    return mode.calls
+
+
+def test_a_sync_inside_a_torch_helper_names_the_helper_its_cause_and_the_remedy(tmp_path):
+    path = write(tmp_path, "model.py", PACKED.format(sorted=False, lengths=[5, 3, 4]))
+    assert _host_reads(path) == ["cpu"]  # plain PyTorch: pad_packed_sequence copies to the host
+    report = lint_file(path)
+    assert report.errors == []
+    [finding] = findings_of(report, "GL103")
+    assert finding.location.line == line_of(path, "# the helper")
+    assert finding.message.startswith("torch's pad_packed_sequence() in the model copies the batch's unsorted_indices "
+                                      "to the host (.cpu()) because the batch was packed with enforce_sorted=False")
+    assert finding.message.endswith("pack it with enforce_sorted=True.")
+    [torch_line] = finding.related
+    assert torch_line.location.path.endswith(os.path.join("torch", "nn", "utils", "rnn.py"))
+    assert "unsorted_indices.cpu()" in linecache.getline(torch_line.location.path, torch_line.location.line)
+    assert torch_line.message == ".cpu() inside torch's pad_packed_sequence()"
+
+
+def test_a_sorted_packed_batch_does_not_sync(tmp_path):
+    path = write(tmp_path, "model.py", PACKED.format(sorted=True, lengths=[5, 4, 3]))
+    assert _host_reads(path) == []
+    report = lint_file(path)
+    assert report.errors == []
+    assert findings_of(report, "GL103") == []
+
+
+DISTRIBUTION = '''
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+
+class Policy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mu = nn.Linear(8, 2)
+        self.log_std = nn.Parameter(torch.zeros(2))
+
+    def forward(self, obs, actions):
+        dist = Normal(self.mu(obs), self.log_std.exp(){options})  # the distribution
+        return -dist.log_prob(actions).sum()  # the sample
+
+
+def make():
+    return Policy(), (torch.randn(4, 8), torch.randn(4, 2))
+'''
+
+
+def test_a_generic_torch_helper_is_named_with_its_line_related(tmp_path):
+    path = write(tmp_path, "model.py", DISTRIBUTION.format(options=""))
+    assert "__bool__" in _host_reads(path)  # plain PyTorch: the argument checks branch on values
+    report = lint_file(path)
+    found = {f.location.line: f for f in findings_of(report, "GL103")}
+    assert sorted(found) == [line_of(path, "# the distribution"), line_of(path, "# the sample")]
+    made = found[line_of(path, "# the distribution")]
+    assert made.message.startswith("torch's Normal.__init__() in the model checks its arguments' values on the host")
+    assert "pass validate_args=False" in made.message
+    assert all(r.location.path.endswith("distribution.py") for f in found.values() for r in f.related)
+
+
+def test_a_distribution_without_argument_checks_does_not_sync(tmp_path):
+    path = write(tmp_path, "model.py", DISTRIBUTION.format(options=", validate_args=False"))
+    assert _host_reads(path) == []
+    assert findings_of(lint_file(path), "GL103") == []
 
 
 def test_a_call_inside_an_installed_library_is_not_flagged(tmp_path):

@@ -127,8 +127,13 @@ def _from_host(path):
     return mode.from_host
 
 
-@pytest.mark.parametrize("example", HostTensorInForward.bad_examples + HostTensorInForward.good_examples,
-                         ids=lambda e: e.title.replace(" ", "-"))
+# Examples made with calls no TorchFunctionMode sees (torch.from_numpy, legacy constructors) are checked by
+# counting the copies themselves, in test_gl104_origin.py.
+RECORDED_EXAMPLES = [e for e in HostTensorInForward.bad_examples + HostTensorInForward.good_examples
+                     if "from_numpy" not in e.code and "Tensor(" not in e.code]
+
+
+@pytest.mark.parametrize("example", RECORDED_EXAMPLES, ids=lambda e: e.title.replace(" ", "-"))
 def test_the_examples_build_on_the_host_exactly_when_flagged(example, tmp_path):
     from_host = _from_host(write(tmp_path, "example.py", example.code))
     assert from_host  # the forward does build tensors

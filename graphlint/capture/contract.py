@@ -146,6 +146,23 @@ class NodeFacts:
         return saved_range is not None and saved_range[0] > saved_index
 
     @property
+    def torch_helper(self) -> tuple[Frame, Frame] | None:
+        """For a call made inside torch's own Python helper (not a module's forward): the user's call of the
+        helper and torch's line in it; None otherwise."""
+        return self._meta.get("torch_helper")
+
+    @property
+    def host_made(self) -> bool:
+        """For a `get_attr` node of a tensor no recorded call produced: whether it was made on the host during
+        the forward by a call the recorder cannot see (`torch.from_numpy`, `torch.FloatTensor(n)`)."""
+        return bool(self._meta.get("host_made"))
+
+    @property
+    def made_at(self) -> tuple[Frame, ...]:
+        """For such a tensor: the user stack of the assignment that made it; () when unknown."""
+        return self._meta.get("made_at") or ()
+
+    @property
     def sequence_nr(self) -> int | None:
         """The highest autograd sequence number among the outputs' grad_fns (links the node to the autograd
         graph); None when no output has one."""

@@ -17,12 +17,18 @@ Each node's `meta` carries (rules read these through `graphlint.capture.contract
 - `mutated`: for in-place ops, `MutatedTensor`s (which input, its storage, its version before and after).
 - `saved_range`: `(start, stop)` indices of the tensors autograd saved while this op ran.
 - `sequence_nr`: the highest autograd sequence number among its outputs' `grad_fn`s (links the two graphs).
+- `torch_helper`: for a call made by torch's own Python helper (not a module's forward), the helper the user
+  called and the helper's line that made the call (`Frame`s), such as `pad_packed_sequence`.
+- `host_made` (on `get_attr` nodes of tensors no recorded call produced): made on the host during the forward by a
+  call the capture cannot see (`torch.from_numpy`, legacy constructors such as `torch.FloatTensor(n)`).
 """
 
 from __future__ import annotations
 
+import linecache
 import operator
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -88,6 +94,9 @@ class GradDisabledRegion:
     # torch.utils.checkpoint's own no_grad (reentrant mode): its backward recomputes the block with grad on,
     # so nothing inside is cut by it.
     checkpoint: bool = False
+    # For a context entered by a decorator (`@torch.no_grad()` on a forward): the decorator's line, as a frame of
+    # the decorated function; the whole call of that function runs with autograd off.
+    decorator: Frame | None = None
 
     def include(self, stack: tuple[Frame, ...]) -> None:
         if self.common is None:
@@ -148,6 +157,7 @@ class ForwardRecorder(TorchFunctionMode):
         modules: ModuleCallTracker,
         names: dict[int, str],
         saved_count: Callable[[], int],
+        kept: Callable[[], frozenset[int]] = frozenset,
     ) -> None:
         super().__init__()
         self.graph = fx.Graph()
@@ -156,13 +166,17 @@ class ForwardRecorder(TorchFunctionMode):
         self._stacks = stacks
         self._modules = modules
         self._names = names  # id(parameter or buffer) -> qualified name
+        # The ids of the tensors held by the model, its inputs and globals, found when first needed (rarely).
+        self._find_kept = kept
+        self._kept: frozenset[int] | None = None
+        self._fresh_host: list[tuple[fx.Node, torch.Tensor]] = []  # host-made tensors met in the call being recorded
         self._saved_count = saved_count
         self._node_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._attr_nodes: dict[int, fx.Node] = {}
         self._constants = 0
         self._first_call: fx.Node | None = None
         self._grad_region: GradDisabledRegion | None = None
-        # One entry per grad-mode context entered and not yet left: its region (None where grad is on).
+        # One entry per grad-mode context entered and not yet left: the region it interrupted (None: grad was on).
         self._grad_contexts: list[GradDisabledRegion | None] = []
 
     # -- graph inputs ---------------------------------------------------------------------------------------
@@ -199,6 +213,8 @@ class ForwardRecorder(TorchFunctionMode):
         kwargs = kwargs or {}
         versions = [(key, t, t._version) for key, t in _top_level_tensors(args, kwargs) if not t.is_inference()]
         saved_start = self._saved_count()
+        name = op_name(func)
+        grad_was_enabled = name != "_set_grad_enabled" or torch.is_grad_enabled()
         try:
             out = call_user_code(func, *args, **kwargs)
         except Exception:
@@ -210,29 +226,41 @@ class ForwardRecorder(TorchFunctionMode):
             for key, t, before in versions
             if t._version != before
         )  # inference tensors have no version counter: writes to them cannot break a backward
-        name = op_name(func)
         if name == "_set_grad_enabled":  # entering or leaving `with torch.no_grad():`
-            self._grad_mode_switched(sys._getframe(1))
+            self._grad_mode_switched(sys._getframe(1), grad_was_enabled)
         if mutated or name in HOST_OPS or name in PRINT_OPS or _has_tensor(out):
             self._record(func, name, args, kwargs, out, mutated, (saved_start, self._saved_count()))
         return out
 
-    def _grad_mode_switched(self, caller: types.FrameType) -> None:
+    def _grad_mode_switched(self, caller: types.FrameType, was_enabled: bool) -> None:
         """Leaving a grad-mode context returns to the region it interrupted (a user's no_grad inside a
         checkpointed block returns to the checkpoint's); entering one starts a region, owned by the checkpoint
         when torch.utils.checkpoint entered it."""
-        owner, leaving = _grad_switch_owner(caller)
+        owner, leaving, decorated = _grad_switch_owner(caller)
         if leaving and self._grad_contexts:
-            self._grad_contexts.pop()
-            self._grad_region = self._grad_contexts[-1] if self._grad_contexts else None
+            self._grad_region = self._grad_contexts.pop()
             if not torch.is_grad_enabled() and self._grad_region is None:
                 self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller))
             return
-        self._grad_region = None
+        # The region that was open; autograd may have been switched back on where torch did not show it.
+        enclosing, self._grad_region = None if was_enabled else self._grad_region, None
+        if enclosing is None and torch.is_inference_mode_enabled():
+            enclosing = self._unseen_region("inference_mode", caller)  # entered before any op ran in it
         if not torch.is_grad_enabled():
-            self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller),
-                                                   checkpoint=owner == "checkpoint")
-        self._grad_contexts.append(self._grad_region)
+            if enclosing is not None and not enclosing.checkpoint and owner != "checkpoint":
+                self._grad_region = enclosing  # autograd was already off: the enclosing context is the cut
+            else:
+                decorator = self._stacks.decorator_of(decorated, _DECORATOR_NAMES) if decorated else None
+                self._grad_region = GradDisabledRegion("no_grad", self._stacks.user_stack(caller),
+                                                       checkpoint=owner == "checkpoint", decorator=decorator)
+        self._grad_contexts.append(enclosing)
+
+    def _unseen_region(self, mode: str, frame: types.FrameType) -> GradDisabledRegion:
+        """A region entered where torch did not show it (inference_mode is switched in C++): only a decorator
+        that entered it can still be seen, on the stack."""
+        decorated = _decorated_by_inference_mode(frame, self._stacks.boundary) if mode == "inference_mode" else None
+        decorator = self._stacks.decorator_of(decorated, _DECORATOR_NAMES) if decorated is not None else None
+        return GradDisabledRegion(mode, decorator=decorator)
 
     def _record(self, func, name, args, kwargs, out, mutated, saved_range) -> None:
         kind, target = _fx_call(func, name)
@@ -256,11 +284,17 @@ class ForwardRecorder(TorchFunctionMode):
             self._grad_region = None
         else:
             if self._grad_region is None or self._grad_region.mode != mode:
-                self._grad_region = GradDisabledRegion(mode)  # entered where torch did not show it
+                self._grad_region = self._unseen_region(mode, sys._getframe(2))
             self._grad_region.include(stack)
             meta["grad_region"] = self._grad_region
         meta["phase"] = self.phase
         meta["saved_range"] = saved_range
+        helper = self._stacks.torch_helper(sys._getframe(2))
+        if helper is not None:
+            meta["torch_helper"] = helper
+        while self._fresh_host:
+            made, tensor = self._fresh_host.pop()
+            made.meta["made_at"] = _assignment_of(tensor, stack, sys._getframe(2))
         if mutated:
             meta["mutated"] = mutated
             for key, tensor in _top_level_tensors(args, kwargs):
@@ -322,25 +356,98 @@ class ForwardRecorder(TorchFunctionMode):
                     node = self.graph.get_attr(name)
             node.meta["tensor_meta"] = _tensor_meta(tensor)
             node.meta["parameter"] = key in self._names
+            node.meta["host_made"] = key not in self._names and self._made_on_host(tensor)
+            if node.meta["host_made"]:
+                self._fresh_host.append((node, tensor))
             self._attr_nodes[key] = node
             self._node_of[tensor] = node
         return node
 
 
+    def _made_on_host(self, tensor: torch.Tensor) -> bool:
+        """Whether a tensor that no recorded call produced was made on the host during the forward, by a call
+        torch does not route through the capture (`torch.from_numpy`, `torch.FloatTensor(n)`, `frombuffer`):
+        on the CPU, not held by the model, its inputs or a module's globals, and not a view of a recorded tensor
+        (iterating a tensor yields such views)."""
+        if tensor.device.type != "cpu" or tensor._base is not None:
+            return False
+        if self._kept is None:
+            self._kept = self._find_kept()
+        if id(tensor) in self._kept:
+            return False
+        storage = storage_key(tensor)
+        return storage is not None and all(storage_key(known) != storage for known in self._node_of.keys())
+
 
 _GRAD_MODE_FILE = os.path.join("torch", "autograd", "grad_mode.py")
 _CHECKPOINT_FILE = os.path.join("torch", "utils", "checkpoint.py")
+_CONTEXTLIB_FILE = os.path.join("torch", "utils", "_contextlib.py")
+# How the grad-mode decorators are spelled, to find the decorator's line among a function's decorators.
+_DECORATOR_NAMES = ("no_grad", "inference_mode", "set_grad_enabled")
 
 
-def _grad_switch_owner(frame: types.FrameType | None) -> tuple[str, bool]:
-    """Who switched grad mode ("checkpoint" for torch.utils.checkpoint, else "user"), and whether it was a
-    context being left: read from the frames above torch's grad-mode context managers."""
+def _grad_switch_owner(frame: types.FrameType | None) -> tuple[str, bool, Callable | None]:
+    """Who switched grad mode ("checkpoint" for torch.utils.checkpoint, else "user"), whether it was a
+    context being left, and the function whose decorator entered it (None for a `with` statement): read from
+    the frames above torch's grad-mode context managers."""
     leaving = False
     while frame is not None and frame.f_code.co_filename.endswith(_GRAD_MODE_FILE):
         leaving = leaving or frame.f_code.co_name == "__exit__"
         frame = frame.f_back
     owner = "checkpoint" if frame is not None and frame.f_code.co_filename.endswith(_CHECKPOINT_FILE) else "user"
-    return owner, leaving
+    return owner, leaving, _decorated_function(frame)
+
+
+def _decorated_function(frame: types.FrameType | None) -> Callable | None:
+    """The function a torch grad-mode decorator wraps, when `frame` is that decorator's wrapper running it."""
+    if frame is None or not frame.f_code.co_filename.endswith(_CONTEXTLIB_FILE):
+        return None
+    if frame.f_code.co_name not in ("decorate_context", "generator_context"):
+        return None
+    function = frame.f_locals.get("func")
+    return function if callable(function) else None
+
+
+def _decorated_by_inference_mode(frame: types.FrameType | None, boundary: types.FrameType | None) -> Callable | None:
+    """The outermost function on the stack whose `@torch.inference_mode()` decorator is running it (the
+    decorator that switched inference mode on), or None."""
+    found = None
+    while frame is not None and frame is not boundary:
+        function = _decorated_function(frame)
+        if function is not None:
+            factory = frame.f_locals.get("ctx_factory")
+            context = getattr(factory, "__self__", None)  # the decorator object: ctx_factory is its `clone`
+            if isinstance(context, torch.inference_mode) and getattr(context, "mode", True):
+                found = function
+        frame = frame.f_back
+    return found
+
+
+def _assignment_of(tensor: torch.Tensor, stack: tuple[Frame, ...], frame: types.FrameType | None) -> tuple[Frame, ...]:
+    """Where a tensor first used in the statement at the end of `stack` was made: when a local variable of that
+    function holds it, the nearest earlier line of the function that assigns the variable from something else;
+    else that statement (a temporary, as in `torch.FloatTensor(n).uniform_()`)."""
+    if not stack:
+        return stack
+    here = stack[-1]
+    while frame is not None and not (frame.f_code.co_name == here.function and frame.f_lineno >= here.line
+                                     and os.path.abspath(frame.f_code.co_filename) == here.file):
+        frame = frame.f_back
+    if frame is None:
+        return stack
+    names = [name for name, value in frame.f_locals.items() if value is tensor]
+    if not names:
+        return stack
+    alternatives = "|".join(map(re.escape, names))
+    assigns = re.compile(r"^\s*(?:[\w.\[\], ]*[, ]\s*)?(?:" + alternatives + r")\s*(?:,[\w.\[\], ]*)?(?::[^=]*)?=(?!=)")
+    mentions = re.compile(r"\b(?:" + alternatives + r")\b")
+    for line in range(here.line - 1, frame.f_code.co_firstlineno, -1):
+        text = linecache.getline(here.file, line)
+        found = assigns.match(text)
+        # `v = v.cuda()` (perhaps on a path not taken) moves the tensor; the line that made it assigns something else
+        if found and not mentions.search(text[found.end():]):
+            return (*stack[:-1], Frame(here.file, line, here.function))
+    return stack
 
 
 def _grad_mode() -> str:
@@ -369,6 +476,47 @@ def _has_tensor(out: Any) -> bool:
 def _sequence_nr(tensor: torch.Tensor) -> int | None:
     grad_fn = tensor.grad_fn
     return grad_fn._sequence_nr() if grad_fn is not None else None
+
+
+def kept_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> frozenset[int]:
+    """The ids of the tensors that exist before the forward and that it may read without recording where they
+    came from: attributes of the model's modules and classes, the globals of the files that define them, and
+    tensors anywhere inside the inputs (a cache object's fields)."""
+    found: set[int] = set()
+    seen: set[int] = set()
+
+    def walk(value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found.add(id(value))
+            return
+        if depth <= 0 or id(value) in seen or isinstance(value, (*_PLAIN_TYPES, types.ModuleType, type)):
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            items = list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = list(value)
+        elif isinstance(value, torch.nn.Module) or callable(value):
+            return  # modules are walked on their own; functions hold no inputs
+        else:
+            items = list(getattr(value, "__dict__", {}).values())
+        for item in items:
+            walk(item, depth - 1)
+
+    defining = set()
+    for module in model.modules():
+        for value in vars(module).values():
+            walk(value, 2)
+        for cls in type(module).__mro__:
+            defining.add(cls.__module__)
+            for value in vars(cls).values():
+                walk(value, 1)
+    for name in defining:
+        for value in vars(sys.modules.get(name, types)).values():
+            walk(value, 2)
+    walk(list(args), 4)
+    walk(list(kwargs.values()), 4)
+    return frozenset(found)
 
 
 def recorded_ops(graph: fx.Graph) -> list[fx.Node]:

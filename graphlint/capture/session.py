@@ -7,6 +7,7 @@ nothing of graphlint's stays installed in torch.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ import torch
 from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
 from graphlint.capture.contract import Capture, ParameterInfo
 from graphlint.capture.debug import DebugSwitchWatch, debug_modes_off
-from graphlint.capture.forward import ForwardRecorder, recorded_ops, storage_key
+from graphlint.capture.forward import ForwardRecorder, kept_tensors, recorded_ops, storage_key
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, describe_modules
@@ -44,7 +45,7 @@ def capture_model(
     stacks = StackRecorder()
     saved = SavedTensorRecorder()
     tracker = ModuleCallTracker(modules)
-    recorder = ForwardRecorder(stacks, tracker, names, saved.count)
+    recorder = ForwardRecorder(stacks, tracker, names, saved.count, functools.partial(kept_tensors, model, args, kwargs))
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     debug = debug or DebugSwitchWatch()

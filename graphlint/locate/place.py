@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Iterable
 
 from graphlint.capture import Capture, facts
+from graphlint.capture.frames import Frame
 from graphlint.files import library_name
 from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
@@ -123,6 +124,9 @@ class Locator:
                 what = (facts(problem.node).op or "op") if problem.node is not None else "built"
                 group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
             for node, label in problem.related:
+                if isinstance(node, Frame):  # a line no node stands for, such as torch's own
+                    group.related.setdefault(self.location(Site(node)), label)
+                    continue
                 related, related_library = node_sites(node, self.project, capture.factory)
                 if related is None:
                     continue
