@@ -27,7 +27,7 @@ from typing import Any
 from collections.abc import Callable
 
 from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at
-from graphlint.files import display_path
+from graphlint.files import display_path, is_graphlint_file
 from graphlint.inputs import InputSpec, parse_input
 
 
@@ -204,8 +204,7 @@ class _Builder:
         self.spec = spec
         self.build = build
         # Where findings go when no frame of the project's code is involved: the class's __init__ or the function.
-        init = getattr(build, "__init__", None) if inspect.isclass(build) else build
-        self.__wrapped__ = init if hasattr(inspect.unwrap(init), "__code__") else build
+        self.__wrapped__ = _definition_of(build)
 
     def __call__(self) -> Any:
         kwargs = self.spec.kwargs
@@ -213,6 +212,9 @@ class _Builder:
         made = call_user_code(self.build, **kwargs)
         import torch  # only a capture builds a target
 
+        code = getattr(inspect.unwrap(self.build), "__code__", None)
+        if isinstance(made, Target) and code is not None and is_graphlint_file(os.path.abspath(code.co_filename)):
+            self.__wrapped__ = _definition_of(type(made.model))  # graphlint rebuilt it (a recorded model)
         if not isinstance(made, torch.nn.Module):
             if self.spec.inputs:
                 raise TargetFailure(f"{self.spec.name} returned {_describe(made)}, not a torch.nn.Module, so --input "
@@ -259,6 +261,12 @@ class _Builder:
         raise TargetFailure(f"{self.spec.name}() cannot be called with keyword arguments only "
                             f"({', '.join(p.name for p in parameters if p.kind is p.POSITIONAL_ONLY)} are positional-only); "
                             "wrap it in a factory function")
+
+
+def _definition_of(build: Callable) -> Callable:
+    """What stands for the target's definition: a class's __init__ when it is Python code, else the callable."""
+    init = getattr(build, "__init__", None) if inspect.isclass(build) else build
+    return init if hasattr(inspect.unwrap(init), "__code__") else build
 
 
 def _example_inputs(value: Any) -> tuple[tuple, dict]:

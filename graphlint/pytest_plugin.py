@@ -1,0 +1,134 @@
+"""`pytest --graphlint`: lint the models a test session builds and runs, with no factory written.
+
+Registered through the `pytest11` entry point, so pytest loads it in every session of an environment where
+graphlint is installed; it does nothing unless `--graphlint` is given (this module imports neither torch nor
+graphlint's capture). With the option, graphlint.recorded records each distinct model's first outermost call
+while the tests run; when the session ends, each recording is linted like any target, in its own child
+process, under the project's `[tool.graphlint]` settings, suppressions and `--graphlint-baseline`, and the
+findings are printed in the terminal summary in graphlint's text form. The session fails when findings at or
+above `fail-on` exist, unless `--graphlint-no-fail`. Under pytest-xdist each worker records its own models and
+the controlling process lints them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit")
+_FOLDER = "GRAPHLINT_PYTEST_RECORDINGS"  # where xdist workers leave their recordings for the controlling process
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("graphlint", "graphlint: lint the models the tests build and run")
+    group.addoption("--graphlint", action="store_true",
+                    help="record each model the tests call and lint it when the session ends")
+    group.addoption("--graphlint-output", metavar="FILE", help="also write graphlint's report to FILE")
+    group.addoption("--graphlint-format", choices=FORMATS, default="text",
+                    help="the report's format in --graphlint-output (default: text)")
+    group.addoption("--graphlint-baseline", metavar="FILE", help="report only findings not in this baseline file")
+    group.addoption("--graphlint-no-fail", action="store_true",
+                    help="report graphlint's findings without failing the session")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("graphlint"):
+        config.pluginmanager.register(_GraphlintSession(config), "graphlint-session")
+
+
+class _GraphlintSession:
+    """The recorder for one test session, and the lint after it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from graphlint.recorded import ModelRecorder
+
+        self.config = config
+        self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker: records, never lints
+        if not self.worker and _FOLDER not in os.environ:
+            os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")  # inherited by xdist workers
+        self.folder = Path(os.environ[_FOLDER])
+        self.recorder = ModelRecorder()
+        self.recorder.install()
+        self.lines: list[str] = []
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.recorder.uninstall()  # before any child is forked from this process
+        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()))
+        if self.worker:
+            return
+        recordings = _load_all(self.folder, saved)
+        try:
+            self.lines, failing = _lint(recordings, self.config)
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            del os.environ[_FOLDER]
+        if failing and not self.config.getoption("graphlint_no_fail") and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.worker or not self.lines:
+            return
+        terminalreporter.section("graphlint")
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+def _save(recordings, folder: Path, prefix: str) -> list[dict]:
+    """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists."""
+    described = []
+    for index, recording in enumerate(recordings):
+        entry = {"name": recording.name, "key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
+        if recording.data is not None:
+            path = folder / f"{prefix}-{index}.pt"
+            path.write_bytes(recording.data)
+            entry["path"] = str(path)
+        described.append(entry)
+    (folder / f"{prefix}.json").write_text(json.dumps(described), encoding="utf-8")
+    return described
+
+
+def _load_all(folder: Path, own: list[dict]) -> list[dict]:
+    """This process's recordings and those the workers left, one per class and construction site."""
+    found = {}
+    for entry in own + [e for index in sorted(folder.glob("worker-*.json"))
+                        for e in json.loads(index.read_text(encoding="utf-8"))]:
+        found.setdefault(json.dumps(entry["key"]), entry)
+    return list(found.values())
+
+
+def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[str], bool]:
+    """The lines of the terminal summary, and whether the findings fail the session."""
+    from graphlint.errors import GraphlintError, single_line
+    from graphlint.project import Project
+    from graphlint.report import FORMATS as RENDER
+    from graphlint.report.text import diagnostics
+    from graphlint.run import Options, check
+    from graphlint.target import target_text
+
+    notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
+    names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
+             for r in recordings if r.get("path")}
+    if not names:
+        return notes + ["graphlint: no model was called by the tests"], False
+    try:
+        project = Project.discover(Path(pytest_config.rootpath))
+        baseline = pytest_config.getoption("graphlint_baseline")
+        options = Options(baseline=Path(baseline).resolve() if baseline else None, timeout=project.config.timeout or None)
+        report = check(list(names), project, project.config, options, project.root)
+    except GraphlintError as error:
+        return [single_line(f"graphlint: error: {error}")], True
+    for result in report.results:  # reports name a recorded model by its class and the line that built it
+        result.target = names.get(result.target, result.target)
+        result.errors = [dataclasses.replace(error, target=names.get(error.target, error.target)) for error in result.errors]
+    text = RENDER["text"](report).rstrip("\n").splitlines()
+    output = pytest_config.getoption("graphlint_output")
+    if output:
+        Path(output).write_text(RENDER[pytest_config.getoption("graphlint_format")](report), encoding="utf-8")
+        text.append(f"graphlint: report written to {output}")
+    return notes + diagnostics(report) + text, report.failing
