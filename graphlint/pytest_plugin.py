@@ -83,7 +83,7 @@ def _save(recordings, folder: Path, prefix: str) -> list[dict]:
     """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists."""
     described = []
     for index, recording in enumerate(recordings):
-        entry = {"name": recording.name, "key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
+        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
@@ -111,24 +111,48 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     from graphlint.run import Options, check
     from graphlint.target import target_text
 
+    root = Path(pytest_config.rootpath)
+    for recording in recordings:
+        site = recording["key"][1]
+        where = f"{_shown(site[0], root)}:{site[1]}" if site else "an unknown place"
+        recording["name"] = f"{recording['key'][0].rpartition('.')[2]} built at {where}"
     notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
     names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
              for r in recordings if r.get("path")}
     if not names:
         return notes + ["graphlint: no model was called by the tests"], False
     try:
-        project = Project.discover(Path(pytest_config.rootpath))
+        project = Project.discover(root)
         baseline = pytest_config.getoption("graphlint_baseline")
         options = Options(baseline=Path(baseline).resolve() if baseline else None, timeout=project.config.timeout or None)
         report = check(list(names), project, project.config, options, project.root)
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
-    for result in report.results:  # reports name a recorded model by its class and the line that built it
-        result.target = names.get(result.target, result.target)
-        result.errors = [dataclasses.replace(error, target=names.get(error.target, error.target)) for error in result.errors]
+    _rename(report, names)
     text = RENDER["text"](report).rstrip("\n").splitlines()
     output = pytest_config.getoption("graphlint_output")
     if output:
         Path(output).write_text(RENDER[pytest_config.getoption("graphlint_format")](report), encoding="utf-8")
         text.append(f"graphlint: report written to {output}")
     return notes + diagnostics(report) + text, report.failing
+
+
+def _rename(report, names: dict[str, str]) -> None:
+    """Name each recorded model in the report by its class and the line that built it, not by its temporary file."""
+    def named(finding):
+        return dataclasses.replace(finding, targets=tuple(names.get(t, t) for t in finding.targets))
+
+    for result in report.results:
+        result.target = names.get(result.target, result.target)
+        result.errors = [dataclasses.replace(e, target=names.get(e.target, e.target)) for e in result.errors]
+        result.findings = [named(f) for f in result.findings]
+    if report.merged is not None:
+        report.merged = [named(f) for f in report.merged]
+
+
+def _shown(path: str, root: Path) -> str:
+    """A file relative to the project root when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path

@@ -16,12 +16,10 @@ linted; constructor arguments and inputs must survive `torch.save` (a lambda doe
 from __future__ import annotations
 
 import io
-import os
 import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from graphlint.errors import call_user_code, one_line
@@ -35,12 +33,6 @@ class Recording:
     site: tuple[str, int] | None  # the file and line that built it; None when no constructor call was seen
     data: bytes | None = None  # the torch.save'd {"cls", "args", "kwargs", "inputs"}
     problem: str | None = None  # why it cannot be linted, when it cannot
-
-    @property
-    def name(self) -> str:
-        """How reports name it: the class and the line that built it."""
-        built = f" built at {_shown(self.site[0])}:{self.site[1]}" if self.site else ""
-        return f"{self.cls.rpartition('.')[2]}{built}"
 
 
 @dataclass
@@ -158,11 +150,3 @@ def rebuild(path: str):
     model = call_user_code(data["cls"], *data["args"], **data["kwargs"])
     args, kwargs = data["inputs"]
     return Target(model, tuple(args), dict(kwargs))
-
-
-def _shown(path: str) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else Path(relative).as_posix()
