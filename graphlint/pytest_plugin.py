@@ -37,8 +37,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="report graphlint's findings without failing the session")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> None:
+    # Before conftest.py files are imported: a model they build at import is recorded too.
+    if getattr(early_config.known_args_namespace, "graphlint", False):
+        early_config.pluginmanager.register(_GraphlintSession(early_config), "graphlint-session")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("graphlint"):
+    if config.getoption("graphlint") and not config.pluginmanager.has_plugin("graphlint-session"):
         config.pluginmanager.register(_GraphlintSession(config), "graphlint-session")
 
 
@@ -49,9 +56,10 @@ class _GraphlintSession:
         from graphlint.recorded import ModelRecorder
 
         self.config = config
-        self.worker = hasattr(config, "workerinput")  # a pytest-xdist worker: records, never lints
-        if not self.worker and _FOLDER not in os.environ:
-            os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")  # inherited by xdist workers
+        # The first process to start makes the folder; pytest-xdist workers, started later, inherit it.
+        self.owner = _FOLDER not in os.environ
+        if self.owner:
+            os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")
         self.folder = Path(os.environ[_FOLDER])
         self.recorder = ModelRecorder()
         self.recorder.install()
@@ -60,19 +68,20 @@ class _GraphlintSession:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.recorder.uninstall()  # before any child is forked from this process
         saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()))
-        if self.worker:
+        if hasattr(self.config, "workerinput"):  # a pytest-xdist worker records; the main process lints
             return
         recordings = _load_all(self.folder, saved)
         try:
             self.lines, failing = _lint(recordings, self.config)
         finally:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            del os.environ[_FOLDER]
+            if self.owner:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                del os.environ[_FOLDER]
         if failing and not self.config.getoption("graphlint_no_fail") and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.worker or not self.lines:
+        if not self.lines:
             return
         terminalreporter.section("graphlint")
         for line in self.lines:

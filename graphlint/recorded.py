@@ -75,7 +75,7 @@ class ModelRecorder:
             local = recorder._local
             depth = getattr(local, "depth", 0)
             if depth == 0 and not torch.compiler.is_compiling():
-                recorder._record(self, args, kwargs)
+                recorder._record(_unwrapped(self), args, kwargs)
             local.depth = depth + 1
             try:
                 return original_call(self, *args, **kwargs)
@@ -119,6 +119,20 @@ class ModelRecorder:
             recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": _copied((args, kwargs))})
         except Exception as error:  # an argument that torch.save cannot write: say so, and leave the test alone
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
+
+
+# torch's wrappers that call the model they hold with their own inputs: the model is recorded, not the wrapper.
+_WRAPPERS = {"OptimizedModule": "_orig_mod", "DataParallel": "module", "DistributedDataParallel": "module"}
+
+
+def _unwrapped(module):
+    cls = type(module)
+    while cls.__name__ in _WRAPPERS and cls.__module__.split(".")[0] == "torch":
+        inner = getattr(module, _WRAPPERS[cls.__name__], None)
+        if inner is None:
+            break
+        module, cls = inner, type(inner)
+    return module
 
 
 def _plain_new(cls, *args, **kwargs):

@@ -166,3 +166,45 @@ def test_report_without_failing(pytester):
                                            "-k", "gate", timeout=600)
     assert result.ret == 0
     assert " GL204 " in result.stdout.str() and "Found 2 findings in 1 target" in result.stdout.str()
+
+
+CONFTEST = """
+from zoo.models import Clean
+
+SHARED = Clean(8)  # built while conftest.py is imported
+"""
+
+MORE_TESTS = """
+import torch
+from zoo.models import Gate
+
+
+def test_shared(request):
+    from conftest import SHARED
+    assert SHARED(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_compiled_only():
+    model = torch.compile(Gate(), backend="eager")  # only ever called through torch.compile's wrapper
+    assert model(torch.ones(2, 8)).shape == (2, 8)
+"""
+
+
+@pytest.mark.cli
+def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
+    _project(pytester)
+    pytester.makepyfile(**{"tests/conftest.py": textwrap.dedent(CONFTEST),
+                           "tests/test_more.py": textwrap.dedent(MORE_TESTS)})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-n", "2", "--graphlint-output",
+                                           "out.json", "--graphlint-format", "json", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    result.assert_outcomes(passed=6)
+    report = json.loads((pytester.path / "out.json").read_text())
+    more = (pytester.path / "tests/test_more.py").read_text().splitlines()
+    compiled_at = next(n for n, line in enumerate(more, 1) if "torch.compile(" in line)
+    targets = {t for f in report["findings"] for t in f["targets"]}
+    assert f"Gate built at tests/test_more.py:{compiled_at}" in targets  # the model, not torch's wrapper
+    assert not any("torch" in f["location"]["path"] for f in report["findings"])
+    assert sorted({f["rule"] for f in report["findings"]}) == ["GL101", "GL103", "GL204"]
+    # Every distinct model once, whichever worker ran it: TinyLM, Gate (two sites), Clean (two sites).
+    assert "Found 3 findings in 5 targets" in result.stdout.str()
