@@ -120,7 +120,12 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     from graphlint.run import Options, check
     from graphlint.target import target_text
 
-    root = Path(pytest_config.rootpath)
+    here = Path(pytest_config.invocation_params.dir)  # where pytest was started: the tests may change folders
+    try:  # the project as `graphlint check` finds it from the same folder (pytest's rootdir follows the arguments)
+        project = Project.discover(here)
+    except GraphlintError as error:
+        return [single_line(f"graphlint: error: {error}")], True
+    root = project.root
     for recording in recordings:
         site = recording["key"][1]
         where = f"{_shown(site[0], root)}:{site[1]}" if site else "an unknown place"
@@ -131,9 +136,8 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     if not names:
         return notes + ["graphlint: no model was called by the tests"], False
     try:
-        project = Project.discover(root)
         baseline = pytest_config.getoption("graphlint_baseline")
-        options = Options(baseline=Path(baseline).resolve() if baseline else None, timeout=project.config.timeout or None)
+        options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None)
         report = check(list(names), project, project.config, options, project.root)
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
@@ -141,7 +145,10 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     text = RENDER["text"](report).rstrip("\n").splitlines()
     output = pytest_config.getoption("graphlint_output")
     if output:
-        Path(output).write_text(RENDER[pytest_config.getoption("graphlint_format")](report), encoding="utf-8")
+        try:
+            (here / output).write_text(RENDER[pytest_config.getoption("graphlint_format")](report), encoding="utf-8")
+        except OSError as error:
+            return [f"graphlint: error: cannot write {output}: {error.strerror or error}"], True
         text.append(f"graphlint: report written to {output}")
     return notes + diagnostics(report) + text, report.failing
 

@@ -160,13 +160,23 @@ def test_without_the_option_the_plugin_does_nothing_and_imports_no_torch(pyteste
 
 
 @pytest.mark.cli
-def test_report_without_failing(pytester):
+def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytester):
     _project(pytester)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
                                            "-k", "gate", timeout=600)
     assert result.ret == 0
     assert " GL204 " in result.stdout.str() and "Found 2 findings in 1 target" in result.stdout.str()
-
+    # The same model as a class target, on positive inputs (the branch with the problem), is the baseline; kept
+    # outside the project, where pytest's rootdir does not follow it when written with "=".
+    baseline = pytester.path.parent / f"{pytester.path.name}-baseline.json"
+    written = subprocess.run([sys.executable, "-m", "graphlint", "check", "src/zoo/models.py:Gate", "--input",
+                              "float32[2,8]:1..2", "--no-cache", "--write-baseline", str(baseline)],
+                             cwd=pytester.path, capture_output=True, text=True)
+    assert "wrote 2 findings to the baseline" in written.stderr, written.stderr
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", f"--graphlint-baseline={baseline}",
+                                           "-k", "gate", timeout=600)
+    assert result.ret == 0, result.stdout.str()
+    assert "No findings in 1 target" in result.stdout.str()
 
 CONFTEST = """
 from zoo.models import Clean
