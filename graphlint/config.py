@@ -82,7 +82,7 @@ def _targets(value, where: str) -> tuple[str, ...]:
     """Target strings, and tables { model, inputs, kwargs } made into the canonical text of such a target."""
     example = '["models/gpt.py:make_model", { model = "pkg/net.py:Net", inputs = ["float32[2,3,32,32]"] }]'
     if not isinstance(value, list):
-        raise UsageError(f"{where} must be a list of targets, like {example}")
+        raise UsageError(f"{where} must be a list of strings or tables, like {example}")
     return tuple(_target(item, f"{where}[{index}]", example) for index, item in enumerate(value))
 
 
