@@ -109,8 +109,8 @@ class ModelRecorder:
         if key in self.recordings:
             return
         name = f"{cls.__module__}.{cls.__qualname__}"
-        if cls.__module__.split(".")[0] == "torch" and not any(True for _ in module.parameters()):
-            return  # torch's own losses and activations called by a test are not models
+        if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
+            return  # torch's own layers, losses and activations called by a test are torch's, not the project's
         recording = self.recordings[key] = Recording(name, site)
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"

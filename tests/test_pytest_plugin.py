@@ -100,6 +100,10 @@ def test_clean_with_a_loss_module():
     model = Clean()
     out = model(torch.randn(3, 8))
     assert torch.nn.NLLLoss()(out, torch.tensor([0, 1, 2])) > 0
+
+
+def test_a_torch_layer_alone():
+    assert torch.nn.Linear(4, 2)(torch.randn(3, 4)).shape == (3, 2)
 """
 
 
@@ -127,7 +131,7 @@ def test_pytest_graphlint_lints_each_model_the_tests_ran_once_and_fails_the_sess
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-output", "out.json",
                                            "--graphlint-format", "json", timeout=600)
     assert result.ret == 1, result.stdout.str()
-    result.assert_outcomes(passed=4)  # the tests themselves are unchanged
+    result.assert_outcomes(passed=5)  # the tests themselves are unchanged
     output = result.stdout.str()
     section = output.split("= graphlint =", 1)[1]
     expected = [f"src/zoo/models.py:{_line(pytester, 'F.softmax(q @ k')}:17: GL101 ",
@@ -135,7 +139,8 @@ def test_pytest_graphlint_lints_each_model_the_tests_ran_once_and_fails_the_sess
                 f"src/zoo/models.py:{_line(pytester, 'torch.log(torch.softmax')}:20: GL204 "]
     found = [line for line in section.splitlines() if line.startswith("src/")]
     assert len(found) == 3 and all(line.startswith(start) for line, start in zip(found, expected, strict=True)), section
-    # TinyLM, built twice at one line, is one model; Gate and Clean are the others; NLLLoss is no model.
+    # TinyLM, built twice at one line, is one model; Gate and Clean are the others; torch's NLLLoss and Linear
+    # called by a test are not the project's models.
     assert "Found 3 findings in 3 targets" in section
     report = json.loads((pytester.path / "out.json").read_text())
     tests = (pytester.path / "tests/test_models.py").read_text().splitlines()
@@ -208,7 +213,7 @@ def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-n", "2", "--graphlint-output",
                                            "out.json", "--graphlint-format", "json", timeout=600)
     assert result.ret == 1, result.stdout.str()
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     report = json.loads((pytester.path / "out.json").read_text())
     more = (pytester.path / "tests/test_more.py").read_text().splitlines()
     compiled_at = next(n for n, line in enumerate(more, 1) if "torch.compile(" in line)
