@@ -19,6 +19,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -256,11 +257,27 @@ class _Builder:
         if missing:
             example = " ".join(f"--init {name}=VALUE" for name in missing)
             table = ", ".join(f"{name} = VALUE" for name in missing)
+            objects = [p.name for p in parameters if p.name in missing and _takes_an_object(p.annotation)]
+            hint = (f"; {', '.join(objects)} {'take objects' if len(objects) > 1 else 'takes an object'} that a literal "
+                    "cannot give: write a factory function that builds the model and name it instead" if objects else "")
             raise TargetFailure(f"{self.spec.name}() needs {', '.join(missing)}; give {'them' if len(missing) > 1 else 'it'} "
-                                f"with {example}, or kwargs = {{ {table} }} in the [tool.graphlint] target table")
+                                f"with {example}, or kwargs = {{ {table} }} in the [tool.graphlint] target table{hint}")
         raise TargetFailure(f"{self.spec.name}() cannot be called with keyword arguments only "
                             f"({', '.join(p.name for p in parameters if p.kind is p.POSITIONAL_ONLY)} are positional-only); "
                             "wrap it in a factory function")
+
+
+_LITERAL_TYPES = {"int", "float", "str", "bool", "list", "dict", "tuple", "None", "Optional", "Union", "Sequence",
+                  "Literal", "complex", "Any"}
+
+
+def _takes_an_object(annotation: Any) -> bool:
+    """Whether a parameter's annotation names a type that no literal is (a config class, a module)."""
+    if annotation is inspect.Parameter.empty:
+        return False
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    words = {word for word in re.split(r"[^A-Za-z_]+", text.replace("typing.", "")) if word}
+    return bool(words - _LITERAL_TYPES)
 
 
 def _definition_of(build: Callable) -> Callable:

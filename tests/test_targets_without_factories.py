@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from graphlint.config import read_config
-from graphlint.errors import UsageError
+from graphlint.errors import TargetFailure, UsageError
 from graphlint.inputs import parse_input
-from graphlint.target import TargetSpec, target_text
+from graphlint.target import TargetSpec, load_factory, target_text
 
 from conftest import line_of, run_graphlint, write
 
@@ -211,3 +211,51 @@ def test_input_options_without_a_command_line_target_point_to_the_table_form(tmp
     assert result.stderr.strip() == ('graphlint: error: --input and --init apply to the targets named on the command '
                                      'line; for [tool.graphlint] targets write a table: { model = "pkg/net.py:Net", '
                                      'inputs = [...], kwargs = { ... } }')
+
+
+def test_a_constructor_that_needs_an_object_points_to_a_factory(tmp_path):
+    write(tmp_path, "cfg.py", """
+        from dataclasses import dataclass
+        from torch import nn
+
+
+        @dataclass
+        class Config:
+            dim: int = 4
+
+
+        class Net(nn.Module):
+            def __init__(self, config: Config, depth: int = 1):
+                super().__init__()
+                self.fc = nn.Linear(config.dim, config.dim)
+    """)
+    loaded = load_factory(TargetSpec.parse(target_text("cfg.py:Net", ["float32[2,4]"], {"depth": 2}), tmp_path))
+    with pytest.raises(TargetFailure) as raised:
+        loaded.factory()
+    assert str(raised.value) == ("Net() needs config; give it with --init config=VALUE, or kwargs = { config = VALUE } "
+                                 "in the [tool.graphlint] target table; config takes an object that a literal cannot "
+                                 "give: write a factory function that builds the model and name it instead")
+
+
+def test_a_function_returning_the_model_takes_arguments_and_inputs(tmp_path):
+    write(tmp_path, "zoo.py", NETS + """
+
+def build(name, **options):
+    return {"lm": TinyLM, "clean": Clean}[name](**options)
+""")
+    made = load_factory(TargetSpec.parse(target_text("zoo.py:build", ["int64[2,5]:0..7"], {"name": "lm", "vocab": 7}),
+                                         tmp_path)).factory()
+    assert type(made.model).__name__ == "TinyLM" and made.model.emb.num_embeddings == 7
+    assert made.args[0].shape == (2, 5) and made.args[0].max() < 7 and made.kwargs == {}
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_a_class_target_fix_is_proven_with_its_inputs_and_arguments(tmp_path):
+    nets = write(tmp_path, "nets.py", NETS)
+    write(tmp_path, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n')
+    result = run_graphlint("check", "nets.py:Pooled", "--input", "float32[2,3,8,8]", "--no-cache", "--diff", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "+        return F.log_softmax(self.conv(x).flatten(1), dim=-1)" in result.stdout
+    assert "graphlint: 1 fix would be applied" in result.stderr
+    assert "torch.log(torch.softmax" in nets.read_text()  # --diff writes nothing
