@@ -44,6 +44,7 @@ class ModelRecorder:
     _pending: Any = field(default_factory=weakref.WeakKeyDictionary)  # made by __new__, __init__ not yet run
     _local: threading.local = field(default_factory=threading.local)
     _saved: dict = field(default_factory=dict)
+    _torch_classes: set = field(default_factory=set)
 
     def install(self) -> None:
         import torch
@@ -100,6 +101,11 @@ class ModelRecorder:
 
     def _record(self, module, args: tuple, kwargs: dict) -> None:
         cls = type(module)
+        if cls in self._torch_classes:
+            return
+        if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
+            self._torch_classes.add(cls)  # torch's own layers and losses called by a test are not the project's
+            return
         try:
             built = self._built.get(module)
         except TypeError:
@@ -108,10 +114,7 @@ class ModelRecorder:
         key = (cls, site)
         if key in self.recordings:
             return
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
-            return  # torch's own layers, losses and activations called by a test are torch's, not the project's
-        recording = self.recordings[key] = Recording(name, site)
+        recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site)
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
