@@ -24,6 +24,8 @@ DTYPES = {
     "uint8": "uint8", "bool": "bool",
 }
 KNOWN = "float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8, bool"
+_INT_BOUNDS = {"int64": (-2**63, 2**63 - 1), "int32": (-2**31, 2**31 - 1), "int16": (-2**15, 2**15 - 1),
+               "int8": (-128, 127), "uint8": (0, 255)}
 DEFAULT_INT_RANGE = (0, 2)  # ids 0 and 1 exist in every embedding and index a dimension of any size above 1
 GRAMMAR = "DTYPE[D0,D1,...] with an optional :LOW..HIGH range, like float32[2,3,32,32] or int64[2,16]:0..1000"
 
@@ -91,6 +93,10 @@ def parse_input(text: str) -> InputSpec:
             raise UsageError(f"input spec {text!r}: an integer range needs whole numbers, like :0..1000")
         if high <= low:
             raise UsageError(f"input spec {text!r}: the range {match['range']} is empty; HIGH must be above LOW")
+        if dtype in _INT_BOUNDS and not (_INT_BOUNDS[dtype][0] <= low and high - 1 <= _INT_BOUNDS[dtype][1]):
+            least, most = _INT_BOUNDS[dtype]
+            raise UsageError(f"input spec {text!r}: {dtype} holds {least}..{most + 1} (HIGH excluded); "
+                             "choose a range inside it or a wider dtype")
     return InputSpec(dtype, tuple(int(size) for size in sizes), low, high, match["name"])
 
 

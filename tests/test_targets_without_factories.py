@@ -100,6 +100,7 @@ def test_an_input_spec_reads_dtype_shape_range_and_keyword_and_writes_itself_bac
     ("int64[2]:5..1", "is empty; HIGH must be above LOW"),
     ("int64[2]:0..1.5", "an integer range needs whole numbers"),
     ("bool[2]:0..1", "bool inputs take no range"),
+    ("uint8[2]:-1..5", "uint8 holds 0..256 (HIGH excluded)"),
 ])
 def test_a_malformed_spec_says_what_is_wrong(text, says):
     with pytest.raises(UsageError) as raised:
