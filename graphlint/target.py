@@ -222,8 +222,8 @@ class _Builder:
                                     "does not apply; give --input only for a callable that returns the model")
             return made  # a factory's (model, args): checked by normalize_factory_result
         if self.spec.inputs:
-            args = tuple(spec.build() for spec in self.spec.inputs if spec.keyword is None)
-            return Target(made, args, {spec.keyword: spec.build() for spec in self.spec.inputs if spec.keyword})
+            args = tuple(_built(spec) for spec in self.spec.inputs if spec.keyword is None)
+            return Target(made, args, {spec.keyword: _built(spec) for spec in self.spec.inputs if spec.keyword})
         example = getattr(made, "example_inputs", None)
         if not callable(example):
             what = (f"{self.spec.name} is a model class" if inspect.isclass(self.build)
@@ -278,6 +278,13 @@ def _takes_an_object(annotation: Any) -> bool:
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
     words = {word for word in re.split(r"[^A-Za-z_]+", text.replace("typing.", "")) if word}
     return bool(words - _LITERAL_TYPES)
+
+
+def _built(spec: InputSpec) -> Any:
+    try:
+        return spec.build()
+    except (RuntimeError, MemoryError) as error:  # too large for the CPU rebuild, usually
+        raise TargetFailure(f"cannot build the input {spec.text} ({one_line(error)}); give a smaller shape") from error
 
 
 def _definition_of(build: Callable) -> Callable:
