@@ -70,9 +70,10 @@ class _GraphlintSession:
         saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()))
         if hasattr(self.config, "workerinput"):  # a pytest-xdist worker records; the main process lints
             return
-        recordings = _load_all(self.folder, saved)
         try:
-            self.lines, failing = _lint(recordings, self.config)
+            if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                return  # interrupted, or a usage error: nothing worth linting, and no time to take
+            self.lines, failing = _lint(_load_all(self.folder, saved), self.config)
         finally:
             if self.owner:
                 shutil.rmtree(self.folder, ignore_errors=True)
