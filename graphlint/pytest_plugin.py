@@ -67,8 +67,9 @@ class _GraphlintSession:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.recorder.uninstall()  # before any child is forked from this process
-        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()))
-        if hasattr(self.config, "workerinput"):  # a pytest-xdist worker records; the main process lints
+        worker = hasattr(self.config, "workerinput")  # a pytest-xdist worker records; the main process lints
+        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker)
+        if worker:
             return
         try:
             if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
@@ -89,8 +90,12 @@ class _GraphlintSession:
             terminalreporter.write_line(line)
 
 
-def _save(recordings, folder: Path, prefix: str) -> list[dict]:
-    """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists."""
+def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dict]:
+    """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists.
+    What torch.save could not write stays in memory for the children of the process that lints (they are
+    forked from it); a pytest-xdist worker's is named in a note instead."""
+    from graphlint.recorded import IN_MEMORY
+
     described = []
     for index, recording in enumerate(recordings):
         entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
@@ -98,6 +103,9 @@ def _save(recordings, folder: Path, prefix: str) -> list[dict]:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
             entry["path"] = str(path)
+        elif recording.kept is not None and linting_here:
+            entry["path"], entry["problem"] = f"memory:{prefix}-{index}", None
+            IN_MEMORY[entry["path"]] = recording.kept
         described.append(entry)
     (folder / f"{prefix}.json").write_text(json.dumps(described), encoding="utf-8")
     return described
@@ -135,7 +143,7 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
              for r in recordings if r.get("path")}
     if not names:
-        return notes + ["graphlint: no model was called by the tests"], False
+        return notes or ["graphlint: no model was called by the tests"], False
     try:
         baseline = pytest_config.getoption("graphlint_baseline")
         options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None)

@@ -8,9 +8,12 @@ devices) cannot alter them. Each recording becomes the target `graphlint.recorde
 whose child process calls the class again with the recorded arguments on the capture device (meta where
 possible) and runs the recorded inputs: the model's own construction is seen, as for any target.
 
+Constructor arguments or inputs that `torch.save` cannot write (a lambda, a class defined inside a test) stay in
+`IN_MEMORY`, which children forked from the recording process inherit.
+
 Limits: a model is rebuilt from its constructor, so changes a test makes after construction (a replaced layer,
 `.half()`) are not seen; a model built by `copy.deepcopy` or unpickling has no constructor call and is not
-linted; constructor arguments and inputs must survive `torch.save` (a lambda does not).
+linted; a recording that only memory holds cannot leave a pytest-xdist worker or reach a spawned child.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class Recording:
     cls: str  # module.qualname of its class
     site: tuple[str, int] | None  # the file and line that built it; None when no constructor call was seen
     data: bytes | None = None  # the torch.save'd {"cls", "args", "kwargs", "inputs"}
-    problem: str | None = None  # why it cannot be linted, when it cannot
+    kept: tuple | None = None  # (cls, args, kwargs, inputs) when torch.save could not write them
+    problem: str | None = None  # why it cannot be linted, or saved, when it cannot
 
 
 @dataclass
@@ -119,8 +123,14 @@ class ModelRecorder:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
         try:
-            recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": _copied((args, kwargs))})
-        except Exception as error:  # an argument that torch.save cannot write: say so, and leave the test alone
+            inputs = _copied((args, kwargs))
+        except Exception as error:  # inputs that cannot be copied: say so, and leave the test alone
+            recording.problem = f"its inputs cannot be copied ({one_line(error)})"
+            return
+        try:
+            recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
+        except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
+            recording.kept = (cls, built[0], built[1], inputs)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
 
 
@@ -157,13 +167,24 @@ def _saved(data: dict) -> bytes:
     return buffer.getvalue()
 
 
+# Recordings that torch.save could not write, by name: a child forked from the process that recorded them has them.
+IN_MEMORY: dict[str, tuple] = {}
+
+
 def rebuild(path: str):
     """A target's factory: the recorded model built again from its constructor call, with the recorded inputs."""
     import torch
 
+    from graphlint.errors import TargetFailure
     from graphlint.target import Target
 
-    data = torch.load(path, map_location="cpu", weights_only=False)
-    model = call_user_code(data["cls"], *data["args"], **data["kwargs"])
-    args, kwargs = data["inputs"]
-    return Target(model, tuple(args), dict(kwargs))
+    if path.startswith("memory:"):
+        if path not in IN_MEMORY:
+            raise TargetFailure("the model's constructor arguments or inputs cannot be saved, and on this system "
+                                "the lint runs in a new process rather than a fork of the test session")
+        cls, args, kwargs, inputs = IN_MEMORY[path]
+    else:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+        cls, args, kwargs, inputs = data["cls"], data["args"], data["kwargs"], data["inputs"]
+    model = call_user_code(cls, *args, **kwargs)
+    return Target(model, tuple(inputs[0]), dict(inputs[1]))

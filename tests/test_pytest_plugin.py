@@ -223,3 +223,32 @@ def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
     assert sorted({f["rule"] for f in report["findings"]}) == ["GL101", "GL103", "GL204"]
     # Every distinct model once, whichever worker ran it: TinyLM, Gate (two sites), Clean (two sites).
     assert "Found 3 findings in 5 targets" in result.stdout.str()
+
+
+LOCAL = """
+import torch
+from torch import nn
+
+
+def test_a_class_of_the_test_with_a_lambda():
+    class Local(nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.act = act
+
+        def forward(self, x):
+            return torch.log(torch.softmax(self.act(self.fc(x)), dim=-1))
+
+    assert Local(lambda t: t * 2)(torch.randn(2, 4)).shape == (2, 4)
+"""
+
+
+@pytest.mark.cli
+def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
+    pytester.makepyfile(test_local=textwrap.dedent(LOCAL))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = (pytester.path / "test_local.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if "torch.log(" in text)
+    result.stdout.fnmatch_lines([f"test_local.py:{line}:20: GL204 *", "Found 1 finding in 1 target*"])
