@@ -149,6 +149,15 @@ def _canonical_init(item: str) -> str:
 _OPTIONS = ("--input", "--init")
 
 
+def script_name(text: str) -> str:
+    """The file or module part of a target text (what a child's `sys.argv[0]` shows the target's code)."""
+    try:
+        target = _split(text)[0]
+    except UsageError:
+        target = text
+    return target.rpartition(":")[0] or target
+
+
 def _split(text: str) -> tuple[str, list[str], list[str]]:
     """(the target, its input specs, its KEY=VALUE arguments) from a target text."""
     if not any(f" {option}" in text for option in _OPTIONS):

@@ -15,6 +15,7 @@ from pathlib import Path
 from graphlint import stages
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult, to_wire
+from graphlint.target import script_name
 
 
 def request(target: str, base: Path, project, device: str, rules: tuple[str, ...], debug: bool) -> dict:
@@ -44,7 +45,7 @@ def child_main(request: dict, connection) -> None:
         torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork (see graphlint.run.parent)
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
-    sys.argv = [request["target"].rpartition(":")[0] or request["target"]]
+    sys.argv = [script_name(request["target"])]
     before = set(sys.modules)
     last = ["import"]
 
