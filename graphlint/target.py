@@ -297,9 +297,11 @@ def _built(spec: InputSpec) -> Any:
 
 
 def _definition_of(build: Callable) -> Callable:
-    """What stands for the target's definition: a class's __init__ when it is Python code, else the callable."""
-    init = getattr(build, "__init__", None) if inspect.isclass(build) else build
-    return init if hasattr(inspect.unwrap(init), "__code__") else build
+    """What stands for the target's definition: the class's own __init__ or forward, else the callable."""
+    if inspect.isclass(build):
+        own = (build.__dict__.get(name) for name in ("__init__", "forward"))
+        return next((f for f in own if f is not None and hasattr(inspect.unwrap(f), "__code__")), build)
+    return build
 
 
 def _example_inputs(value: Any) -> tuple[tuple, dict]:
