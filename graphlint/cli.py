@@ -26,6 +26,7 @@ from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
+from graphlint.target import parse_init, target_text
 
 if TYPE_CHECKING:
     from graphlint.results import Report
@@ -46,9 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="lint targets", description="Lint targets and report findings.")
     check.add_argument(
         "targets", nargs="*", metavar="TARGET",
-        help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args); "
-             "default: [tool.graphlint] targets in the nearest pyproject.toml",
+        help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args), or a model class "
+             "with --input; default: [tool.graphlint] targets in the nearest pyproject.toml",
     )
+    _model_options(check)
     check.add_argument("--format", choices=tuple(FORMATS), default="text", help="output format (default: text)")
     check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     check.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE", type=_extra_report,
@@ -93,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                                 description="Report one capture's autograd graph: node counts by category, fused "
                                             "kernels, AccumulateGrad sinks and saved activation memory.")
     graph.add_argument("target", nargs="?", metavar="TARGET", help="default: the one target in [tool.graphlint]")
+    _model_options(graph)
     graph.add_argument("--format", choices=("text", "json", "dot", "svg"), default="text",
                        help="text (default), json, Graphviz dot, or svg (needs Graphviz's dot program)")
     graph.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
@@ -127,6 +130,31 @@ def _parser() -> argparse.ArgumentParser:
                              "0: no limit)")
     server.add_argument("--debug", action="store_true", help="print tracebacks of internal errors on stderr")
     return parser
+
+
+def _model_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--input", action="append", default=[], metavar="SPEC",
+        help="an input of the model built by each TARGET, as DTYPE[SHAPE] with an optional :LOW..HIGH range "
+             "(float32[2,3,32,32], int64[2,16]:0..1000, bool[2,16], NAME=SPEC for a keyword input); repeat it "
+             "for each positional argument of the forward",
+    )
+    command.add_argument(
+        "--init", action="append", default=[], metavar="KEY=VALUE",
+        help="a keyword argument for each TARGET's call (the class's constructor), VALUE a Python literal "
+             "(depth=2, sizes=[64,128], act=gelu); repeat it for each argument",
+    )
+
+
+def _with_model_options(targets: list[str], args: argparse.Namespace) -> list[str]:
+    """The command line's targets with its --input specs and --init arguments, as target texts."""
+    if not (args.input or args.init):
+        return targets
+    if not targets:
+        raise UsageError("--input and --init apply to the targets named on the command line; for [tool.graphlint] "
+                         "targets write a table: { model = \"pkg/net.py:Net\", inputs = [...], kwargs = { ... } }")
+    kwargs = dict(parse_init(item) for item in args.init)
+    return [target_text(target, args.input, kwargs) for target in targets]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,8 +194,8 @@ def _check(args: argparse.Namespace) -> int:
         fail_on=args.fail_on,
         timeout=args.timeout,
     )
-    if args.targets:
-        targets, base = list(args.targets), Path.cwd()
+    if args.targets or args.input or args.init:
+        targets, base = _with_model_options(list(args.targets), args), Path.cwd()
     elif config.targets:
         targets, base = list(config.targets), project.root
     else:
@@ -310,8 +338,8 @@ def _graph(args: argparse.Namespace) -> int:
 
     project = Project.discover()
     config = project.config.overridden(device=args.device)
-    if args.target:
-        target, base = args.target, Path.cwd()
+    if args.target or args.input or args.init:
+        target, base = _with_model_options([args.target] if args.target else [], args)[0], Path.cwd()
     elif len(config.targets) == 1:
         target, base = config.targets[0], project.root
     else:

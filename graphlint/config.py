@@ -1,7 +1,8 @@
 """The `[tool.graphlint]` table of pyproject.toml, checked, and the command-line options that override it.
 
     [tool.graphlint]
-    targets = ["models/gpt.py:make_model"]
+    targets = ["models/gpt.py:make_model",                  # a factory
+               { model = "pkg/net.py:Net", inputs = ["float32[2,3,32,32]"], kwargs = { depth = 2 } }]
     device = "auto"                      # auto, meta, cpu or cuda
     select = ["GL1", "GL2"]              # rule IDs or prefixes; "ALL" for every rule (default: the default set)
     extend-select = ["GL901"]            # added to select
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graphlint.errors import UsageError
+from graphlint.target import target_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -76,6 +78,31 @@ def _strings(value, where: str, example: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _targets(value, where: str) -> tuple[str, ...]:
+    """Target strings, and tables { model, inputs, kwargs } made into the canonical text of such a target."""
+    example = '["models/gpt.py:make_model", { model = "pkg/net.py:Net", inputs = ["float32[2,3,32,32]"] }]'
+    if not isinstance(value, list):
+        raise UsageError(f"{where} must be a list of strings or tables, like {example}")
+    return tuple(_target(item, f"{where}[{index}]", example) for index, item in enumerate(value))
+
+
+def _target(item, where: str, example: str) -> str:
+    if isinstance(item, str):
+        return item
+    if not isinstance(item, dict):
+        raise UsageError(f"{where} must be a string or a table, like {example}")
+    unknown = sorted(set(item) - {"model", "inputs", "kwargs"})
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]}; a target table has model, inputs and kwargs")
+    if not isinstance(item.get("model"), str):
+        raise UsageError(f'{where} needs model = "path/to/file.py:NAME" (or "package.module:NAME")')
+    inputs = _strings(item.get("inputs", []), f"{where}.inputs", '["float32[2,3,32,32]", "int64[2,16]:0..1000"]')
+    kwargs = item.get("kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"{where}.kwargs must be a table of the model's keyword arguments, like {{ depth = 2 }}")
+    return target_text(item["model"], inputs, kwargs)
+
+
 def _one_of(value, where: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise UsageError(f"{where} must be one of {', '.join(allowed)}; got {value!r}")
@@ -101,7 +128,7 @@ def _severity(value, where: str) -> dict[str, str]:
 
 
 _KEYS = {
-    "targets": ("targets", lambda v, w: _strings(v, w, '["model.py:make_model"]')),
+    "targets": ("targets", _targets),
     "device": ("device", lambda v, w: _one_of(v, w, DEVICES)),
     "select": ("select", lambda v, w: _strings(v, w, '["GL1", "GL201"]')),
     "extend-select": ("extend_select", lambda v, w: _strings(v, w, '["GL901"]')),

@@ -1,23 +1,35 @@
-"""Targets: the zero-argument factories that build a model and its inputs.
+"""Targets: the callables that build a model, and the inputs it runs on.
 
 A target is named `path/to/file.py:NAME` or `package.module:NAME`. The file's folder is put on `sys.path`
 while the target is imported and captured, so a target file can import its siblings (as under pytest).
+
+NAME is a factory returning `(model, args)`, or a class (any callable returning an `nn.Module`) together with
+input specs (graphlint.inputs) or a model method `example_inputs()`, and keyword arguments for the call. A target
+travels between processes, into the result cache and into reports as one text, its canonical spelling on the
+command line: `models/net.py:Net --input 'float32[2,3,32,32]' --init depth=2`; so its identity includes its
+inputs and arguments.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import json
 import os
+import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from graphlint.errors import TargetFailure, UsageError, one_line, raised_at
-from graphlint.files import display_path
+from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at
+from graphlint.files import display_path, is_graphlint_file
+from graphlint.inputs import InputSpec, parse_input
 
 
 @dataclass
@@ -33,36 +45,136 @@ class Target:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """A parsed target string."""
+    """A parsed target text: where the callable is, and the inputs and keyword arguments it is built with."""
 
-    text: str  # as the user wrote it
+    text: str  # as the user wrote it (the canonical spelling for a target with inputs or arguments)
     name: str  # the callable's name
     file: Path | None = None  # for path/to/file.py:NAME
     module: str | None = None  # for package.module:NAME
     search_root: Path = field(default_factory=Path.cwd)  # where module targets are imported from
+    inputs: tuple[InputSpec, ...] = ()  # --input specs, positional ones in order
+    init: tuple[str, ...] = ()  # --init KEY=VALUE arguments of the call, canonical
 
     @classmethod
     def parse(cls, text: str, base: Path) -> TargetSpec:
         """Parse `text`; relative file paths are read from `base` (the working directory, or the folder of the
         pyproject.toml that lists the target)."""
-        where, sep, name = text.rpartition(":")
+        where_name, inputs, init = _split(text)
+        where, sep, name = where_name.rpartition(":")
         if not sep or not where or not name:
             raise UsageError(
                 f"target {text!r} has no ':NAME'; write path/to/file.py:NAME or package.module:NAME, "
-                "where NAME is a function that returns (model, args)"
+                "where NAME is a function that returns (model, args), or a model class given --input"
             )
         if not name.isidentifier():
             raise UsageError(f"target {text!r}: {name!r} is not a Python name")
         looks_like_file = where.endswith(".py") or "/" in where or os.sep in where
+        extra = {"inputs": tuple(parse_input(spec) for spec in inputs),
+                 "init": tuple(_canonical_init(item) for item in init)}
         if looks_like_file:
-            return cls(text=text, name=name, file=(base / where).resolve(), search_root=base)
+            return cls(text=text, name=name, file=(base / where).resolve(), search_root=base, **extra)
         if not all(part.isidentifier() for part in where.split(".")):
             raise UsageError(f"target {text!r}: {where!r} is neither a .py file nor a module name")
-        return cls(text=text, name=name, module=where, search_root=base)
+        return cls(text=text, name=name, module=where, search_root=base, **extra)
 
     @property
     def import_folder(self) -> Path:
         return self.file.parent if self.file is not None else self.search_root
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments the callable is called with."""
+        return dict(parse_init(item) for item in self.init)
+
+    def relocated(self, where: str) -> str:
+        """This target's text with `where` (a file or module) in place of its own, inputs and arguments kept."""
+        return target_text(f"{where}:{self.name}", [spec.text for spec in self.inputs], self.kwargs)
+
+
+def target_text(target: str, inputs: list[str] | tuple[str, ...] = (), kwargs: dict[str, Any] | None = None) -> str:
+    """The canonical text of a target with input specs and keyword arguments; the target itself when it has
+    neither, so that factory targets keep their names. A malformed spec is kept as written: parsing the text
+    reports it as that target's error, and the other targets are still linted."""
+    if not inputs and not kwargs:
+        return target
+    words = [target]
+    for spec in inputs:
+        try:
+            words += ["--input", parse_input(spec).text]
+        except UsageError:
+            words += ["--input", spec]
+    for key, value in (kwargs or {}).items():
+        try:
+            words += ["--init", f"{key}={_literal(value)}"]
+        except UsageError:
+            words += ["--init", f"{key}={value}"]
+    return shlex.join(words)
+
+
+def parse_init(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE` as (key, value): VALUE is a Python literal (2, 0.1, "gelu", [64, 128], {"a": 1}, None), or
+    true/false, or else taken as a plain string (`--init act=gelu`)."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise UsageError(f"--init {item!r} is not KEY=VALUE; write it like --init depth=2 or --init act=gelu")
+    return key, _value(value.strip())
+
+
+def _value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return {"true": True, "false": False}.get(text, text)
+
+
+def _literal(value: Any) -> str:
+    """A value as text that `_value` reads back to it."""
+    if isinstance(value, str):
+        return value if value and _value(value) == value and not any(c.isspace() for c in value) else json.dumps(value)
+    try:
+        if ast.literal_eval(repr(value)) == value:
+            return repr(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    raise UsageError(f"argument value {value!r} cannot be written as a Python literal; give numbers, strings, "
+                     "booleans, lists or tables")
+
+
+def _canonical_init(item: str) -> str:
+    key, value = parse_init(item)
+    return f"{key}={_literal(value)}"
+
+
+_OPTIONS = ("--input", "--init")
+
+
+def script_name(text: str) -> str:
+    """The file or module part of a target text (what a child's `sys.argv[0]` shows the target's code)."""
+    try:
+        target = _split(text)[0]
+    except UsageError:
+        target = text
+    return target.rpartition(":")[0] or target
+
+
+def _split(text: str) -> tuple[str, list[str], list[str]]:
+    """(the target, its input specs, its KEY=VALUE arguments) from a target text."""
+    if not any(f" {option}" in text for option in _OPTIONS):
+        return text, [], []
+    try:
+        words = shlex.split(text)
+    except ValueError as error:
+        raise UsageError(f"target {text!r}: {error}; quote specs as on a shell command line") from error
+    inputs: list[str] = []
+    init: list[str] = []
+    rest = words[1:]
+    while rest:
+        option = rest.pop(0)
+        if option not in _OPTIONS or not rest:
+            raise UsageError(f"target {text!r}: expected --input SPEC or --init KEY=VALUE, got {option!r}")
+        (inputs if option == "--input" else init).append(rest.pop(0))
+    return words[0], inputs, init
 
 
 @dataclass(frozen=True)
@@ -84,13 +196,127 @@ def load_factory(spec: TargetSpec) -> LoadedTarget:
     with watched_import() as watch:
         module = _import_file(spec.file) if spec.file is not None else _import_module(spec.module)
     _IMPORT_SWITCHES.setdefault(key, tuple(watch.switches))
-    factory = getattr(module, spec.name, None)
-    if factory is None:
-        raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns (model, args)")
-    if not callable(factory):
-        raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {_describe(factory)}, not a function; "
-                            "make it a function that returns (model, args)")
-    return LoadedTarget(spec, factory, _IMPORT_SWITCHES[key])
+    found = getattr(module, spec.name, None)
+    if found is None:
+        raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns "
+                            "(model, args), or name a model class")
+    if not callable(found):
+        raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {_describe(found)}, not a function; "
+                            "make it a function that returns (model, args), or a model class")
+    return LoadedTarget(spec, _Builder(spec, found), _IMPORT_SWITCHES[key])
+
+
+class _Builder:
+    """A target's factory: calls the named callable with the target's keyword arguments; when that returns the
+    model alone (a class, usually), builds its inputs from the specs or the model's `example_inputs()`."""
+
+    def __init__(self, spec: TargetSpec, build: Callable) -> None:
+        self.spec = spec
+        self.build = build
+        # Where findings go when no frame of the project's code is involved: the class's __init__ or the function.
+        self.__wrapped__ = _definition_of(build)
+
+    def __call__(self) -> Any:
+        kwargs = self.spec.kwargs
+        self._check_arguments(kwargs)
+        made = call_user_code(self.build, **kwargs)
+        import torch  # only a capture builds a target
+
+        code = getattr(inspect.unwrap(self.build), "__code__", None)
+        if isinstance(made, Target) and code is not None and is_graphlint_file(os.path.abspath(code.co_filename)):
+            self.__wrapped__ = _definition_of(type(made.model))  # graphlint rebuilt it (a recorded model)
+        if not isinstance(made, torch.nn.Module):
+            if self.spec.inputs:
+                raise TargetFailure(f"{self.spec.name} returned {_describe(made)}, not a torch.nn.Module, so --input "
+                                    "does not apply; give --input only for a callable that returns the model")
+            return made  # a factory's (model, args): checked by normalize_factory_result
+        if self.spec.inputs:
+            args = tuple(_built(spec) for spec in self.spec.inputs if spec.keyword is None)
+            return Target(made, args, {spec.keyword: _built(spec) for spec in self.spec.inputs if spec.keyword})
+        example = getattr(made, "example_inputs", None)
+        if not callable(example):
+            what = (f"{self.spec.name} is a model class" if inspect.isclass(self.build)
+                    else f"{self.spec.name}() returned {_describe(made)}")
+            raise TargetFailure(f"{what}, and graphlint has no inputs for it: give "
+                                "each forward argument with --input (like --input 'float32[2,3,32,32]'), or define "
+                                "a method example_inputs(self) on the model that returns them")
+        return Target(made, *_example_inputs(call_user_code(example)))
+
+    def _check_arguments(self, kwargs: dict[str, Any]) -> None:
+        """The call's arguments against the callable's signature: one line naming what is missing or unknown."""
+        try:
+            signature = inspect.signature(self.build)
+        except (TypeError, ValueError):
+            return  # a builtin or C callable: let the call say
+        try:
+            signature.bind(**kwargs)
+        except TypeError:
+            pass
+        else:
+            return
+        parameters = signature.parameters.values()
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = [key for key in kwargs if key not in named and not takes_any]
+        if unknown:
+            raise TargetFailure(f"{self.spec.name}() takes no argument {', '.join(unknown)}; it takes "
+                                f"{', '.join(named) or 'no keyword arguments'}")
+        missing = [p.name for p in parameters if p.default is p.empty and p.name not in kwargs
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            example = " ".join(f"--init {name}=VALUE" for name in missing)
+            table = ", ".join(f"{name} = VALUE" for name in missing)
+            objects = [p.name for p in parameters if p.name in missing and _takes_an_object(p.annotation)]
+            hint = (f"; {', '.join(objects)} {'take objects' if len(objects) > 1 else 'takes an object'} that a literal "
+                    "cannot give: write a factory function that builds the model and name it instead" if objects else "")
+            raise TargetFailure(f"{self.spec.name}() needs {', '.join(missing)}; give {'them' if len(missing) > 1 else 'it'} "
+                                f"with {example}, or kwargs = {{ {table} }} in the [tool.graphlint] target table{hint}")
+        raise TargetFailure(f"{self.spec.name}() cannot be called with keyword arguments only "
+                            f"({', '.join(p.name for p in parameters if p.kind is p.POSITIONAL_ONLY)} are positional-only); "
+                            "wrap it in a factory function")
+
+
+_LITERAL_TYPES = {"int", "float", "str", "bool", "list", "dict", "tuple", "None", "Optional", "Union", "Sequence",
+                  "Literal", "complex", "Any"}
+
+
+def _takes_an_object(annotation: Any) -> bool:
+    """Whether a parameter's annotation names a type that no literal is (a config class, a module)."""
+    if annotation is inspect.Parameter.empty:
+        return False
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    words = {word for word in re.split(r"[^A-Za-z_]+", text.replace("typing.", "")) if word}
+    return bool(words - _LITERAL_TYPES)
+
+
+def _built(spec: InputSpec) -> Any:
+    try:
+        return spec.build()
+    except (RuntimeError, MemoryError) as error:  # too large for the CPU rebuild, usually
+        raise TargetFailure(f"cannot build the input {spec.text} ({one_line(error)}); give a smaller shape") from error
+
+
+def _definition_of(build: Callable) -> Callable:
+    """What stands for the target's definition: the class's own __init__ or forward, else the callable."""
+    if inspect.isclass(build):
+        own = (build.__dict__.get(name) for name in ("__init__", "forward"))
+        return next((f for f in own if f is not None and hasattr(inspect.unwrap(f), "__code__")), build)
+    return build
+
+
+def _example_inputs(value: Any) -> tuple[tuple, dict]:
+    """What `example_inputs()` returned as (args, kwargs): a tensor, a tuple or list of positional arguments,
+    a dict of keyword arguments, or (args, kwargs)."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], (tuple, list)) and isinstance(value[1], dict):
+        return tuple(value[0]), dict(value[1])
+    if value is None:
+        raise TargetFailure("example_inputs() returned None; return the forward's positional arguments (a tensor "
+                            "or a tuple), or (args, kwargs)")
+    if isinstance(value, dict):
+        return (), value
+    if isinstance(value, (tuple, list)):
+        return tuple(value), {}
+    return (value,), {}
 
 
 def _where(spec: TargetSpec) -> str:
@@ -145,7 +371,8 @@ def normalize_factory_result(result: Any) -> Target:
     else:
         raise TargetFailure(
             f"the factory returned {_describe(result)}; return (model, args), (model, args, kwargs) "
-            "or graphlint.Target(model, args, kwargs, loss)"
+            "or graphlint.Target(model, args, kwargs, loss), or the model alone with --input specs or an "
+            "example_inputs() method"
         )
     if not isinstance(made.model, torch.nn.Module):
         raise TargetFailure(f"the factory's model is {_describe(made.model)}, not a torch.nn.Module")

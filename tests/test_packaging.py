@@ -51,3 +51,12 @@ def test_the_wheel_holds_every_module_of_the_source_tree_and_nothing_else(tmp_pa
     expected = _source_modules()
     assert expected - shipped == set(), "modules missing from the wheel"
     assert shipped - expected == set(), "modules in the wheel that the source tree does not have"
+
+
+@pytest.mark.cli
+@pytest.mark.packaging
+def test_the_wheel_registers_the_pytest_plugin(tmp_path):
+    with zipfile.ZipFile(_built_wheel(tmp_path)) as wheel:
+        entry_points = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))
+    section = entry_points.split("[pytest11]", 1)[1].split("\n[", 1)[0]
+    assert "graphlint = graphlint.pytest_plugin" in section

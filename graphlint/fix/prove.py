@@ -142,9 +142,7 @@ def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding
 
 
 def _target_text(spec: TargetSpec, root: Path) -> str:
-    if spec.file is not None:
-        return f"{spec.file.name}:{spec.name}"
-    return f"{spec.module}:{spec.name}"
+    return spec.relocated(spec.file.name if spec.file is not None else spec.module)
 
 
 def _inside(path: Path, root: Path) -> Path | None:

@@ -14,6 +14,7 @@ from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
 from graphlint.run.wire import Job, Launch, LintJob, Linted, ProofJob, Proved, Stage
+from graphlint.target import script_name
 
 
 def child_main(job: Job, launch: Launch, connection) -> None:
@@ -39,7 +40,7 @@ def child_main(job: Job, launch: Launch, connection) -> None:
 def _lint_job(job: LintJob, connection) -> Linted:
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
-    sys.argv = [job.target.rpartition(":")[0] or job.target]
+    sys.argv = [script_name(job.target)]
     before = set(sys.modules)
     last = ["import"]
 

@@ -1,0 +1,183 @@
+"""`pytest --graphlint`: lint the models a test session builds and runs, with no factory written.
+
+Registered through the `pytest11` entry point, so pytest loads it in every session of an environment where
+graphlint is installed; it does nothing unless `--graphlint` is given (this module imports neither torch nor
+graphlint's capture). With the option, graphlint.recorded records each distinct model's first outermost call
+while the tests run; when the session ends, each recording is linted like any target, in its own child
+process, under the project's `[tool.graphlint]` settings, suppressions and `--graphlint-baseline`, and the
+findings are printed in the terminal summary in graphlint's text form. The session fails when findings at or
+above `fail-on` exist, unless `--graphlint-no-fail`. Under pytest-xdist each worker records its own models and
+the controlling process lints them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+FORMATS = ("text", "json", "sarif", "github", "gitlab", "junit")
+_FOLDER = "GRAPHLINT_PYTEST_RECORDINGS"  # where xdist workers leave their recordings for the controlling process
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("graphlint", "graphlint: lint the models the tests build and run")
+    group.addoption("--graphlint", action="store_true",
+                    help="record each model the tests call and lint it when the session ends")
+    group.addoption("--graphlint-output", metavar="FILE", help="also write graphlint's report to FILE")
+    group.addoption("--graphlint-format", choices=FORMATS, default="text",
+                    help="the report's format in --graphlint-output (default: text)")
+    group.addoption("--graphlint-baseline", metavar="FILE", help="report only findings not in this baseline file")
+    group.addoption("--graphlint-no-fail", action="store_true",
+                    help="report graphlint's findings without failing the session")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser, args) -> None:
+    # Before conftest.py files are imported: a model they build at import is recorded too.
+    if getattr(early_config.known_args_namespace, "graphlint", False):
+        early_config.pluginmanager.register(_GraphlintSession(early_config), "graphlint-session")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("graphlint") and not config.pluginmanager.has_plugin("graphlint-session"):
+        config.pluginmanager.register(_GraphlintSession(config), "graphlint-session")
+
+
+class _GraphlintSession:
+    """The recorder for one test session, and the lint after it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from graphlint.recorded import ModelRecorder
+
+        self.config = config
+        # The first process to start makes the folder; pytest-xdist workers, started later, inherit it.
+        self.owner = _FOLDER not in os.environ
+        if self.owner:
+            os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")
+        self.folder = Path(os.environ[_FOLDER])
+        self.recorder = ModelRecorder()
+        self.recorder.install()
+        self.lines: list[str] = []
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.recorder.uninstall()  # before any child is forked from this process
+        worker = hasattr(self.config, "workerinput")  # a pytest-xdist worker records; the main process lints
+        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker)
+        if worker:
+            return
+        try:
+            if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                return  # interrupted, or a usage error: nothing worth linting, and no time to take
+            self.lines, failing = _lint(_load_all(self.folder, saved), self.config)
+        finally:
+            if self.owner:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                del os.environ[_FOLDER]
+        if failing and not self.config.getoption("graphlint_no_fail") and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.lines:
+            return
+        terminalreporter.section("graphlint")
+        for line in self.lines:
+            terminalreporter.write_line(line)
+
+
+def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dict]:
+    """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists.
+    What torch.save could not write stays in memory for the children of the process that lints (they are
+    forked from it); a pytest-xdist worker's is named in a note instead."""
+    from graphlint.recorded import IN_MEMORY
+
+    described = []
+    for index, recording in enumerate(recordings):
+        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
+        if recording.data is not None:
+            path = folder / f"{prefix}-{index}.pt"
+            path.write_bytes(recording.data)
+            entry["path"] = str(path)
+        elif recording.kept is not None and linting_here:
+            entry["path"], entry["problem"] = f"memory:{prefix}-{index}", None
+            IN_MEMORY[entry["path"]] = recording.kept
+        described.append(entry)
+    (folder / f"{prefix}.json").write_text(json.dumps(described), encoding="utf-8")
+    return described
+
+
+def _load_all(folder: Path, own: list[dict]) -> list[dict]:
+    """This process's recordings and those the workers left, one per class and construction site."""
+    found = {}
+    for entry in own + [e for index in sorted(folder.glob("worker-*.json"))
+                        for e in json.loads(index.read_text(encoding="utf-8"))]:
+        found.setdefault(json.dumps(entry["key"]), entry)
+    return list(found.values())
+
+
+def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[str], bool]:
+    """The lines of the terminal summary, and whether the findings fail the session."""
+    from graphlint.errors import GraphlintError, single_line
+    from graphlint.project import Project
+    from graphlint.report import FORMATS as RENDER
+    from graphlint.report.text import diagnostics
+    from graphlint.session import Options, check
+    from graphlint.target import target_text
+
+    here = Path(pytest_config.invocation_params.dir)  # where pytest was started: the tests may change folders
+    try:  # the project as `graphlint check` finds it from the same folder (pytest's rootdir follows the arguments)
+        project = Project.discover(here)
+    except GraphlintError as error:
+        return [single_line(f"graphlint: error: {error}")], True
+    root = project.root
+    for recording in recordings:
+        site = recording["key"][1]
+        where = f"{_shown(site[0], root)}:{site[1]}" if site else "an unknown place"
+        recording["name"] = f"{recording['key'][0].rpartition('.')[2]} built at {where}"
+    notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
+    names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
+             for r in recordings if r.get("path")}
+    if not names:
+        return notes or ["graphlint: no model was called by the tests"], False
+    try:
+        baseline = pytest_config.getoption("graphlint_baseline")
+        options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None)
+        report = check(list(names), project, project.config, options, project.root)
+    except GraphlintError as error:
+        return [single_line(f"graphlint: error: {error}")], True
+    _rename(report, names)
+    text = RENDER["text"](report).rstrip("\n").splitlines()
+    output = pytest_config.getoption("graphlint_output")
+    if output:
+        try:
+            (here / output).write_text(RENDER[pytest_config.getoption("graphlint_format")](report), encoding="utf-8")
+        except OSError as error:
+            return [f"graphlint: error: cannot write {output}: {error.strerror or error}"], True
+        text.append(f"graphlint: report written to {output}")
+    return notes + diagnostics(report) + text, report.failing
+
+
+def _rename(report, names: dict[str, str]) -> None:
+    """Name each recorded model in the report by its class and the line that built it, not by its temporary file."""
+    def named(finding):
+        return dataclasses.replace(finding, targets=tuple(names.get(t, t) for t in finding.targets))
+
+    for result in report.results:
+        result.target = names.get(result.target, result.target)
+        result.errors = [dataclasses.replace(e, target=names.get(e.target, e.target)) for e in result.errors]
+        result.findings = [named(f) for f in result.findings]
+    if report.merged is not None:
+        report.merged = [named(f) for f in report.merged]
+
+
+def _shown(path: str, root: Path) -> str:
+    """A file relative to the project root when it is inside it."""
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path

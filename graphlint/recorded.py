@@ -1,0 +1,190 @@
+"""Models recorded while a test session runs (the `pytest --graphlint` plugin), and rebuilt as targets.
+
+While installed, `ModelRecorder` sees every `nn.Module` construction (its class, its arguments and the line
+that built it) and every call. The first outermost call of each distinct model, one per class and construction
+site, is recorded: the constructor's arguments and the call's inputs, copied and detached on their devices,
+saved with `torch.save` right away, so that what the test does afterwards (in-place changes, more calls, other
+devices) cannot alter them. Each recording becomes the target `graphlint.recorded:rebuild --init path=FILE`,
+whose child process calls the class again with the recorded arguments on the capture device (meta where
+possible) and runs the recorded inputs: the model's own construction is seen, as for any target.
+
+Constructor arguments or inputs that `torch.save` cannot write (a lambda, a class defined inside a test) stay in
+`IN_MEMORY`, which children forked from the recording process inherit.
+
+Limits: a model is rebuilt from its constructor, so changes a test makes after construction (a replaced layer,
+`.half()`) are not seen; a model built by `copy.deepcopy` or unpickling has no constructor call and is not
+linted; a recording that only memory holds cannot leave a pytest-xdist worker or reach a spawned child.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from graphlint.errors import call_user_code, one_line
+
+
+@dataclass
+class Recording:
+    """One distinct model of the session: where it was built, and its saved constructor call and inputs."""
+
+    cls: str  # module.qualname of its class
+    site: tuple[str, int] | None  # the file and line that built it; None when no constructor call was seen
+    data: bytes | None = None  # the torch.save'd {"cls", "args", "kwargs", "inputs"}
+    kept: tuple | None = None  # (cls, args, kwargs, inputs) when torch.save could not write them
+    problem: str | None = None  # why it cannot be linted, or saved, when it cannot
+
+
+@dataclass
+class ModelRecorder:
+    """Records the session's models; `install` patches `nn.Module` construction and calls, `uninstall` undoes it."""
+
+    recordings: dict[tuple, Recording] = field(default_factory=dict)
+    _built: Any = field(default_factory=weakref.WeakKeyDictionary)  # module -> (args, kwargs, site), confirmed
+    _pending: Any = field(default_factory=weakref.WeakKeyDictionary)  # made by __new__, __init__ not yet run
+    _local: threading.local = field(default_factory=threading.local)
+    _saved: dict = field(default_factory=dict)
+    _torch_classes: set = field(default_factory=set)
+
+    def install(self) -> None:
+        import torch
+
+        module_class = torch.nn.Module
+        self._saved = {name: module_class.__dict__.get(name) for name in ("__new__", "__init__", "__call__")}
+        original_init, original_call = module_class.__init__, module_class.__call__
+        recorder = self
+
+        def __new__(cls, *args, **kwargs):
+            module = object.__new__(cls)
+            caller = sys._getframe(1)
+            try:  # the arguments the class was called with, confirmed by __init__ (copies and unpickling skip it)
+                recorder._pending[module] = (args, kwargs, (caller.f_code.co_filename, caller.f_lineno))
+            except TypeError:
+                pass  # a module that cannot be weakly referenced or hashed is not recorded
+            return module
+
+        def __init__(self, *args, **kwargs):
+            try:
+                made = recorder._pending.pop(self, None)
+                if made is not None:
+                    recorder._built[self] = made
+            except TypeError:
+                pass
+            original_init(self, *args, **kwargs)
+
+        def __call__(self, *args, **kwargs):
+            local = recorder._local
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and not torch.compiler.is_compiling():
+                recorder._record(_unwrapped(self), args, kwargs)
+            local.depth = depth + 1
+            try:
+                return original_call(self, *args, **kwargs)
+            finally:
+                local.depth = depth
+
+        module_class.__new__ = __new__
+        module_class.__init__ = __init__
+        module_class.__call__ = __call__
+
+    def uninstall(self) -> None:
+        import torch
+
+        for name, value in self._saved.items():
+            if name == "__new__":
+                # Deleting a __new__ set on a class leaves CPython calling object.__new__ with the constructor's
+                # arguments, which it refuses: a plain one stays instead.
+                torch.nn.Module.__new__ = _plain_new
+            else:
+                setattr(torch.nn.Module, name, value)
+        self._saved = {}
+
+    def _record(self, module, args: tuple, kwargs: dict) -> None:
+        cls = type(module)
+        if cls in self._torch_classes:
+            return
+        if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
+            self._torch_classes.add(cls)  # torch's own layers and losses called by a test are not the project's
+            return
+        try:
+            built = self._built.get(module)
+        except TypeError:
+            built = None
+        site = built[2] if built is not None else None
+        key = (cls, site)
+        if key in self.recordings:
+            return
+        recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site)
+        if built is None:
+            recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
+            return
+        try:
+            inputs = _copied((args, kwargs))
+        except Exception as error:  # inputs that cannot be copied: say so, and leave the test alone
+            recording.problem = f"its inputs cannot be copied ({one_line(error)})"
+            return
+        try:
+            recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
+        except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
+            recording.kept = (cls, built[0], built[1], inputs)
+            recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
+
+
+# torch's wrappers that call the model they hold with their own inputs: the model is recorded, not the wrapper.
+_WRAPPERS = {"OptimizedModule": "_orig_mod", "DataParallel": "module", "DistributedDataParallel": "module"}
+
+
+def _unwrapped(module):
+    cls = type(module)
+    while cls.__name__ in _WRAPPERS and cls.__module__.split(".")[0] == "torch":
+        inner = getattr(module, _WRAPPERS[cls.__name__], None)
+        if inner is None:
+            break
+        module, cls = inner, type(inner)
+    return module
+
+
+def _plain_new(cls, *args, **kwargs):
+    return object.__new__(cls)
+
+
+def _copied(value: Any) -> Any:
+    """The inputs as they are now: tensors detached and cloned on their devices, containers rebuilt."""
+    import torch
+
+    return torch.utils._pytree.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, value)
+
+
+def _saved(data: dict) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return buffer.getvalue()
+
+
+# Recordings that torch.save could not write, by name: a child forked from the process that recorded them has them.
+IN_MEMORY: dict[str, tuple] = {}
+
+
+def rebuild(path: str):
+    """A target's factory: the recorded model built again from its constructor call, with the recorded inputs."""
+    import torch
+
+    from graphlint.errors import TargetFailure
+    from graphlint.target import Target
+
+    if path.startswith("memory:"):
+        if path not in IN_MEMORY:
+            raise TargetFailure("the model's constructor arguments or inputs cannot be saved, and on this system "
+                                "the lint runs in a new process rather than a fork of the test session")
+        cls, args, kwargs, inputs = IN_MEMORY[path]
+    else:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+        cls, args, kwargs, inputs = data["cls"], data["args"], data["kwargs"], data["inputs"]
+    model = call_user_code(cls, *args, **kwargs)
+    return Target(model, tuple(inputs[0]), dict(inputs[1]))

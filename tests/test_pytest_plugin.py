@@ -1,0 +1,254 @@
+"""`pytest --graphlint`: an ordinary project's own tests, run by pytest in a subprocess (pytester), with and
+without the option."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest_plugins = ("pytester",)
+
+MODELS = """
+import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
+        probs = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(c // self.heads), dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b, t, c)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab, dim=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.block = Attention(dim)
+
+    def forward(self, ids, mask=None):
+        x = self.emb(ids)
+        return self.block(x) if mask is None else self.block(x) * mask.unsqueeze(-1)
+
+
+class Gate(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if x.sum() > 0:  # a branch on values: captured on CPU, with the recorded values
+            return torch.log(torch.softmax(y, dim=-1))
+        return F.log_softmax(y, dim=-1)
+
+
+class Clean(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return F.log_softmax(self.fc(x), dim=-1)
+"""
+
+TESTS = """
+import torch
+from zoo.models import Clean, Gate, TinyLM
+
+
+def make_lm():
+    return TinyLM(vocab=40)
+
+
+def test_lm_many_calls_without_grad():
+    model = make_lm().eval()
+    ids = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        for _ in range(3000):
+            out = model(ids, mask=torch.ones(2, 6))
+    assert out.shape == (2, 6, 16)
+
+
+def test_lm_built_at_the_same_line_again():
+    assert make_lm()(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 16)
+
+
+def test_gate_inputs_changed_in_place_after_the_call():
+    model = Gate()
+    x = torch.ones(2, 8)
+    model(x)
+    x.mul_(-1)  # the recording keeps the first call's values: the branch with the problem
+    model(x)
+    loss = torch.nn.functional.mse_loss(model(x), torch.zeros(2, 8))
+    assert torch.isfinite(loss)
+
+
+def test_clean_with_a_loss_module():
+    model = Clean()
+    out = model(torch.randn(3, 8))
+    assert torch.nn.NLLLoss()(out, torch.tensor([0, 1, 2])) > 0
+
+
+def test_a_torch_layer_alone():
+    assert torch.nn.Linear(4, 2)(torch.randn(3, 4)).shape == (3, 2)
+"""
+
+
+def _project(pytester):
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/models.py": textwrap.dedent(MODELS),
+                           "tests/test_models.py": textwrap.dedent(TESTS)})
+    pytester.makepyprojecttoml(textwrap.dedent("""
+        [project]
+        name = "zoo"
+        version = "0"
+        [tool.pytest.ini_options]
+        pythonpath = ["src"]
+    """))
+    return pytester.path
+
+
+def _line(pytester, fragment: str) -> int:
+    lines = (pytester.path / "src/zoo/models.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if fragment in line)
+
+
+@pytest.mark.cli
+def test_pytest_graphlint_lints_each_model_the_tests_ran_once_and_fails_the_session(pytester):
+    _project(pytester)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-output", "out.json",
+                                           "--graphlint-format", "json", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    result.assert_outcomes(passed=5)  # the tests themselves are unchanged
+    output = result.stdout.str()
+    section = output.split("= graphlint =", 1)[1]
+    expected = [f"src/zoo/models.py:{_line(pytester, 'F.softmax(q @ k')}:17: GL101 ",
+                f"src/zoo/models.py:{_line(pytester, 'if x.sum() > 0')}:12: GL103 ",  # the branch on a value
+                f"src/zoo/models.py:{_line(pytester, 'torch.log(torch.softmax')}:20: GL204 "]
+    found = [line for line in section.splitlines() if line.startswith("src/")]
+    assert len(found) == 3 and all(line.startswith(start) for line, start in zip(found, expected, strict=True)), section
+    # TinyLM, built twice at one line, is one model; Gate and Clean are the others; torch's NLLLoss and Linear
+    # called by a test are not the project's models.
+    assert "Found 3 findings in 3 targets" in section
+    report = json.loads((pytester.path / "out.json").read_text())
+    tests = (pytester.path / "tests/test_models.py").read_text().splitlines()
+    built = {name: next(n for n, line in enumerate(tests, 1) if f"{name}(" in line) for name in ("Gate", "TinyLM")}
+    assert sorted((f["rule"], f["targets"]) for f in report["findings"]) == [
+        ("GL101", [f"TinyLM built at tests/test_models.py:{built['TinyLM']}"]),
+        ("GL103", [f"Gate built at tests/test_models.py:{built['Gate']}"]),
+        ("GL204", [f"Gate built at tests/test_models.py:{built['Gate']}"])]
+
+
+@pytest.mark.cli
+def test_without_the_option_the_plugin_does_nothing_and_imports_no_torch(pytester):
+    _project(pytester)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
+    assert result.ret == 0
+    assert "= graphlint =" not in result.stdout.str()
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, graphlint.pytest_plugin; print(sorted(m for m in sys.modules "
+                               "if m.split('.')[0] == 'torch' or m in ('graphlint.recorded', 'graphlint.capture')))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+@pytest.mark.cli
+def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytester):
+    _project(pytester)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "-k", "gate", timeout=600)
+    assert result.ret == 0
+    assert " GL204 " in result.stdout.str() and "Found 2 findings in 1 target" in result.stdout.str()
+    # The same model as a class target, on positive inputs (the branch with the problem), is the baseline; kept
+    # outside the project, where pytest's rootdir does not follow it when written with "=".
+    baseline = pytester.path.parent / f"{pytester.path.name}-baseline.json"
+    written = subprocess.run([sys.executable, "-m", "graphlint", "check", "src/zoo/models.py:Gate", "--input",
+                              "float32[2,8]:1..2", "--no-cache", "--write-baseline", str(baseline)],
+                             cwd=pytester.path, capture_output=True, text=True)
+    assert "wrote 2 findings to the baseline" in written.stderr, written.stderr
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", f"--graphlint-baseline={baseline}",
+                                           "-k", "gate", timeout=600)
+    assert result.ret == 0, result.stdout.str()
+    assert "No findings in 1 target" in result.stdout.str()
+
+CONFTEST = """
+from zoo.models import Clean
+
+SHARED = Clean(8)  # built while conftest.py is imported
+"""
+
+MORE_TESTS = """
+import torch
+from zoo.models import Gate
+
+
+def test_shared(request):
+    from conftest import SHARED
+    assert SHARED(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_compiled_only():
+    model = torch.compile(Gate(), backend="eager")  # only ever called through torch.compile's wrapper
+    assert model(torch.ones(2, 8)).shape == (2, 8)
+"""
+
+
+@pytest.mark.cli
+def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
+    _project(pytester)
+    pytester.makepyfile(**{"tests/conftest.py": textwrap.dedent(CONFTEST),
+                           "tests/test_more.py": textwrap.dedent(MORE_TESTS)})
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-n", "2", "--graphlint-output",
+                                           "out.json", "--graphlint-format", "json", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    result.assert_outcomes(passed=7)
+    report = json.loads((pytester.path / "out.json").read_text())
+    more = (pytester.path / "tests/test_more.py").read_text().splitlines()
+    compiled_at = next(n for n, line in enumerate(more, 1) if "torch.compile(" in line)
+    targets = {t for f in report["findings"] for t in f["targets"]}
+    assert f"Gate built at tests/test_more.py:{compiled_at}" in targets  # the model, not torch's wrapper
+    assert not any("torch" in f["location"]["path"] for f in report["findings"])
+    assert sorted({f["rule"] for f in report["findings"]}) == ["GL101", "GL103", "GL204"]
+    # Every distinct model once, whichever worker ran it: TinyLM, Gate (two sites), Clean (two sites).
+    assert "Found 3 findings in 5 targets" in result.stdout.str()
+
+
+LOCAL = """
+import torch
+from torch import nn
+
+
+def test_a_class_of_the_test_with_a_lambda():
+    class Local(nn.Module):
+        def __init__(self, act):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.act = act
+
+        def forward(self, x):
+            return torch.log(torch.softmax(self.act(self.fc(x)), dim=-1))
+
+    assert Local(lambda t: t * 2)(torch.randn(2, 4)).shape == (2, 4)
+"""
+
+
+@pytest.mark.cli
+def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
+    pytester.makepyfile(test_local=textwrap.dedent(LOCAL))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = (pytester.path / "test_local.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if "torch.log(" in text)
+    result.stdout.fnmatch_lines([f"test_local.py:{line}:20: GL204 *", "Found 1 finding in 1 target*"])
