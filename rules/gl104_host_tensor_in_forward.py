@@ -224,6 +224,8 @@ def _unrecorded_host_tensors(capture):
         made = facts(node).made_at or (facts(uses[0]).stack if uses else ())
         if not made or is_installed_file(made[-1].file) or (made[-1].file, made[-1].line) in trips:
             continue  # made inside a library, which its users cannot change, or reported as the cut
+        if capture.device != "meta" and not _spells_a_host_maker(made[-1]):
+            continue  # on a host capture only the source tells data from a tensor torch.func or a custom op returned
         first = uses[0]
         # The line that made it, as a whole statement: the capture saw only its first use.
         at = {"stack": (*made[:-1], Frame(made[-1].file, made[-1].line, made[-1].function)),
@@ -293,13 +295,33 @@ def _first_meeting(start: fx.Node) -> fx.Node | None:
     return None
 
 
+# Calls that make a tensor from host data or host memory, as source spells them.
+_HOST_MAKER = re.compile(r"\b(?:from_numpy|frombuffer|from_dlpack|asarray|as_tensor|tensor|new_tensor|[A-Z]\w*Tensor)\s*\(")
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+
+
+def _spells_a_host_maker(made: Frame) -> bool:
+    """Whether the statement that made a tensor, or a function of the same file that it calls, spells a call that
+    makes a tensor on the host. On a meta capture the device says so; on the host every tensor is there, and
+    tensors that torch.func transforms, autograd.grad or custom C++ ops return are unrecorded too."""
+    line = linecache.getline(made.file, made.line)
+    if _HOST_MAKER.search(line):
+        return True
+    source = "".join(linecache.getlines(made.file))
+    for name in set(_CALLED.findall(line)):
+        body = re.search(rf"^([ \t]*)def {re.escape(name)}\b.*?(?=^\1(?:def|class)\b|^\S|\Z)", source, re.M | re.S)
+        if body is not None and _HOST_MAKER.search(body.group(0)):
+            return True
+    return False
+
+
 def _is_scalar(node: fx.Node) -> bool:
-    meta = node.meta.get("tensor_meta")
+    meta = facts(node).tensor_meta
     return isinstance(meta, TensorMetadata) and len(meta.shape) == 0
 
 
 def _is_tensor(node: fx.Node) -> bool:
-    return isinstance(node.meta.get("tensor_meta"), TensorMetadata)
+    return isinstance(facts(node).tensor_meta, TensorMetadata)
 
 
 def _first_move(factory: fx.Node) -> fx.Node | None:
