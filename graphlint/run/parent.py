@@ -75,6 +75,7 @@ def _warm_up() -> None:
     import torch
 
     import graphlint.capture  # noqa: F401 - imported for the children
+    import graphlint.locate.spans  # noqa: F401 - libcst, which locating any finding needs
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
     from graphlint.libraries import loaded_libraries
