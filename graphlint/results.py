@@ -3,9 +3,9 @@
 Everything here is plain data (paths, numbers, strings): reporters are functions of these objects and never
 see torch.
 
-The wire format: a `TargetResult` travels from the child process that linted it to the run, and into the
-result cache, as `to_wire(result)`, a JSON-ready dict that mirrors the dataclasses field by field (enums as
-their values, tuples as lists); `from_wire` rebuilds it. Nothing else writes or reads results.
+The wire format: a `TargetResult` goes into the result cache as `to_wire(result)`, a JSON-ready dict that
+mirrors the dataclasses field by field (enums as their values, tuples as lists); `from_wire` rebuilds it.
+(From a child process to the run it travels as itself, inside the typed messages of graphlint.run.wire.)
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def start_method() -> str:
 
 
 class WarmParent:
-    """Starts one child process per target; `preload` imports libraries that children keep importing.
+    """Starts one child process per job (graphlint.run.wire); `preload` imports libraries that children keep importing.
     `close_in_children` are file descriptors of the parent that a forked child closes first (the language
     server's protocol pipes, which must close when the server does)."""
 
@@ -75,6 +75,7 @@ def _warm_up() -> None:
     import torch
 
     import graphlint.capture  # noqa: F401 - imported for the children
+    import graphlint.locate.spans  # noqa: F401 - libcst, which locating any finding needs
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
     from graphlint.libraries import loaded_libraries
