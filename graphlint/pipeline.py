@@ -8,6 +8,7 @@ leaving the process (`SystemExit`, `KeyboardInterrupt`), which the caller decide
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import traceback
@@ -23,8 +24,15 @@ from graphlint.stages import reached
 from graphlint.target import TargetSpec, load_factory
 
 
-def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False) -> TargetResult:
-    result, capture = capture_one(text, base, locator, device, debug)
+# Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
+COMPILE_TAG = "torch.compile"
+
+
+def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
+                vary: tuple[str, ...] = ("batch",)) -> TargetResult:
+    """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows."""
+    compile_vary = vary if any(COMPILE_TAG in rule.tags for rule in rules) else None
+    result, capture = capture_one(text, base, locator, device, debug, compile_vary=compile_vary)
     if capture is not None:
         reached("rules")
         result.findings, errors = run_rules(rules, capture, locator, debug)
@@ -33,8 +41,9 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
-                vary_inputs=None) -> tuple[TargetResult, Capture | None]:
-    """Load and capture one target; a failure is an error in the result (and no capture), never an exception."""
+                vary_inputs=None, compile_vary: tuple[str, ...] | None = None) -> tuple[TargetResult, Capture | None]:
+    """Load and capture one target; a failure is an error in the result (and no capture), never an exception.
+    With `compile_vary` (not None), the torch.compile analysis runs too, growing those input dimensions."""
     result = TargetResult(target=text)
     try:
         spec = TargetSpec.parse(text, base)
@@ -44,7 +53,12 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
             reached("import")
-            capture = capture_target(load_factory(spec), device, vary_inputs)
+            after = None
+            if compile_vary is not None:
+                from graphlint.capture.compile import analyse_target
+
+                after = functools.partial(analyse_target, vary=compile_vary)
+            capture = capture_target(load_factory(spec), device, vary_inputs, after)
     except GraphlintError as error:
         result.errors.append(TargetError(text, str(error)))
         return result, None
@@ -57,6 +71,8 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     project = locator.project
     result.device = capture.device
     result.notes = list(capture.notes)
+    if capture.compiled is not None:
+        result.notes.extend(compile_notes(capture.compiled, project))
     result.files = tuple(sorted(f for f in capture.source_files if project.is_first_party(f)))
     # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
     imported = {m.__file__ for m in list(sys.modules.values())
@@ -77,3 +93,25 @@ def _importable(folder: Path):
         yield
     finally:
         sys.path[:] = saved
+
+
+def compile_notes(compiled, project) -> list[str]:
+    """What the torch.compile analysis could not say at the user's lines: why it did not run, calls that failed
+    under torch.compile, and graph breaks whose frames are all in libraries (not the user's to fix)."""
+    from graphlint.files import display_path
+
+    if compiled.unavailable:
+        return [f"GL301/GL302 did not run: {compiled.unavailable}"]
+    notes = [f"torch.compile analysis: the call with {call}" for call in compiled.calls if "(failed under" in call]
+    library = {}
+    for item in compiled.breaks:
+        if item.stack and not any(project.is_first_party(frame.file) for frame in item.stack):
+            frame = item.stack[-1]
+            library.setdefault(f"{display_path(frame.file)}:{frame.line} ({item.gb_id + ' ' if item.gb_id else ''}"
+                               f"{item.gb_type or 'graph break'})", None)
+    if library:
+        shown = list(library)
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        notes.append(f"torch.compile breaks the graph in library code only, not at a line of this project: "
+                     f"{', '.join(shown[:3])}{more}")
+    return notes

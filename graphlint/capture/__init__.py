@@ -12,7 +12,7 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 import torch
@@ -29,6 +29,9 @@ from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at,
 from graphlint.files import display_path
 from graphlint.stages import reached
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
+
+if TYPE_CHECKING:
+    from graphlint.capture.compile import CompileAnalysis
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class Capture:
     notes: list[str] = field(default_factory=list)
     # Debugging modes (anomaly detection, profilers) the target's code switched on before or during the forward.
     debug_switches: tuple[DebugSwitch, ...] = ()
+    # What compiling the model with torch.compile showed (graphlint.capture.compile); None when not asked for.
+    compiled: CompileAnalysis | None = None
 
     @functools.cached_property
     def ops(self) -> list[fx.Node]:
@@ -145,19 +150,22 @@ def capture_model(
     )
 
 
-def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None) -> Capture:
+def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None,
+                   after: Callable[[Target, str], Any] | None = None) -> Capture:
     """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
-    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary)."""
+    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary).
+    `after(target, device)`, when given, runs once the capture has succeeded (the recorders have exited), on the
+    same model and device; what it returns becomes `Capture.compiled`."""
     if device != "auto":
         try:
-            return _capture_on(loaded, device, vary_inputs)
+            return _capture_on(loaded, device, vary_inputs, after)
         except _NeedsRealValues as meta_failure:
             raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
                                 "use --device auto (the default) or --device cpu") from meta_failure
     try:
-        return _capture_on(loaded, "meta", vary_inputs)
+        return _capture_on(loaded, "meta", vary_inputs, after)
     except _NeedsRealValues as meta_failure:
-        capture = _capture_on(loaded, "cpu", vary_inputs)
+        capture = _capture_on(loaded, "cpu", vary_inputs, after)
         capture.notes.insert(0, f"captured on CPU because {meta_failure}")
         return capture
 
@@ -189,7 +197,8 @@ _REAL_VALUE_OPS = {
 }
 
 
-def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None) -> Capture:
+def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None,
+                after: Callable[[Target, str], Any] | None = None) -> Capture:
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
     with preserved_global_state():
@@ -217,7 +226,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
             made.args, made.kwargs = vary_inputs(made.args, made.kwargs)
         try:
             with torch.device(device):
-                return capture_model(
+                capture = capture_model(
                     made.model, made.args, made.kwargs, made.loss,
                     target=loaded.spec.text, device=device, build_sites=build_sites, factory=_definition(loaded),
                     debug=debug,
@@ -226,6 +235,10 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
             if device != "meta":
                 raise
             raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+        if after is not None:
+            with torch.device(device):
+                capture.compiled = after(made, device)
+        return capture
 
 
 def _why_meta_failed(failure: ForwardFailure) -> str:

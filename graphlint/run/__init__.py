@@ -95,21 +95,23 @@ class Run:
         """The target's result from the cache, when nothing it depends on changed."""
         if self.cache is None:
             return None
-        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids)
+        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
+                                          self.config.vary)
         return self.cache.load(self._keys[text])
 
     def store(self, text: str, result: TargetResult) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again)."""
         if self.cache is not None and not result.errors:
             key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
-                                                         self.rule_ids)
+                                                         self.rule_ids, self.config.vary)
             self.cache.store(key, result)
 
     def request(self, text: str) -> dict:
         """What a child needs to lint the target."""
         from graphlint.run.child import request
 
-        return request(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug)
+        return request(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
+                       self.config.vary)
 
     def report(self, results: list[TargetResult]) -> Report:
         """The report of these results under the configuration, suppressions and baseline."""

@@ -17,8 +17,10 @@ from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult, to_wire
 
 
-def request(target: str, base: Path, project, device: str, rules: tuple[str, ...], debug: bool) -> dict:
-    """What a child needs to lint one target; plain data, so that a spawned child can receive it too."""
+def request(target: str, base: Path, project, device: str, rules: tuple[str, ...], debug: bool,
+            vary: tuple[str, ...] = ("batch",)) -> dict:
+    """What a child needs to lint one target; plain data, so that a spawned child can receive it too. `vary` is
+    the target's setting for the torch.compile analysis (graphlint.capture.compile.analyse_target)."""
     return {
         "target": target,
         "base": str(base),
@@ -27,6 +29,7 @@ def request(target: str, base: Path, project, device: str, rules: tuple[str, ...
         "device": device,
         "rules": list(rules),
         "debug": debug,
+        "vary": list(vary),
     }
 
 
@@ -70,7 +73,7 @@ def _lint(request: dict) -> TargetResult:
     project = Project(root=Path(request["root"]), first_party_folders=[Path(f) for f in request["first_party_folders"]])
     rules = tuple(rule for rule in load_rules() if rule.id in set(request["rules"]))
     return lint_target(request["target"], Path(request["base"]), Locator(project), rules, request["device"],
-                       request["debug"])
+                       request["debug"], tuple(request["vary"]))
 
 
 def _exited(leaving: SystemExit, stage: str) -> str:
