@@ -54,8 +54,8 @@ class Recompile:
 
     @property
     def subject(self) -> str:
-        """The guard without its numbers: recompiles with the same subject are the same hazard."""
-        return re.sub(r"\d+", "N", self.guard)
+        """The guard without its values (dimension indices kept): recompiles with one subject are one hazard."""
+        return re.sub(r"(?<!index )\b\d+\b", "N", self.guard)
 
 
 @dataclass
@@ -104,8 +104,9 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
     current = ["the factory's inputs"]
     dynamo.reset()
     try:
-        with _quiet(), _breaks_recorded(symbolic_convert, analysis), _recompiles_recorded(convert_frame, analysis, current), \
-                _limit_hits_recorded(analysis):
+        on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+        with _quiet(), _real_meta_tensors_accepted(on_meta), _breaks_recorded(symbolic_convert, analysis), \
+                _recompiles_recorded(convert_frame, analysis, current), _limit_hits_recorded(analysis):
             compiled = dynamo.optimize(_shapes_only)(model)
             for label, args, kwargs in calls:
                 current[0] = label
@@ -127,11 +128,13 @@ def _quiet():
     import logging
     import warnings
 
-    loggers = [logging.getLogger("torch._dynamo"), logging.getLogger("torch._dynamo.convert_frame")]
+    loggers = [logging.getLogger("torch._dynamo"), logging.getLogger("torch._subclasses"),
+               logging.getLogger("torch._dynamo.convert_frame")]
     saved = [(logger.level, logger.propagate) for logger in loggers]
-    loggers[0].setLevel(logging.ERROR)
-    loggers[1].setLevel(logging.WARNING)  # the recompile-limit warning still reaches graphlint's handler
-    loggers[1].propagate = False
+    loggers[0].setLevel(logging.CRITICAL)
+    loggers[1].setLevel(logging.CRITICAL)
+    loggers[2].setLevel(logging.WARNING)  # the recompile-limit warning still reaches graphlint's handler
+    loggers[2].propagate = False
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -140,6 +143,30 @@ def _quiet():
         for logger, (level, propagate) in zip(loggers, saved, strict=True):
             logger.setLevel(level)
             logger.propagate = propagate
+
+
+@contextlib.contextmanager
+def _real_meta_tensors_accepted(on_meta: bool):
+    """On meta, a tensor the model creates from constants inside the compiled region (`torch.tensor([],
+    device=...)`, as transformers' default cache does) is a real meta tensor that dynamo's fake-tensor mode
+    refuses to mix with its fake ones; converting it, as that mode does when asked, costs nothing on meta."""
+    if not on_meta:
+        yield
+        return
+    from torch._subclasses import fake_tensor
+
+    original = fake_tensor.FakeTensorMode.__init__
+
+    @functools.wraps(original)
+    def accepting(self, *args, **kwargs):
+        kwargs["allow_non_fake_inputs"] = True
+        original(self, *args, **kwargs)
+
+    fake_tensor.FakeTensorMode.__init__ = accepting
+    try:
+        yield
+    finally:
+        fake_tensor.FakeTensorMode.__init__ = original
 
 
 def _shapes_only(gm: torch.fx.GraphModule, example_inputs) -> Any:
