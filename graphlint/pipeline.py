@@ -26,13 +26,20 @@ from graphlint.target import TargetSpec, load_factory
 
 # Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
 COMPILE_TAG = "torch.compile"
+RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
                 vary: tuple[str, ...] = ("batch",)) -> TargetResult:
     """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows."""
-    compile_vary = vary if any(COMPILE_TAG in rule.tags for rule in rules) else None
-    result, capture = capture_one(text, base, locator, device, debug, compile_vary=compile_vary)
+    after = None
+    if any(COMPILE_TAG in rule.tags for rule in rules):
+        from graphlint.capture.compile import analyse_target
+
+        # Only recompiles need more than one call (graph breaks show on the first).
+        recompiles = any(RECOMPILE_TAG in rule.tags for rule in rules)
+        after = functools.partial(analyse_target, vary=vary if recompiles else None)
+    result, capture = capture_one(text, base, locator, device, debug, after=after)
     if capture is not None:
         reached("rules")
         result.findings, errors = run_rules(rules, capture, locator, debug)
@@ -41,9 +48,9 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
-                vary_inputs=None, compile_vary: tuple[str, ...] | None = None) -> tuple[TargetResult, Capture | None]:
+                vary_inputs=None, after=None) -> tuple[TargetResult, Capture | None]:
     """Load and capture one target; a failure is an error in the result (and no capture), never an exception.
-    With `compile_vary` (not None), the torch.compile analysis runs too, growing those input dimensions."""
+    `after` runs on the captured model (the torch.compile analysis); see graphlint.capture.capture_target."""
     result = TargetResult(target=text)
     try:
         spec = TargetSpec.parse(text, base)
@@ -53,11 +60,6 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
             reached("import")
-            after = None
-            if compile_vary is not None:
-                from graphlint.capture.compile import analyse_target
-
-                after = functools.partial(analyse_target, vary=compile_vary)
             capture = capture_target(load_factory(spec), device, vary_inputs, after)
     except GraphlintError as error:
         result.errors.append(TargetError(text, str(error)))

@@ -50,7 +50,7 @@ class RecompileRule(Rule):
     id = "GL302"
     name = "recompile"
     severity = Severity.WARNING
-    tags = ("performance", "torch.compile")
+    tags = ("performance", "torch.compile", "recompile")
     precision = "high"
     default_enabled = False
     summary = "torch.compile compiles this function again on every new call, until it hits recompile_limit."

@@ -236,8 +236,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
                 raise
             raise _NeedsRealValues(_why_meta_failed(failure)) from failure
         if after is not None:
-            with torch.device(device):
-                capture.compiled = after(made, device)
+            capture.compiled = after(made, device)
         return capture
 
 

@@ -340,13 +340,29 @@ VARY_DIMENSIONS = {"batch": 0, "seq": 1}
 DEFAULT_VARY = ("batch",)
 
 
-def analyse_target(made, device: str, vary: tuple[str, ...] = DEFAULT_VARY) -> CompileAnalysis:
+def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VARY) -> CompileAnalysis:
     """The analysis of a captured target (`graphlint.Target`) on the calls it will see: its inputs three times
     (state that changes on every call shows on the second and third), each `vary` dimension one and two larger
-    (a size change that dynamic shapes absorb recompiles once, not twice), then the target's own `calls`."""
+    (a size change that dynamic shapes absorb recompiles once, not twice), then the target's own `calls`. With
+    `vary` None, only the factory's inputs, once (graph breaks need no more).
+
+    Dynamo traces torch's default-device mode op by op, which doubles its cost, so the model (already on
+    `device`) is compiled without it first; only a forward that then fails, such as one that creates tensors
+    without a device, is analysed again inside it."""
+    calls = _calls(made, device, vary)
+    analysis = analyse_compile(made.model, calls)
+    if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
+        with torch.device(device):
+            analysis = analyse_compile(made.model, calls)
+    return analysis
+
+
+def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, tuple, dict]]:
     from graphlint.capture import inputs_to_meta
 
     args, kwargs = made.args, made.kwargs
+    if vary is None:
+        return [("the factory's inputs", args, kwargs)]
     calls = [("the factory's inputs", args, kwargs), ("the same inputs again", args, kwargs),
              ("the same inputs a third time", args, kwargs)]
     for kind in vary:
@@ -359,7 +375,7 @@ def analyse_target(made, device: str, vary: tuple[str, ...] = DEFAULT_VARY) -> C
         if device == "meta":
             call_args, call_kwargs = inputs_to_meta(call_args, call_kwargs)
         calls.append((f"Target.calls[{index}]", call_args, call_kwargs))
-    return analyse_compile(made.model, calls)
+    return calls
 
 
 def _tensors(args, kwargs):
@@ -381,3 +397,11 @@ def _grown(args, kwargs, dim: int, extra: int):
         return value
 
     return (tuple(torch.utils._pytree.tree_map(grow, list(args))), torch.utils._pytree.tree_map(grow, kwargs))
+
+
+def warm_up() -> None:
+    """Compile a small model once, so that a warm parent has dynamo's lazily imported machinery loaded and its
+    children do not each pay for it (several seconds against under one for the analysis itself)."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        analyse_compile(model, [("warm-up", (torch.ones(2, 4),), {}), ("warm-up, batch 3", (torch.ones(3, 4),), {})])

@@ -33,6 +33,7 @@ class WarmParent:
         if self.context.get_start_method() == "fork":
             _warm_up()
         self._tried: set[str] = set()
+        self._compile_warm = False
 
     def start(self, request: dict):
         """(the child process, the parent's end of its pipe)."""
@@ -40,6 +41,11 @@ class WarmParent:
         sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
         sys.stderr.flush()
         if self.context.get_start_method() == "fork":
+            if not self._compile_warm and any(rule.startswith("GL3") for rule in request.get("rules", ())):
+                from graphlint.capture.compile import warm_up  # the torch.compile rules: dynamo, once for all
+
+                warm_up()
+                self._compile_warm = True
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
             # (graphlint.run.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
