@@ -161,7 +161,8 @@ class RecompileRule(Rule):
             function = items[0].function.function
             hit = any(f.file == file and f.function == function for f in compiled.limit_hit)
             when = (f"it already hit recompile_limit ({limit}) here" if hit else
-                    f"after {limit} recompilations (recompile_limit) it runs `{function}` uncompiled")
+                    f"it hits recompile_limit ({limit}) after {limit} more calls like these, then runs `{function}` "
+                    "uncompiled")
             yield Problem(
                 stack=(where,),
                 message=f"torch.compile recompiles `{function}` on {len(calls)} of {len(compiled.calls)} calls "

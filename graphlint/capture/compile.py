@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,7 +199,8 @@ def _breaks_recorded(symbolic_convert, analysis: CompileAnalysis):
         values = list(args) + list(kwargs.values())
         error = next((v for v in values if isinstance(v, BaseException)), None)
         if error is None or not getattr(error, "logged", False):
-            stack = kwargs.get("user_stack") or getattr(error, "real_stack", None)
+            stack = kwargs.get("user_stack") or getattr(error, "real_stack", None) or next(
+                (v for v in args if isinstance(v, list) and v and isinstance(v[0], traceback.FrameSummary)), None)
             if stack is None:
                 stack = torch._guards.TracingContext.extract_stack()
             reason = kwargs.get("reason") or next((v for v in args[1:] if isinstance(v, str)), "")
