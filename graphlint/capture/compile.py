@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -179,8 +180,10 @@ def _shapes_only(gm: torch.fx.GraphModule, example_inputs) -> Any:
         if device is None or device.type == "meta":
             return gm(*inputs)
         try:
-            outputs = gm(*[t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs])
-        except Exception:  # an op without a meta kernel: run it for real
+            # A failing GraphModule prints its generated code to stderr before raising: not the user's to read.
+            with contextlib.redirect_stderr(io.StringIO()):
+                outputs = gm(*[t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs])
+        except Exception:  # an op without a meta kernel, a copy to the host: run it for real
             return gm(*inputs)
         return torch.utils._pytree.tree_map(
             lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device) if isinstance(t, torch.Tensor) else t, outputs)
