@@ -5,7 +5,8 @@
     <cache dir>/v1/targets/<key>.json      one target's result and the files it depends on
 
 A target's key covers graphlint's version and code, torch's version, Python's version, the project root,
-the target, and the settings that change what a capture finds: the device and the rules that run. Settings
+the target, and the settings that change what a capture finds: the device, the rules that run and, for the
+torch.compile rules, the input dimensions they vary. Settings
 applied after the capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it:
 changing them re-reports the cached findings. The entry is used only when every file the capture ran or
 imported from the project (or from a library installed from a local path) still has the content hash recorded
@@ -78,8 +79,10 @@ class ResultCache:
         self.folder = folder
         self._code = _code_digest()
 
-    def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...]) -> str:
-        """The key of one target's entry; `rules` are the IDs of the rules that run on its capture."""
+    def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
+            vary: tuple[str, ...] = ()) -> str:
+        """The key of one target's entry; `rules` are the IDs of the rules that run on its capture, `vary` the
+        input dimensions the torch.compile analysis grows (it matters only when a GL3xx rule runs)."""
         fields = {
             "graphlint": self._code,
             "torch": _torch_version(),
@@ -89,6 +92,7 @@ class ResultCache:
             "target": target,
             "device": device,
             "rules": sorted(rules),
+            "vary": list(vary) if any(rule.startswith("GL3") for rule in rules) else [],
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import graphlint
-from graphlint.config import DEVICES, FAIL_ON, split_codes
+from graphlint.config import DEVICES, FAIL_ON, split_codes, vary_setting
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
@@ -89,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--unsafe-fixes", action="store_true",
                        help="with --fix or --diff, also apply fixes that could not be proven; with rdjson, also "
                             "suggest them")
+    check.add_argument("--vary", metavar="DIMS",
+                       help="input dimensions the torch.compile rules (GL3xx) grow by one and two: batch, seq, "
+                            "batch,seq or none (default: batch, or vary in [tool.graphlint])")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -193,6 +196,8 @@ def _check(args: argparse.Namespace) -> int:
         ignore=split_codes(args.ignore),
         fail_on=args.fail_on,
         timeout=args.timeout,
+        vary=None if args.vary is None else vary_setting(
+            [] if args.vary.strip() == "none" else [v.strip() for v in args.vary.split(",") if v.strip()], "--vary"),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()

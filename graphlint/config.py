@@ -55,6 +55,7 @@ class Config:
     severity: dict[str, str] = field(default_factory=dict)
     fail_on: str = "warning"
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
+    vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
     source: Path | None = None  # the pyproject.toml it came from
     command_line: RuleSelection | None = None  # --select/--extend-select/--ignore, a layer above the file's
 
@@ -115,6 +116,14 @@ def _per_file_ignores(value, where: str) -> dict[str, tuple[str, ...]]:
     return {glob: _strings(codes, f"{where}.{glob!r}", '["GL101"]') for glob, codes in value.items()}
 
 
+VARY = ("batch", "seq")
+
+
+def vary_setting(value, where: str) -> tuple[str, ...]:
+    """A `vary` list (`["batch", "seq"]`, `[]` for none), checked."""
+    return tuple(_one_of(kind, f"{where} entry", VARY) for kind in _strings(value, where, '["batch", "seq"]'))
+
+
 def _seconds(value, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise UsageError(f"{where} must be a number of seconds (0 for no limit); got {value!r}")
@@ -137,6 +146,7 @@ _KEYS = {
     "severity": ("severity", _severity),
     "fail-on": ("fail_on", lambda v, w: _one_of(v, w, FAIL_ON)),
     "timeout": ("timeout", _seconds),
+    "vary": ("vary", vary_setting),
 }
 
 

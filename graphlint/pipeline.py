@@ -8,6 +8,7 @@ leaving the process (`SystemExit`, `KeyboardInterrupt`), which the caller decide
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import traceback
@@ -23,8 +24,22 @@ from graphlint.stages import last as last_stage, reached
 from graphlint.target import TargetSpec, load_factory
 
 
-def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False) -> TargetResult:
-    result, capture = capture_one(text, base, locator, device, debug)
+# Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
+COMPILE_TAG = "torch.compile"
+RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
+
+
+def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
+                vary: tuple[str, ...] = ("batch",)) -> TargetResult:
+    """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows."""
+    after = None
+    if any(COMPILE_TAG in rule.tags for rule in rules):
+        from graphlint.capture.compile import analyse_target
+
+        # Only recompiles need more than one call (graph breaks show on the first).
+        recompiles = any(RECOMPILE_TAG in rule.tags for rule in rules)
+        after = functools.partial(analyse_target, vary=vary if recompiles else None)
+    result, capture = capture_one(text, base, locator, device, debug, after=after)
     if capture is not None:
         reached("rules")
         result.findings, errors = run_rules(rules, capture, locator, debug)
@@ -33,8 +48,9 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
-                vary_inputs=None) -> tuple[TargetResult, Capture | None]:
-    """Load and capture one target; a failure is an error in the result (and no capture), never an exception."""
+                vary_inputs=None, after=None) -> tuple[TargetResult, Capture | None]:
+    """Load and capture one target; a failure is an error in the result (and no capture), never an exception.
+    `after` runs on the captured model (the torch.compile analysis); see graphlint.capture.capture_target."""
     result = TargetResult(target=text)
     try:
         reached("import")
@@ -44,7 +60,7 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         # The target's folder stays importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec), device, vary_inputs)
+            capture = capture_target(load_factory(spec), device, vary_inputs, after)
     except GraphlintError as error:
         path, line = failure_where(error)
         result.errors.append(TargetError(text, str(error), path, line, last_stage()))
@@ -58,6 +74,8 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     project = locator.project
     result.device = capture.device
     result.notes = list(capture.notes)
+    if capture.compiled is not None:
+        result.notes.extend(compile_notes(capture.compiled, project))
     result.files = tuple(sorted(f for f in capture.source_files if project.is_first_party(f)))
     # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
     imported = {m.__file__ for m in list(sys.modules.values())
@@ -78,3 +96,25 @@ def _importable(folder: Path):
         yield
     finally:
         sys.path[:] = saved
+
+
+def compile_notes(compiled, project) -> list[str]:
+    """What the torch.compile analysis could not say at the user's lines: why it did not run, calls that failed
+    under torch.compile, and graph breaks whose frames are all in libraries (not the user's to fix)."""
+    from graphlint.files import display_path
+
+    if compiled.unavailable:
+        return [f"GL301/GL302 did not run: {compiled.unavailable}"]
+    notes = [f"torch.compile analysis: the call with {call}" for call in compiled.calls if "(failed under" in call]
+    library = {}
+    for item in compiled.breaks:
+        if item.stack and not any(project.is_first_party(frame.file) for frame in item.stack):
+            frame = item.stack[-1]
+            library.setdefault(f"{display_path(frame.file)}:{frame.line} ({item.gb_id + ' ' if item.gb_id else ''}"
+                               f"{item.gb_type or 'graph break'})", None)
+    if library:
+        shown = list(library)
+        more = f" and {len(shown) - 3} more" if len(shown) > 3 else ""
+        notes.append(f"torch.compile breaks the graph in library code only, not at a line of this project: "
+                     f"{', '.join(shown[:3])}{more}")
+    return notes

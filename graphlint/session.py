@@ -113,21 +113,23 @@ class Session:
         """The target's result from the cache, when nothing it depends on changed."""
         if self.cache is None:
             return None
-        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids)
+        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
+                                          self.config.vary)
         return self.cache.load(self._keys[text])
 
     def store(self, text: str, result: TargetResult) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again)."""
         if self.cache is not None and not result.errors:
             key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
-                                                         self.rule_ids)
+                                                         self.rule_ids, self.config.vary)
             self.cache.store(key, result)
 
     def job(self, text: str) -> LintJob:
         """What a child needs to lint the target."""
         from graphlint.run.wire import LintJob
 
-        return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug)
+        return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
+                          self.config.vary)
 
     def warm_parent(self) -> WarmParent:
         """The warm parent children start from, made (torch imported, warmed up) the first time it is needed."""

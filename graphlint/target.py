@@ -34,13 +34,15 @@ from graphlint.inputs import InputSpec, parse_input
 
 @dataclass
 class Target:
-    """What a factory may return: the model, its positional and keyword inputs, and optionally the loss
-    (a callable on the model's output) for the backward pass."""
+    """What a factory may return: the model, its positional and keyword inputs, optionally the loss (a callable
+    on the model's output) for the backward pass, and `calls`: more inputs the model will really be called with,
+    as `(args, kwargs)` pairs (or `(args,)`), which the torch.compile analysis (GL302) runs after the first."""
 
     model: Any
     args: tuple = ()
     kwargs: dict | None = None
     loss: Callable | None = None
+    calls: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -387,7 +389,21 @@ def normalize_factory_result(result: Any) -> Target:
         raise TargetFailure(f"the factory's kwargs is {_describe(made.kwargs)}, not a dict")
     if made.loss is not None and not callable(made.loss):
         raise TargetFailure(f"the target's loss is {_describe(made.loss)}, not a callable on the model's output")
+    if not isinstance(made.calls, (list, tuple)):
+        raise TargetFailure(f"the target's calls is {_describe(made.calls)}, not a list of (args, kwargs) pairs")
+    made.calls = [_call(call, index) for index, call in enumerate(made.calls)]
     return made
+
+
+def _call(call: Any, index: int) -> tuple[tuple, dict]:
+    """One entry of `Target.calls` as (args, kwargs), or a clear error."""
+    if isinstance(call, list):
+        call = tuple(call)
+    if isinstance(call, tuple) and len(call) in (1, 2) and isinstance(call[0], (tuple, list)) \
+            and (len(call) == 1 or isinstance(call[1], dict)):
+        return tuple(call[0]), dict(call[1]) if len(call) == 2 else {}
+    raise TargetFailure(f"the target's calls[{index}] is {_describe(call)}; write each call as (args, kwargs) "
+                        "or (args,), with args a tuple and kwargs a dict")
 
 
 def _describe(value: Any) -> str:

@@ -35,7 +35,7 @@ def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
     [
         (Config(select=("GL2",)), ["GL201", "GL202", "GL203", "GL204"]),
         (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203", "GL204"]),
-        (Config(select=("ALL",)), DEFAULT + ["GL901"]),
+        (Config(select=("ALL",)), DEFAULT + ["GL301", "GL302", "GL901"]),
         (Config(extend_select=("GL901",)), DEFAULT + ["GL901"]),
         (Config(ignore=("GL1", "GL203")), ["GL201", "GL202", "GL204"]),
         (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203", "GL204"]),

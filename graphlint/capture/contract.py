@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
@@ -20,6 +20,9 @@ from graphlint.capture.debug import DebugSwitch
 from graphlint.capture.forward import GradDisabledRegion, MutatedTensor, recorded_ops
 from graphlint.capture.frames import Frame
 from graphlint.capture.modules import ModuleInfo
+
+if TYPE_CHECKING:
+    from graphlint.capture.compile import CompileAnalysis
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Capture:
     notes: list[str] = field(default_factory=list)
     # Debugging modes (anomaly detection, profilers) the target's code switched on before or during the forward.
     debug_switches: tuple[DebugSwitch, ...] = ()
+    # What compiling the model with torch.compile showed (graphlint.capture.compile); None when not asked for.
+    compiled: CompileAnalysis | None = None
     # Answers to questions several rules ask (graphlint.flow), computed once per capture; read-only once made.
     answers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

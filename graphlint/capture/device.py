@@ -24,19 +24,22 @@ from graphlint.stages import reached
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
 
 
-def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None) -> Capture:
+def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None,
+                   after: Callable[[Target, str], Any] | None = None) -> Capture:
     """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
-    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary)."""
+    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary).
+    `after(target, device)`, when given, runs once the capture has succeeded (the recorders have exited), on the
+    same model and device; what it returns becomes `Capture.compiled`."""
     if device != "auto":
         try:
-            return _capture_on(loaded, device, vary_inputs)
+            return _capture_on(loaded, device, vary_inputs, after)
         except _NeedsRealValues as meta_failure:
             raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
                                 "use --device auto (the default) or --device cpu") from meta_failure
     try:
-        return _capture_on(loaded, "meta", vary_inputs)
+        return _capture_on(loaded, "meta", vary_inputs, after)
     except _NeedsRealValues as meta_failure:
-        capture = _capture_on(loaded, "cpu", vary_inputs)
+        capture = _capture_on(loaded, "cpu", vary_inputs, after)
         capture.notes.insert(0, f"captured on CPU because {meta_failure}")
         return capture
 
@@ -60,7 +63,8 @@ _REAL_VALUE_OPS = {
 }
 
 
-def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None) -> Capture:
+def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None,
+                after: Callable[[Target, str], Any] | None = None) -> Capture:
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
     with preserved_global_state():
@@ -88,7 +92,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
             made.args, made.kwargs = vary_inputs(made.args, made.kwargs)
         try:
             with torch.device(device):
-                return capture_model(
+                capture = capture_model(
                     made.model, made.args, made.kwargs, made.loss,
                     target=loaded.spec.text, device=device, build_sites=build_sites, factory=_definition(loaded),
                     debug=debug,
@@ -97,6 +101,9 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
             if device != "meta":
                 raise
             raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+        if after is not None:
+            capture.compiled = after(made, device)
+        return capture
 
 
 def _why_meta_failed(failure: ForwardFailure) -> str:

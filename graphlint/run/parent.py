@@ -16,7 +16,7 @@ import sys
 
 from graphlint.run.child import child_main
 from graphlint.run.heap import long_lived
-from graphlint.run.wire import Job, Launch
+from graphlint.run.wire import Job, Launch, LintJob
 
 
 def start_method() -> str:
@@ -36,6 +36,7 @@ class WarmParent:
             with long_lived():
                 _warm_up()
         self._tried: set[str] = set()
+        self._compile_warm = False
 
     def start(self, job: Job):
         """(the child process running `job`, the parent's end of its pipe)."""
@@ -44,6 +45,12 @@ class WarmParent:
         sys.stderr.flush()
         launch = Launch()
         if self.context.get_start_method() == "fork":
+            if (not self._compile_warm and isinstance(job, LintJob)
+                    and any(rule.startswith("GL3") for rule in job.rules)):
+                from graphlint.capture.compile import warm_up  # the torch.compile rules: dynamo, once for all
+
+                warm_up()
+                self._compile_warm = True
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
             # (graphlint.session.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one

@@ -26,12 +26,13 @@ class LintJob:
     device: str
     rules: tuple[str, ...]  # rule IDs
     debug: bool = False
+    vary: tuple[str, ...] = ("batch",)  # the input dimensions the torch.compile analysis grows (GL302)
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-           debug: bool = False) -> LintJob:
+           debug: bool = False, vary: tuple[str, ...] = ("batch",)) -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
-                   tuple(rules), debug)
+                   tuple(rules), debug, tuple(vary))
 
     def project(self) -> Project:
         """The project as the run knows it (its configuration is read again: only the root and folders matter)."""

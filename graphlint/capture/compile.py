@@ -1,0 +1,412 @@
+"""The torch.compile analysis: compile a captured model with dynamo and a backend that computes nothing, run it on
+the calls the target will see, and keep every graph break and recompilation as plain data with its user frames.
+
+It runs in the target's child after the forward recorder has exited (dynamo leaves frames alone under a
+dispatch mode), on the device the capture ran on: meta when the forward ran there, the CPU rebuild when it
+needed real values. Dynamo's caches are reset before and after, so one target's compilations never reach the
+next. What torch reports is read from dynamo itself: the graph-break log call (with the break's type, which
+torch's registry `graph_break_registry.json` maps to a `GBnnnn` ID) and the guard-failure callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphlint.capture.frames import Frame
+from graphlint.errors import one_line
+from graphlint.files import is_hidden_file
+
+# Names dynamo gives the functions that resume a frame after a graph break, and their original name.
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
+# Dynamo's graph-break types that only wrap another break (the one to report is inside them).
+WRAPPER_TYPES = frozenset({"graph break in loop", "Graph break in loop", "Failed to handle graph break gracefully"})
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """One graph break dynamo reported: its type and registry ID (empty on torch versions without them), the
+    explanation in dynamo's words, its hints, and the user frames of the break, outermost first."""
+
+    gb_type: str
+    gb_id: str
+    explanation: str
+    hints: tuple[str, ...]
+    stack: tuple[Frame, ...]
+
+
+@dataclass(frozen=True)
+class Recompile:
+    """One recompilation: the guard that failed (dynamo's text, compile ID removed), the function compiled
+    again (its `def` line), the call that caused it, and the line that reads the guarded value, when found."""
+
+    guard: str
+    function: Frame
+    call: str
+    line: Frame | None = None
+
+    @property
+    def subject(self) -> str:
+        """The guard without its values (dimension indices kept): recompiles with one subject are one hazard."""
+        return re.sub(r"(?<!index )\b\d+\b", "N", self.guard)
+
+
+@dataclass
+class CompileAnalysis:
+    """What compiling the target showed. `unavailable` says why nothing was analysed (an old torch, a model
+    that failed under dynamo); `calls` names the calls that ran, in order."""
+
+    breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    recompile_limit: int = 8
+    limit_hit: list[Frame] = field(default_factory=list)  # functions whose recompiles reached the limit
+    unavailable: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def graph_break_ids() -> dict[str, str]:
+    """Dynamo's graph-break type → `GBnnnn`, from the registry installed with torch ({} when it has none)."""
+    path = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "graph_break_registry.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            registry = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return {entry["Gb_type"]: gb_id for gb_id, entries in registry.items() for entry in entries if "Gb_type" in entry}
+
+
+def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]) -> CompileAnalysis:
+    """Compile `model` with dynamo and run it on `calls` (label, args, kwargs), recording breaks and recompiles.
+    A call that fails ends the analysis there (what was seen is kept) with a line saying so."""
+    analysis = CompileAnalysis()
+    try:
+        import torch._dynamo as dynamo
+        from torch._dynamo import convert_frame, symbolic_convert
+    except ImportError as error:  # pragma: no cover - every supported torch has dynamo
+        analysis.unavailable = f"this torch has no torch._dynamo ({one_line(error)})"
+        return analysis
+    if not hasattr(symbolic_convert.InstructionTranslatorBase, "log_graph_break") or not hasattr(
+            convert_frame, "get_and_maybe_log_recompilation_reasons"):
+        analysis.unavailable = f"torch {torch.__version__} lacks the dynamo hooks graphlint reads (graph-break log, " \
+                               "recompilation reasons)"
+        return analysis
+    config = dynamo.config
+    limit_name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    analysis.recompile_limit = int(getattr(config, limit_name, 8))
+    current = ["the factory's inputs"]
+    dynamo.reset()
+    try:
+        on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+        with _quiet(), _real_meta_tensors_accepted(on_meta), _breaks_recorded(symbolic_convert, analysis), \
+                _recompiles_recorded(convert_frame, analysis, current), _limit_hits_recorded(analysis):
+            compiled = dynamo.optimize(_shapes_only)(model)
+            for label, args, kwargs in calls:
+                current[0] = label
+                analysis.calls.append(label)
+                try:
+                    with torch.no_grad():
+                        compiled(*args, **kwargs)
+                except Exception as error:  # the analysis stops; the capture's findings stand
+                    analysis.calls[-1] += f" (failed under torch.compile: {one_line(error)})"
+                    break
+    finally:
+        dynamo.reset()
+    return analysis
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Dynamo's own warnings about the breaks it finds: graphlint reports them, so they are not printed too."""
+    import logging
+    import warnings
+
+    loggers = [logging.getLogger("torch._dynamo"), logging.getLogger("torch._subclasses"),
+               logging.getLogger("torch._dynamo.convert_frame")]
+    saved = [(logger.level, logger.propagate) for logger in loggers]
+    loggers[0].setLevel(logging.CRITICAL)
+    loggers[1].setLevel(logging.CRITICAL)
+    loggers[2].setLevel(logging.WARNING)  # the recompile-limit warning still reaches graphlint's handler
+    loggers[2].propagate = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, (level, propagate) in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
+            logger.propagate = propagate
+
+
+@contextlib.contextmanager
+def _real_meta_tensors_accepted(on_meta: bool):
+    """On meta, a tensor the model creates from constants inside the compiled region (`torch.tensor([],
+    device=...)`, as transformers' default cache does) is a real meta tensor that dynamo's fake-tensor mode
+    refuses to mix with its fake ones; converting it, as that mode does when asked, costs nothing on meta."""
+    if not on_meta:
+        yield
+        return
+    from torch._subclasses import fake_tensor
+
+    original = fake_tensor.FakeTensorMode.__init__
+
+    @functools.wraps(original)
+    def accepting(self, *args, **kwargs):
+        kwargs["allow_non_fake_inputs"] = True
+        original(self, *args, **kwargs)
+
+    fake_tensor.FakeTensorMode.__init__ = accepting
+    try:
+        yield
+    finally:
+        fake_tensor.FakeTensorMode.__init__ = original
+
+
+def _shapes_only(gm: torch.fx.GraphModule, example_inputs) -> Any:
+    """A dynamo backend that computes nothing: each call runs the graph on meta copies of its inputs and returns
+    empty outputs of the traced shapes on the inputs' device (on meta, the graph itself costs nothing)."""
+
+    def run(*inputs):
+        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
+        if device is None or device.type == "meta":
+            return gm(*inputs)
+        try:
+            # A failing GraphModule prints its generated code to stderr before raising: not the user's to read.
+            with contextlib.redirect_stderr(io.StringIO()):
+                outputs = gm(*[t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs])
+        except Exception:  # an op without a meta kernel, a copy to the host: run it for real
+            return gm(*inputs)
+        return torch.utils._pytree.tree_map(
+            lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device) if isinstance(t, torch.Tensor) else t, outputs)
+
+    return run
+
+
+@contextlib.contextmanager
+def _breaks_recorded(symbolic_convert, analysis: CompileAnalysis):
+    """Wrap dynamo's graph-break log call (its arguments differ between torch versions) to keep each break."""
+    translator = symbolic_convert.InstructionTranslatorBase
+    original = translator.log_graph_break
+    ids = graph_break_ids()
+
+    def log_graph_break(self, *args, **kwargs):
+        values = list(args) + list(kwargs.values())
+        error = next((v for v in values if isinstance(v, BaseException)), None)
+        if error is None or not getattr(error, "logged", False):
+            stack = kwargs.get("user_stack") or getattr(error, "real_stack", None) or next(
+                (v for v in args if isinstance(v, list) and v and isinstance(v[0], traceback.FrameSummary)), None)
+            if stack is None:
+                stack = torch._guards.TracingContext.extract_stack()
+            reason = kwargs.get("reason") or next((v for v in args[1:] if isinstance(v, str)), "")
+            gb_type = getattr(error, "gb_type", None) if error is not None else None
+            gb_type = gb_type if isinstance(gb_type, str) else ""
+            analysis.breaks.append(GraphBreak(gb_type, ids.get(gb_type, ""), _explanation(reason, gb_type),
+                                              _hints(reason), _frames(stack)))
+        return original(self, *args, **kwargs)
+
+    translator.log_graph_break = log_graph_break
+    try:
+        yield
+    finally:
+        translator.log_graph_break = original
+
+
+@contextlib.contextmanager
+def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list[str]):
+    """Wrap dynamo's call that explains a recompilation: its first reason is the newest compilation's failed
+    guard (older entries fail too, for reasons already seen)."""
+    original = convert_frame.get_and_maybe_log_recompilation_reasons
+
+    def explained(cache_entries, frame, *args, **kwargs):
+        reasons = original(cache_entries, frame, *args, **kwargs)
+        if reasons:
+            code = frame.f_code
+            guard, line = _guard_and_line(str(reasons[0]), code)
+            resumed = _RESUME.match(code.co_name)
+            function = Frame(os.path.abspath(code.co_filename), code.co_firstlineno,
+                             resumed.group(1) if resumed else code.co_name)
+            analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard)))
+        return reasons
+
+    convert_frame.get_and_maybe_log_recompilation_reasons = explained
+    try:
+        yield
+    finally:
+        convert_frame.get_and_maybe_log_recompilation_reasons = original
+
+
+# A guard's verbose text: `self.n == 1   # self.n += 1  # …/model.py:10 in forward (HINT: …)`.
+_GUARD_SOURCE = re.compile(r"#\s*(?P<code>.*?)\s*#\s*(?P<path>\S+):(?P<line>\d+) in (?P<function>\w+)")
+
+
+def _guard_and_line(reason: str, code) -> tuple[str, Frame | None]:
+    """The failed guard without dynamo's compile ID and comments, and the user line dynamo attributed it to."""
+    first = re.sub(r"^\s*\d+/\d+:\s*", "", reason.strip().splitlines()[0])
+    guard = first.split("#", 1)[0].strip() or first.strip()
+    found = _GUARD_SOURCE.search(first)
+    if found:
+        path = found.group("path").lstrip(".")
+        filename = os.path.abspath(code.co_filename)
+        if filename.endswith(path.replace("/", os.sep)):
+            return guard, Frame(filename, int(found.group("line")), found.group("function"))
+    return guard, None
+
+
+@contextlib.contextmanager
+def _limit_hits_recorded(analysis: CompileAnalysis):
+    """Dynamo says in a warning on its `torch._dynamo.convert_frame` logger when a function hits the limit."""
+    import logging
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "recompile_limit" in text or "cache_size_limit" in text:
+                found = re.search(r"function: '([^']+)' \(([^:)]+):(\d+)\)", text)
+                if found:
+                    analysis.limit_hit.append(Frame(os.path.abspath(found.group(2)), int(found.group(3)), found.group(1)))
+
+    logger = logging.getLogger("torch._dynamo.convert_frame")
+    handler = Handler(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _frames(stack) -> tuple[Frame, ...]:
+    """Dynamo's `FrameSummary`s as graphlint frames, torch's own left out, resume functions under their names."""
+    frames = []
+    for summary in stack or ():
+        filename = os.path.abspath(summary.filename)
+        if is_hidden_file(filename):
+            continue
+        name = summary.name
+        resumed = _RESUME.match(name)
+        if resumed:
+            name = resumed.group(1)
+        positions = (getattr(summary, "colno", None), getattr(summary, "end_lineno", None),
+                     getattr(summary, "end_colno", None))
+        frames.append(Frame(filename, summary.lineno or 0, name, *(positions if None not in positions else ())))
+    return tuple(frames)
+
+
+def _explanation(reason: str, gb_type: str) -> str:
+    """Dynamo's explanation of a break, its first sentence."""
+    found = re.search(r"Explanation:\s*(.+)", reason)
+    if found:
+        return re.split(r"(?<=[.)`])\s+(?=[A-Z])", found.group(1).strip())[0].rstrip(".")
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return next((line for line in lines if line != gb_type), gb_type)
+
+
+def _hints(reason: str) -> tuple[str, ...]:
+    return tuple(line.strip()[len("Hint:"):].strip() for line in reason.splitlines() if line.strip().startswith("Hint:"))
+
+
+# `L['self'].step`, `L['x']`, `G['CONFIG'].n` in a guard, as the user wrote them: `self.step`, `x`, `CONFIG.n`.
+_SOURCE = re.compile(r"[LG]\['([A-Za-z_]\w*)'\]((?:\.[A-Za-z_]\w*)*)")
+
+
+def _guarded_line(code, guard: str) -> Frame | None:
+    """The first line of the recompiled function that reads the guarded value (`self.step`, `x.shape`)."""
+    import inspect
+
+    sources = [name + attributes for name, attributes in _SOURCE.findall(guard)]
+    tensor = re.search(r"tensor '([^']+)'", guard)
+    if tensor:
+        sources.append(_SOURCE.sub(lambda m: m.group(1) + m.group(2), tensor.group(1)))
+    if not sources:
+        return None
+    try:
+        lines, start = inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return None
+    target = sources[0]
+    pattern = re.compile(rf"(?<![\w.]){re.escape(target)}(?![\w])")
+    use = re.compile(rf"{pattern.pattern}\s*(\.shape|\.size\(|\.dim\(|\[)") if tensor else pattern
+    for offset, text in enumerate(lines[1:], start=1):  # not the `def` line: the value is read in the body
+        stripped = text.split("#", 1)[0]
+        if use.search(stripped) or (not tensor and pattern.search(stripped)):
+            return Frame(os.path.abspath(code.co_filename), start + offset, code.co_name)
+    return None
+
+
+VARY_DIMENSIONS = {"batch": 0, "seq": 1}
+DEFAULT_VARY = ("batch",)
+
+
+def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VARY) -> CompileAnalysis:
+    """The analysis of a captured target (`graphlint.Target`) on the calls it will see: its inputs three times
+    (state that changes on every call shows on the second and third), each `vary` dimension one and two larger
+    (a size change that dynamic shapes absorb recompiles once, not twice), then the target's own `calls`. With
+    `vary` None, only the factory's inputs, once (graph breaks need no more).
+
+    Dynamo traces torch's default-device mode op by op, which doubles its cost, so the model (already on
+    `device`) is compiled without it first; only a forward that then fails, such as one that creates tensors
+    without a device, is analysed again inside it."""
+    calls = _calls(made, device, vary)
+    analysis = analyse_compile(made.model, calls)
+    if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
+        with torch.device(device):
+            analysis = analyse_compile(made.model, calls)
+    return analysis
+
+
+def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, tuple, dict]]:
+    from graphlint.capture import inputs_to_meta
+
+    args, kwargs = made.args, made.kwargs
+    if vary is None:
+        return [("the factory's inputs", args, kwargs)]
+    calls = [("the factory's inputs", args, kwargs), ("the same inputs again", args, kwargs),
+             ("the same inputs a third time", args, kwargs)]
+    for kind in vary:
+        size = _size(args, kwargs, VARY_DIMENSIONS[kind])
+        if size is None:
+            continue
+        for extra in (1, 2):
+            calls.append((f"{kind} {size + extra}", *_grown(args, kwargs, VARY_DIMENSIONS[kind], extra)))
+    for index, (call_args, call_kwargs) in enumerate(made.calls):
+        if device == "meta":
+            call_args, call_kwargs = inputs_to_meta(call_args, call_kwargs)
+        calls.append((f"Target.calls[{index}]", call_args, call_kwargs))
+    return calls
+
+
+def _tensors(args, kwargs):
+    return [t for t in torch.utils._pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
+
+
+def _size(args, kwargs, dim: int) -> int | None:
+    """The first input tensor's size along `dim`, None when no input has that dimension."""
+    return next((t.shape[dim] for t in _tensors(args, kwargs) if t.dim() > dim), None)
+
+
+def _grown(args, kwargs, dim: int, extra: int):
+    """The inputs with every tensor that has dimension `dim` made `extra` longer along it, by repeating its first
+    slice (ids stay valid ids, masks stay masks)."""
+
+    def grow(value):
+        if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > 0:
+            return torch.cat([value] + [value.narrow(dim, 0, 1)] * extra, dim=dim)
+        return value
+
+    return (tuple(torch.utils._pytree.tree_map(grow, list(args))), torch.utils._pytree.tree_map(grow, kwargs))
+
+
+def warm_up() -> None:
+    """Compile a small model once, so that a warm parent has dynamo's lazily imported machinery loaded and its
+    children do not each pay for it (several seconds against under one for the analysis itself)."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        analyse_compile(model, [("warm-up", (torch.ones(2, 4),), {}), ("warm-up, batch 3", (torch.ones(3, 4),), {})])

@@ -1,0 +1,171 @@
+"""GL302 recompile: torch.compile compiles the model again on calls it will really see, without settling."""
+
+from __future__ import annotations
+
+import re
+
+from graphlint.capture.compile import Recompile
+from graphlint.files import is_installed_file
+from graphlint.results import Severity
+from graphlint.rule import Example, Problem, Rule
+
+
+def hazards(recompiles: list[Recompile], first_call: str) -> dict[tuple, list[Recompile]]:
+    """Recompilations that do not settle: the same guard of the same function failing on two or more calls
+    after the first (a size change that dynamic shapes absorb recompiles once)."""
+    groups: dict[tuple, list[Recompile]] = {}
+    for item in recompiles:
+        if item.call == first_call:
+            continue  # compiling the layers' variants on the first call settles once
+        key = (item.function.file, item.function.line, item.line, item.subject)
+        groups.setdefault(key, []).append(item)
+    return {key: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
+
+
+def _cause(guard: str) -> str:
+    """The guard in words, and what to write instead."""
+    size = re.match(r"tensor '([^']+)' (size|stride) mismatch at index (\d+)", guard)
+    if size:
+        name = re.sub(r"[LG]\['(\w+)'\]", r"\1", size.group(1))
+        return (f"the {size.group(2)} of `{name}` along dimension {size.group(3)} is specialised, so every new size "
+                "compiles again (a Python loop or branch over it, such as `range(x.shape[0])`, defeats dynamic "
+                "shapes); use tensor ops over the dimension instead of Python control flow on its size")
+    length = re.match(r"len\((.+?)\) == \d+", guard)
+    if length:
+        name = re.sub(r"[LG]\['(\w+)'\]", r"\1", length.group(1))
+        return (f"the length of `{name}` changes between calls and each length compiles again; pass a tensor "
+                "(stacked) instead of a Python list of varying length")
+    value = re.match(r"(.+?) == -?[\d.]+$", guard)
+    if value:
+        name = re.sub(r"[LG]\['(\w+)'\]", r"\1", value.group(1))
+        if "." in name:
+            return (f"the Python number `{name}` changes on every call and torch.compile treats module attributes "
+                    "as constants; keep it in a tensor buffer (`register_buffer`) or outside the model")
+        return (f"the Python number `{name}` changes between calls and each value compiles again; pass it as a "
+                "tensor, or keep it constant")
+    return f"the guard `{guard}` fails on each new call; make what it checks the same on every call"
+
+
+class RecompileRule(Rule):
+    id = "GL302"
+    name = "recompile"
+    severity = Severity.WARNING
+    tags = ("performance", "torch.compile", "recompile")
+    precision = "high"
+    default_enabled = False
+    summary = "torch.compile compiles this function again on every new call, until it hits recompile_limit."
+    what = """
+        graphlint compiles each target with dynamo and a backend that computes nothing, and runs it on the calls
+        the model will really see: the factory's inputs three times (state that changes on every call shows on
+        the second and third), the batch one and two larger (`--vary`, default `batch`; `--vary batch,seq` also
+        grows the sequence, dimension 1; `vary = ["batch", "seq"]` in `[tool.graphlint]`), and the extra calls a
+        factory lists: `graphlint.Target(model, args, kwargs, loss, calls=[(args2, kwargs2), ...])`.
+
+        It reports each guard that fails on two or more of those calls after the first (a recompilation that
+        never settles) at the line that reads the guarded value, with the guard in words and when it hits
+        `recompile_limit` (after which torch.compile runs that function eagerly for good). A size change that
+        dynamic shapes absorb after one recompile is not a finding, nor are the variants compiled once on the
+        first call. Runs on request (`--extend-select GL302`).
+    """
+    why = """
+        Each recompilation costs as much as the first compile (seconds to minutes with Inductor), and after
+        `recompile_limit` (8) recompilations the function silently runs uncompiled. Such models look fine in a
+        quick test and degrade in production, where step counters, list lengths and batch sizes change.
+    """
+    example = """
+        def forward(self, x):
+            self.step += 1                       # an int attribute, a new constant on every call
+            for i in range(x.shape[0]):          # a Python loop over a size: one graph per batch size
+                x = x + self.bias[i]
+            return x * self.step
+    """
+    instead = """
+        def forward(self, x):
+            self.step += 1                       # self.step is a buffer: torch.zeros((), dtype=torch.long)
+            x = x + self.bias[: x.shape[0]]      # tensor ops over the dimension
+            return x * self.step
+    """
+    bad_examples = (
+        Example(
+            title="a step counter attribute and a Python loop over the batch",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.step = 0
+
+                    def forward(self, x):
+                        self.step += 1  # expect: GL302
+                        h = self.fc(x)
+                        for i in range(x.shape[0]):  # expect: GL302
+                            h[i] = h[i] * 2
+                        return h * self.step
+
+
+                def make():
+                    return Model(), (torch.randn(4, 16),)
+            ''',
+        ),
+    )
+    good_examples = (
+        Example(
+            title="the counter in a buffer, the loop as one tensor op, and a shape branch dynamic shapes absorb",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+                    def forward(self, x):
+                        self.step += 1
+                        h = self.fc(x) * 2
+                        if x.shape[0] > 1:
+                            h = h - h.mean(0)
+                        return h * self.step
+
+
+                def make():
+                    return Model(), (torch.randn(4, 16),)
+            ''',
+        ),
+    )
+
+    def check(self, capture):
+        compiled = capture.compiled
+        if compiled is None or not compiled.calls:
+            return
+        limit = compiled.recompile_limit
+        found = hazards(compiled.recompiles, compiled.calls[0])
+        reported = {(file, function_line) for file, function_line, _, _ in found}
+        for frame in dict.fromkeys(compiled.limit_hit):
+            if (frame.file, frame.line) not in reported and not is_installed_file(frame.file):
+                reasons = [r.guard for r in compiled.recompiles if (r.function.file, r.function.line) == (frame.file, frame.line)]
+                guard = f"; last guard `{reasons[-1]}`: {_cause(reasons[-1])}" if reasons else ""
+                yield Problem(stack=(frame,), message=f"torch.compile hit recompile_limit ({limit}) compiling "
+                                                      f"`{frame.function}` and runs it uncompiled from then on{guard}.")
+        for (file, _, line, _), items in found.items():
+            where = line or items[0].function
+            if is_installed_file(where.file):
+                continue  # a library's own guard: not the user's line
+            calls = list(dict.fromkeys(item.call for item in items))
+            function = items[0].function.function
+            hit = any(f.file == file and f.function == function for f in compiled.limit_hit)
+            when = (f"it already hit recompile_limit ({limit}) here" if hit else
+                    f"it hits recompile_limit ({limit}) after {limit} more calls like these, then runs `{function}` "
+                    "uncompiled")
+            yield Problem(
+                stack=(where,),
+                message=f"torch.compile recompiles `{function}` on {len(calls)} of {len(compiled.calls)} calls "
+                        f"({', '.join(calls)}): guard `{items[0].guard}` failed; {_cause(items[0].guard)}; "
+                        f"{when}.",
+            )
