@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import graphlint
-from graphlint.config import DEVICES, FAIL_ON, split_codes, vary_setting
+from graphlint.config import DEVICES, FAIL_ON, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
-from graphlint.target import parse_init, target_text
+from graphlint.target import parse_init, parse_vary, target_text
 
 if TYPE_CHECKING:
     from graphlint.results import Report
@@ -196,8 +196,7 @@ def _check(args: argparse.Namespace) -> int:
         ignore=split_codes(args.ignore),
         fail_on=args.fail_on,
         timeout=args.timeout,
-        vary=None if args.vary is None else vary_setting(
-            [] if args.vary.strip() == "none" else [v.strip() for v in args.vary.split(",") if v.strip()], "--vary"),
+        vary=None if args.vary is None else parse_vary(args.vary, "--vary"),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graphlint.errors import UsageError
-from graphlint.target import target_text
+from graphlint.target import parse_vary, target_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,16 +92,17 @@ def _target(item, where: str, example: str) -> str:
         return item
     if not isinstance(item, dict):
         raise UsageError(f"{where} must be a string or a table, like {example}")
-    unknown = sorted(set(item) - {"model", "inputs", "kwargs"})
+    unknown = sorted(set(item) - {"model", "inputs", "kwargs", "vary"})
     if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]}; a target table has model, inputs and kwargs")
+        raise UsageError(f"{where}: unknown key {unknown[0]}; a target table has model, inputs, kwargs and vary")
     if not isinstance(item.get("model"), str):
         raise UsageError(f'{where} needs model = "path/to/file.py:NAME" (or "package.module:NAME")')
     inputs = _strings(item.get("inputs", []), f"{where}.inputs", '["float32[2,3,32,32]", "int64[2,16]:0..1000"]')
     kwargs = item.get("kwargs", {})
     if not isinstance(kwargs, dict):
         raise UsageError(f"{where}.kwargs must be a table of the model's keyword arguments, like {{ depth = 2 }}")
-    return target_text(item["model"], inputs, kwargs)
+    vary = parse_vary(item["vary"], f"{where}.vary") if "vary" in item else None
+    return target_text(item["model"], inputs, kwargs, vary)
 
 
 def _one_of(value, where: str, allowed: tuple[str, ...]) -> str:
@@ -116,12 +117,11 @@ def _per_file_ignores(value, where: str) -> dict[str, tuple[str, ...]]:
     return {glob: _strings(codes, f"{where}.{glob!r}", '["GL101"]') for glob, codes in value.items()}
 
 
-VARY = ("batch", "seq")
-
-
 def vary_setting(value, where: str) -> tuple[str, ...]:
     """A `vary` list (`["batch", "seq"]`, `[]` for none), checked."""
-    return tuple(_one_of(kind, f"{where} entry", VARY) for kind in _strings(value, where, '["batch", "seq"]'))
+    if not isinstance(value, list):
+        raise UsageError(f'{where} must be a list of dimension names, like ["batch", "seq"]')
+    return parse_vary(value, where)
 
 
 def _seconds(value, where: str) -> float:

@@ -28,7 +28,7 @@ from graphlint.project import Project
 from graphlint.results import Finding, Report, RuleInfo, TargetResult
 from graphlint.run.heap import long_lived
 from graphlint.selection import select
-from graphlint.target import TargetSpec
+from graphlint.target import TargetSpec, target_vary
 
 if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing and the fix stage are not free
     from graphlint.fix.apply import FixPlan
@@ -114,14 +114,14 @@ class Session:
         if self.cache is None:
             return None
         self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
-                                          self.config.vary)
+                                          target_vary(text, self.config.vary))
         return self.cache.load(self._keys[text])
 
     def store(self, text: str, result: TargetResult) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again)."""
         if self.cache is not None and not result.errors:
             key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
-                                                         self.rule_ids, self.config.vary)
+                                                         self.rule_ids, target_vary(text, self.config.vary))
             self.cache.store(key, result)
 
     def job(self, text: str) -> LintJob:
@@ -129,7 +129,7 @@ class Session:
         from graphlint.run.wire import LintJob
 
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
-                          self.config.vary)
+                          target_vary(text, self.config.vary))
 
     def warm_parent(self) -> WarmParent:
         """The warm parent children start from, made (torch imported, warmed up) the first time it is needed."""

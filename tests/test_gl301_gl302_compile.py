@@ -11,9 +11,11 @@ import torch
 
 from conftest import check_targets, findings_of, line_of, lint_file, run_graphlint, write
 from graphlint.capture.compile import GraphBreak, analyse_compile, graph_break_ids
-from graphlint.config import Config
+from graphlint.config import Config, read_config
+from graphlint.errors import UsageError
 from graphlint.project import Project
 from graphlint.session import check
+from graphlint.target import target_vary
 
 pytestmark = pytest.mark.compile
 
@@ -354,8 +356,6 @@ def test_the_analysis_says_when_it_did_not_run_and_breaks_keep_without_registry_
 
 
 def test_vary_is_read_from_the_pyproject_and_checked(tmp_path):
-    from graphlint.config import read_config
-    from graphlint.errors import UsageError
 
     (tmp_path / "pyproject.toml").write_text('[tool.graphlint]\nvary = ["batch", "seq"]\n', encoding="utf-8")
     assert read_config(tmp_path / "pyproject.toml").vary == ("batch", "seq")
@@ -364,8 +364,7 @@ def test_vary_is_read_from_the_pyproject_and_checked(tmp_path):
         read_config(tmp_path / "pyproject.toml")
 
 
-def test_seq_is_grown_only_when_asked(tmp_path):
-    path = write(tmp_path, "model.py", '''
+SEQ_LOOP = '''
         import torch
         from torch import nn
 
@@ -384,13 +383,38 @@ def test_seq_is_grown_only_when_asked(tmp_path):
 
         def make():
             return Model(), (torch.randn(2, 5, 8),)
-    ''')
+    '''
+
+
+def test_seq_is_grown_only_when_asked(tmp_path):
+    path = write(tmp_path, "model.py", SEQ_LOOP)
     project = Project(root=tmp_path, first_party_folders=[tmp_path])
     plain = check([f"{path}:make"], project, Config(select=("GL302",)))
     both = check([f"{path}:make"], project, Config(select=("GL302",), vary=("batch", "seq")))
     assert findings_of(plain, "GL302") == []
     assert [f.location.line for f in findings_of(both, "GL302")] == [line_of(path, "range(x.shape[1])")]
 
+
+
+def test_a_target_table_sets_its_own_vary(tmp_path):
+    """`vary` in a target's table overrides the run's setting for that target alone."""
+    path = write(tmp_path, "model.py", SEQ_LOOP)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.graphlint]\nselect = ["GL302"]\n'
+        'targets = ["model.py:make", { model = "model.py:make", vary = ["batch", "seq"] }]\n', encoding="utf-8")
+    project = Project.discover(tmp_path)
+    plain, own = project.config.targets
+    assert plain == "model.py:make" and target_vary(own, ("batch",)) == ("batch", "seq")
+    report = check(list(project.config.targets), project, project.config, base=tmp_path)
+    assert [(f.targets, f.location.line) for f in findings_of(report, "GL302")] == [
+        ((own,), line_of(path, "range(x.shape[1])"))]
+
+
+def test_a_malformed_vary_in_a_target_table_is_one_clear_error(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.graphlint]\ntargets = [{ model = "model.py:make", vary = ["width"] }]\n', encoding="utf-8")
+    with pytest.raises(UsageError, match=r"targets\[0\]\.vary entry must be one of batch, seq; got 'width'"):
+        read_config(tmp_path / "pyproject.toml")
 
 @pytest.mark.cli
 def test_the_command_reports_a_break_in_json_and_takes_vary(tmp_path):
