@@ -297,9 +297,13 @@ def _problem(cut: fx.Node, names: tuple[str, ...]) -> Problem:
     message = (f"{what} in {{where}} cuts {{parameters}} off from the loss{{occurrences}}, so they never train; "
                f"{fix}, or freeze them with requires_grad_(False) if that is intended.")
     statement = _statement_in_block(cut)
+    entered = facts(cut).grad_region.entered_at if kind in ("no_grad", "inference_mode") else ()
+    # The statement is what to move; the `with` line that switched autograd off is shown beside it.
+    related = ((entered[-1], f"autograd switched off here ({kind})"),) if entered else ()
     if statement:
-        return Problem(message=message, stack=statement, module_path=_user_module_path(cut), parameters=names)
-    return Problem(message=message, node=cut, parameters=names)
+        return Problem(message=message, stack=statement, module_path=_user_module_path(cut), parameters=names,
+                       related=related)
+    return Problem(message=message, node=cut, parameters=names, related=related)
 
 
 def _user_module_path(node: fx.Node) -> str:

@@ -72,6 +72,10 @@ def test_the_no_grad_cut_points_at_the_statement_inside_the_block(tmp_path):
     text = path.read_text().splitlines()[finding.location.line - 1]
     assert text[finding.location.column - 1 : finding.location.end_column - 1] == "self.encoder(x)"
     assert "in the model" in finding.message
+    [switched_off] = finding.related  # the `with` line that turned autograd off is shown beside the statement
+    assert switched_off.location.line == finding.location.line - 1
+    assert path.read_text().splitlines()[switched_off.location.line - 1].strip() == "with torch.no_grad():"
+    assert switched_off.message == "autograd switched off here (no_grad)"
 
 
 NOT_CUT = {
