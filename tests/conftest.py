@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -19,15 +20,32 @@ REPO = Path(__file__).resolve().parent.parent
 SARIF_SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 
 # Categories of tests that take seconds to minutes each; `pytest -m "not slow"` leaves them all out.
-SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile")
+SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile", "command")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(config, items):
-    """Every test of a slow category is also `slow`, so that the fast loop needs one marker expression."""
+    """Every test of a slow category is also `slow`, so that the fast loop needs one marker expression; a test
+    that starts the real command in a fresh process is `command`, since each pays for a new interpreter and torch."""
     for item in items:
+        if _starts_the_command(item):
+            item.add_marker(pytest.mark.command)
         if any(item.get_closest_marker(category) for category in SLOW_CATEGORIES):
             item.add_marker(pytest.mark.slow)
+
+
+# How a test starts the command (or pytest, or the action's shell steps) in a fresh process, as its source spells it.
+_STARTS_A_PROCESS = ("run_graphlint(", "subprocess.run(", "runpytest_subprocess(", "run_action(", "run_without_torch(",
+                     "_run_with_site(")
+
+
+def _starts_the_command(item) -> bool:
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return any(spelling in source for spelling in _STARTS_A_PROCESS)
 
 
 def write(folder: Path, name: str, source: str) -> Path:
