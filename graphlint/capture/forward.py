@@ -369,7 +369,7 @@ class ForwardRecorder(TorchFunctionMode):
         torch does not route through the capture (`torch.from_numpy`, `torch.FloatTensor(n)`, `frombuffer`):
         on the CPU, not held by the model, its inputs or a module's globals, and not a view of a recorded tensor
         (iterating a tensor yields such views)."""
-        if tensor.device.type != "cpu" or tensor._base is not None or _functorch_wrapped(tensor):
+        if tensor.device.type != "cpu" or tensor._base is not None:
             return False
         if self._kept is None:
             self._kept = self._find_kept()
@@ -377,13 +377,6 @@ class ForwardRecorder(TorchFunctionMode):
             return False
         storage = storage_key(tensor)
         return storage is not None and all(storage_key(known) != storage for known in self._node_of.keys())
-
-
-def _functorch_wrapped(tensor: torch.Tensor) -> bool:
-    """Whether the tensor is torch.func's wrapper of another (under vmap or grad): made by the transform from a
-    tensor the capture saw, never data from the host."""
-    check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-    return bool(check is not None and check(tensor))
 
 
 _GRAD_MODE_FILE = os.path.join("torch", "autograd", "grad_mode.py")
