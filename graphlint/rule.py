@@ -86,7 +86,9 @@ class Problem:
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite).
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite); `roles` are
+    the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
+    nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.
     """
 
     message: str
@@ -97,6 +99,7 @@ class Problem:
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
+    roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role
     facts: Mapping[str, object] = field(default_factory=dict, compare=False)  # what the message names
 
     def __post_init__(self) -> None:

@@ -300,8 +300,7 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = tensor_meta(before[-1])
-        fix = partial(rewrite_attention, dropout_after="dropout" in _step_names(after[:-1]),
-                      rank=len(meta.shape) if meta is not None else None)
+        fix = partial(rewrite_attention, rank=len(meta.shape) if meta is not None else None)
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -314,7 +313,21 @@ class UnfusedAttention(Rule):
             message=f"Hand-written softmax attention ({' → '.join(steps)}) in {{where}}{{occurrences}}; {advice}.",
             related=tuple(related),
             fix=fix,
+            roles=_roles(softmax, before, after),
         )
+
+
+def _roles(softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> tuple[tuple[str, fx.Node], ...]:
+    """What the fix is built from: the two products, the steps between them by kind (those after the softmax
+    prefixed "probabilities"), and every other use of the probabilities, which the fused call cannot give back."""
+    roles = [("scores", before[0])]
+    roles += [(_step_name(n) or "view", n) for n in before[1:]]
+    roles.append(("softmax", softmax))
+    roles += [(f"probabilities {_step_name(n) or 'layout'}", n) for n in after[:-1]]
+    roles.append(("values", after[-1]))
+    chain = {softmax, *after}
+    roles += [("probabilities elsewhere", user) for n in (softmax, *after[:-1]) for user in n.users if user not in chain]
+    return tuple(roles)
 
 
 def _over_last_dim(softmax: fx.Node) -> bool:

@@ -38,7 +38,8 @@ def _plan(tmp_path, report, unsafe=False):
 
 def _one_line(text: str) -> str:
     """The code with calls split over lines joined again, to look for a call in it."""
-    return re.sub(r",?\s*\n\s*\)", ")", re.sub(r"\(\s*\n\s*", "(", re.sub(r",\n\s+", ", ", text)))
+    joined = re.sub(r",?\s*\n\s*\)", ")", re.sub(r"\(\s*\n\s*", "(", re.sub(r",\n\s+", ", ", text)))
+    return joined.replace(", )", ")")
 
 
 # -- the file's own names -------------------------------------------------------------------------------------
@@ -379,8 +380,8 @@ def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, ca
     assert "\n\n\n\n" not in fixed and "softmax" not in body
 
 
-def test_a_flag_that_guards_more_than_the_mask_is_left_alone_with_the_reason(tmp_path):
-    source = ATTENTION_HEADER + '''
+GUARDS_AND_LAYOUTS = {
+    "a-causal-mask-made-under-a-flag": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v, causal: bool = True):
         scores = q @ k.transpose(-2, -1)
@@ -392,10 +393,139 @@ class Attention(nn.Module):
 
 def make():
     return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+""", "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0)", ("if causal", "n = ")),
+    "an-eager-function-slicing-its-mask-under-the-guard-with-the-callers-training-flag": ("""
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        causal_mask = attention_mask[:, :, :, : key.shape[-2]]
+        attn_weights = attn_weights + causal_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), None
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scaling = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, attention_mask=None):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out, _ = eager_attention_forward(self, q, k, v, attention_mask, self.scaling, dropout=0.1)
+        return out.reshape(b, n, -1)
+
+
+def make():
+    mask = torch.zeros(2, 1, 6, 8)
+    mask[..., 3:] = float("-inf")
+    return Attention(), (torch.randn(2, 6, 16), mask)
+""", "attn_mask=attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None, "
+     "dropout_p=dropout if module.training else 0.0, scale=scaling)", ("causal_mask", "    if attention_mask")),
+    "a-guard-that-reshapes-the-mask-it-tests": ("""
+def exists(val):
+    return val is not None
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None):
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * q.shape[-1] ** -0.5
+        if exists(mask):
+            mask = mask[:, None, None, :]
+            sim = sim.masked_fill(~mask, -torch.finfo(sim.dtype).max)
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+
+
+def make():
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), mask)
+""", "mask = mask[:, None, None, :]\n        return F.scaled_dot_product_attention("
+        "q, k, v, attn_mask=mask if exists(mask) else None)",
+        ("masked_fill", "einsum")),
+    "probabilities-transposed-onto-the-right-of-the-values-product": ("""
+class SelfAttention(nn.Module):
+    def __init__(self, channels=16):
+        super().__init__()
+        self.query = nn.Conv2d(channels, channels // 8, 1)
+        self.key = nn.Conv2d(channels, channels // 8, 1)
+        self.value = nn.Conv2d(channels, channels, 1)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        b, c, w, h = x.size()
+        q = self.query(x).view(b, -1, w * h).permute(0, 2, 1)
+        k = self.key(x).view(b, -1, w * h)
+        energy = torch.bmm(q, k)
+        attention = self.softmax(energy)
+        v = self.value(x).view(b, -1, w * h)
+        out = torch.bmm(v, attention.permute(0, 2, 1))
+        return out.view(b, c, w, h) + x
+
+
+def make():
+    return SelfAttention(), (torch.randn(2, 16, 4, 4),)
+""", "F.scaled_dot_product_attention(q, k.transpose(-2, -1), v.transpose(-2, -1), scale=1.0).transpose(-2, -1)",
+        ("energy", "permute(0, 2, 1))")),
+    "probabilities-transposed-into-a-values-einsum": ("""
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        attn = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(q.shape[-1])
+        attn = attn.softmax(dim=-1).transpose(-2, -1)
+        return torch.einsum("bhji,bhjd->bhid", attn, v)
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+""", "return F.scaled_dot_product_attention(q, k, v)", ("einsum", "transpose")),
+}
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("case", list(GUARDS_AND_LAYOUTS))
+def test_guards_that_prepare_the_mask_and_permuted_probabilities_are_rewritten_and_proven(tmp_path, case):
+    source, expected, absent = GUARDS_AND_LAYOUTS[case]
+    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert expected in _one_line(fixed), fixed
+    body = fixed.split("def make", 1)[0].split("\n\n\n", 1)[1]
+    assert not [fragment for fragment in absent if fragment in body], body
+    assert "softmax(" not in body
+
+
+@pytest.mark.parametrize("guard, body, reason", [
+    ("if scale_mask:", "q = q * 2\n            scores = scores + mask", "`q` changes between the scores and the values product"),
+    ("if mask is not None:", "mask = mask if q.shape[-2] > 1 else None\n            scores = scores + mask",
+     "`if mask is not None:` changes `mask`, which it tests"),
+    ("if mask is not None:", "bias = scores.mean(-1, keepdim=True)\n            scores = scores + mask * bias",
+     "the mask is computed from `scores`, which the fused call does not make"),
+])
+def test_a_guard_whose_setup_cannot_move_into_the_call_is_left_alone_with_the_reason(tmp_path, guard, body, reason):
+    source = ATTENTION_HEADER + f'''
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None, scale_mask: bool = True):
+        scores = q @ k.transpose(-2, -1)
+        {guard}
+            {body}
+        return F.softmax(scores, dim=-1) @ v
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.zeros(6, 6))
 '''
     report = lint_file(_model(tmp_path, source), device="meta")
     [finding] = findings_of(report, "GL101")
-    assert finding.fix is None and finding.no_fix == "`if causal:` computes more than the masked `scores`"
+    assert finding.fix is None and finding.no_fix == reason
 
 
 RETURNS_WEIGHTS = ATTENTION_HEADER + '''

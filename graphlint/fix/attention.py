@@ -71,13 +71,14 @@ class _Chain:
     elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
 
 
-def rewrite_attention(site: FixSite, dropout_after: bool = False, rank: int | None = None) -> Rewrite | str:
+def rewrite_attention(site: FixSite, rank: int | None = None) -> Rewrite | str:
     """The fused call in place of the product with the values, and the chain's statements deleted.
 
-    The rule tells what it matched in the graph: whether dropout follows the softmax, and the rank of the
-    scores (so that `k.transpose(2, 3)` of a 4-d key is read as the transpose of its last two dimensions)."""
+    The rule hands over what it matched in the graph as the site's roles (the products, the steps between them,
+    other uses of the probabilities) and the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
+    read as the transpose of its last two dimensions)."""
     try:
-        return _Rewriter(site, dropout_after, rank).rewrite()
+        return _Rewriter(site, rank).rewrite()
     except _Refused as why:
         return str(why)
 
@@ -108,14 +109,17 @@ def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:
 
 
 class _Rewriter:
-    def __init__(self, site: FixSite, dropout_after: bool, rank: int | None) -> None:
+    def __init__(self, site: FixSite, rank: int | None) -> None:
         if site.function is None:
             raise _Refused("the attention is not inside a function")
         self.site = site
         self.names = site.imports
-        self.dropout_after = dropout_after
+        self.dropout_after = bool(site.role("probabilities dropout"))  # the graph saw dropout on them
         self.rank = rank
         self.guarded: cst.If | None = None  # the `if` whose body the backward walk is in
+        self.guard_if: cst.If | None = None  # an `if` that prepares the mask before masking the scores
+        self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted
+        self.setup: list[cst.BaseStatement] = []  # the statements it runs before the masking one
         self.chain = _Chain()
         self.block, self.softmax_statement = _block_of(site.function, site.node)
 
@@ -124,6 +128,7 @@ class _Rewriter:
         scores = self._softmax_input(self.site.node)
         self._scores(scores, self.softmax_statement)
         self._probabilities(self.site.node, self.softmax_statement)
+        self._inline_setup()
         self._check_names()
         self._check_inputs_unchanged()
         callee, imports = self.names.functional_call("scaled_dot_product_attention")
@@ -175,7 +180,11 @@ class _Rewriter:
                 statement = assigned
                 if isinstance(assigned, cst.If):
                     self.guarded, chain.guard = assigned, assigned.test
-                    node = assigned.body.body[0].body[0].value
+                    *setup, masking = assigned.body.body
+                    if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
+                        self.guard_if, self.setup = assigned, list(setup)
+                        chain.consumed[-1] = masking
+                    node = masking.body[0].value
                 else:
                     node = assigned.body[0].value
                 continue
@@ -389,22 +398,36 @@ class _Rewriter:
                 if name in _CASTS:
                     current = call
                     continue
+                if name in ("transpose", "swapaxes", "permute", "t"):
+                    self._permuted(name, positional)
+                    current = call
+                    continue
                 if name in _MATMULS and len(positional) == 1:
                     self._values(call, positional[0], statement)
                     return
                 raise _Refused(f"the probabilities pass through `.{name}()`, which the fused call cannot express")
-            if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply) and \
-                    parent.left is current:
-                self._values(parent, parent.right, statement)
+            if isinstance(parent, cst.Attribute) and parent.attr.value in ("mT", "T"):
+                self._permuted("t" if parent.attr.value == "T" else "mT", [])
+                current = parent
+                continue
+            if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply):
+                if parent.left is current:
+                    self._values(parent, parent.right, statement)
+                else:
+                    self._values(parent, parent.left, statement, probabilities_first=False)
                 return
             if isinstance(parent, cst.Call):
                 name, receiver, positional, keywords = call_parts(parent)
                 if name in _MATMULS and receiver is not None and is_namespace(receiver, self.names) and \
-                        len(positional) == 2 and positional[0] is current:
-                    self._values(parent, positional[1], statement)
+                        len(positional) == 2 and current in positional:
+                    first = positional[0] is current
+                    self._values(parent, positional[1] if first else positional[0], statement, probabilities_first=first)
                     return
-                if name == "einsum" and len(positional) == 3 and positional[1] is current:
-                    self._einsum_values(parent, positional, statement)
+                if name in _MATMULS and receiver is not None and len(positional) == 1 and positional[0] is current:
+                    self._values(parent, receiver, statement, probabilities_first=False)  # v.matmul(p)
+                    return
+                if name == "einsum" and len(positional) == 3 and current in positional[1:]:
+                    self._einsum_values(parent, positional, statement, current)
                     return
                 if name == "dropout" and receiver is not None and is_namespace(receiver, self.names) and positional and \
                         positional[0] is current:
@@ -424,13 +447,53 @@ class _Rewriter:
                     continue
             raise _Refused(f"the probabilities pass through `{code_of(parent)}`, which the fused call cannot express")
 
+    def _permuted(self, name: str, positional: list[cst.BaseExpression]) -> None:
+        """The probabilities transposed or permuted on their way to the values product: the order of their
+        dimensions is followed, so that `v @ p.transpose(-2, -1)` can be read as the transpose of `p @ vᵀ`."""
+        rank = self.rank
+        if rank is None:
+            raise _Refused(f"the probabilities pass through `.{name}()` and their rank is not known")
+        try:
+            dims = [int(code_of(a)) for a in positional]
+            if len(positional) == 1 and isinstance(positional[0], (cst.Tuple, cst.List)):
+                dims = [int(code_of(e.value)) for e in positional[0].elements]
+        except ValueError:
+            raise _Refused(f"the probabilities are permuted by `{', '.join(code_of(a) for a in positional)}`, "
+                           "which graphlint cannot read") from None
+        order = self.order
+        if name in ("t", "mT"):
+            if name == "t" and rank != 2:
+                raise _Refused("the probabilities pass through `.t()` of more than two dimensions")
+            dims = [rank - 2, rank - 1]
+            name = "transpose"
+        if name in ("transpose", "swapaxes") and len(dims) == 2:
+            a, b = (d % rank for d in dims)
+            order[a], order[b] = order[b], order[a]
+        elif name == "permute" and sorted(d % rank for d in dims) == list(range(rank)):
+            self.order = [order[d % rank] for d in dims]
+        else:
+            raise _Refused(f"the probabilities pass through `.{name}()`, which the fused call cannot express")
+
     def _values(self, product: cst.BaseExpression, values: cst.BaseExpression,
-                statement: cst.SimpleStatementLine) -> None:
+                statement: cst.SimpleStatementLine, probabilities_first: bool = True) -> None:
+        """`p @ v` as it is; `v @ pᵀ` (the probabilities transposed, on the right) as the transpose of
+        `p @ vᵀ`; any other order of the probabilities' dimensions contracts something else than the keys."""
+        rank = self.rank or 2
+        natural, swapped = list(range(rank)), list(range(rank - 2)) + [rank - 1, rank - 2]
+        if probabilities_first and self.order not in ([], natural):
+            raise _Refused("the probabilities are permuted before the values product, which then does not "
+                           "contract the keys")
+        if not probabilities_first:
+            if self.order != swapped:
+                raise _Refused("the values product takes the probabilities on the right without transposing "
+                               "them, which does not contract the keys")
+            values = _untransposed(values, rank) or _transpose(values)
+            self.chain.out_layout = ("xy", "yx")
         self.chain.v = values
         self.chain.values_product = product
         self.chain.values_statement = statement
 
-    def _einsum_values(self, product: cst.Call, positional, statement) -> None:
+    def _einsum_values(self, product: cst.Call, positional, statement, probabilities: cst.CSTNode) -> None:
         """`einsum(p, v)` over the key dimension in any layout: v is brought to (batch..., key, value dim) and
         the fused call's (batch..., query, value dim) to the einsum's output layout."""
         spec = _einsum_spec(positional)
@@ -438,12 +501,20 @@ class _Rewriter:
         if spec is None:
             raise _Refused(why)
         (p, v), out = spec
+        values = positional[2]
+        if positional[2] is probabilities:
+            (v, p), values = (p, v), positional[1]  # einsum(v, p)
+        if self.order and self.order != list(range(len(p))):
+            if len(self.order) != len(p):
+                raise _Refused(why)
+            p = "".join(p[self.order.index(d)] for d in range(len(p)))  # the letters of p's own dimensions
         batch, i, j = p[:-2], p[-2], p[-1]
         rest = [c for c in v if c not in p]
         if len(rest) != 1 or len(v) != len(p) or len(out) != len(p) or set(v) != set(batch + j + rest[0]) or \
                 set(out) != set(batch + i + rest[0]):
             raise _Refused(why)
-        self._values(product, _to_layout(positional[2], v, batch + j + rest[0]), statement)
+        self.chain.v, self.chain.values_product, self.chain.values_statement = \
+            _to_layout(values, v, batch + j + rest[0]), product, statement
         self.chain.out_layout = (batch + i + rest[0], out)
 
     def _guarded_dropout(self, statement: cst.If, name: str) -> bool:
@@ -476,8 +547,10 @@ class _Rewriter:
             self._set_dropout(p, False)  # F.dropout trains by default
         elif code_of(training) == "self.training":
             self._set_dropout(p, True)
-        elif code_of(training) != "False":
-            raise _Refused(f"dropout runs with training={code_of(training)}, which the rewrite cannot keep")
+        elif code_of(training) == "True":
+            self._set_dropout(p, False)
+        elif code_of(training) != "False":  # `training=module.training`, a flag passed in
+            self._set_dropout(cst.parse_expression(f"{code_of(atom(p))} if {code_of(training)} else 0.0"), False)
 
     def _set_dropout(self, p: cst.BaseExpression, training_only: bool) -> None:
         if self.chain.dropout_p is not None:
@@ -535,7 +608,7 @@ class _Rewriter:
             return False
         if "tril(" in text and "diagonal" not in text and text.count("tril(") == 1:
             return keep
-        if "triu(" in text and ("diagonal=1" in text or ",1)" in text):
+        if "triu(" in text and ("diagonal=1" in text or ",1)" in text or ".triu(1)" in text):
             return not keep
         return False
 
@@ -549,7 +622,7 @@ class _Rewriter:
         if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.site.classdef is not None:
             found = _self_assignments(self.site.classdef, node.attr.value)
             return found[0] if len(found) == 1 else None
-        return None
+        return node if isinstance(node, cst.Call) else None  # made where it is used
 
     # -- checks and the call ----------------------------------------------------------------------------
 
@@ -567,8 +640,6 @@ class _Rewriter:
                         isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
                         all(name not in _assigned_names(s) for s in statement.body.body[:-1]) and \
                         _plain_assignment(statement.body.body[-1], name):
-                    if len(statement.body.body) > 1:
-                        raise _Refused(f"`if {code_of(statement.test)}:` computes more than the masked `{name}`")
                     return statement
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
         if name in self.names.namespaces:
@@ -592,6 +663,39 @@ class _Rewriter:
                 raise _Refused(f"`{name}` is reassigned before it reaches the values product")
             return statement, reads[0]  # the first read; any other is checked with the chain's names
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
+
+    def _inline_setup(self) -> None:
+        """A guard that prepares the mask (`if mask is not None: m = mask[:, None]; s = s + m`): a variable made
+        only for the mask is written into `attn_mask=` and its statement goes; what is left stays in the `if`,
+        which must then still mean the same after it ran (it tests whether a mask was given)."""
+        chain = self.chain
+        if self.guard_if is None:
+            return
+        masking = self.guard_if.body.body[-1]
+        while self.setup and _plain_name_assignment(self.setup[-1]):
+            last = self.setup[-1]
+            name, value = last.body[0].targets[0].target.value, last.body[0].value
+            reads = [n for n in names_read(self.site.function) if n.value == name and not _inside(n, last)]
+            if not reads or any(not _inside(n, masking) for n in reads) or chain.mask is None or \
+                    name in {n.value for n in names_read(value)}:
+                break
+            chain.mask = _substituted(chain.mask, {name: value})
+            if chain.mask_source is not None:
+                chain.mask_source = _substituted(chain.mask_source, {name: value})
+            self.setup.pop()
+        if not self.setup:
+            chain.consumed[chain.consumed.index(masking)] = self.guard_if
+            self.guard_if = None
+            return
+        changed = set().union(*(_assigned_names(s) for s in self.setup)) & {n.value for n in names_read(chain.guard)}
+        moved = {n.value for part in (chain.q, chain.k, chain.dropout_p, *chain.factors, *chain.divisors) if part is not None
+                 for n in names_read(part)} & set().union(*(_assigned_names(s) for s in self.setup))
+        if moved:  # the scores were made before the `if`; the fused call would read the new value
+            raise _Refused(f"`{sorted(moved)[0]}` changes between the scores and the values product")
+        given = _presence_test(chain.guard)
+        if changed and (changed != {given} or not all(_keeps_a_tensor(s, given) for s in self.setup
+                                                      if given in _assigned_names(s))):
+            raise _Refused(f"`if {code_of(chain.guard)}:` changes `{sorted(changed)[0]}`, which it tests")
 
     def _check_names(self) -> None:
         """The chain's variables are used nowhere else: the fused call does not give them back. Reads after the
@@ -634,10 +738,11 @@ class _Rewriter:
             return
         first = min(body.index(s) for s in statements)
         last = body.index(chain.values_statement)
-        read = {n.value for part in (chain.q, chain.k, chain.v, chain.mask, chain.guard, chain.dropout_p, *chain.factors,
+        # The values are read where they always were, at the values product; the rest moves there.
+        read = {n.value for part in (chain.q, chain.k, chain.mask, chain.guard, chain.dropout_p, *chain.factors,
                                       *chain.divisors) if part is not None for n in names_read(part)}
         for statement in body[first:last]:
-            if statement in statements:
+            if statement in statements or statement is self.guard_if:  # its setup runs before the mask is read
                 continue
             changed = read & _assigned_names(statement)
             if changed:
@@ -652,7 +757,11 @@ class _Rewriter:
         if chain.mask is not None:
             guard = code_of(chain.guard) if chain.guard is not None else None
             mask = code_of(chain.mask)
-            if self._causal():
+            causal = self._causal()
+            from_scores = chain.names & {n.value for n in names_read(chain.mask)}
+            if from_scores and not causal:
+                raise _Refused(f"the mask is computed from `{sorted(from_scores)[0]}`, which the fused call does not make")
+            if causal:
                 keywords.append(("is_causal", "True" if guard is None else guard))
             elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
                 keywords.append(("attn_mask", mask))  # `if mask is not None: scores += mask`: None is no mask
@@ -703,6 +812,57 @@ def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
         isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
         isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+
+
+def _plain_name_assignment(statement: cst.CSTNode) -> bool:
+    """`name = ...` alone on its line, whatever the name."""
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
+        isinstance(statement.body[0].targets[0].target, cst.Name)
+
+
+def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
+    return _path_to(root, node) is not None
+
+
+def _substituted(expression: cst.BaseExpression, values: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """`expression` with each variable of `values` replaced by its value (parenthesised where needed)."""
+    class _Substitute(cst.CSTTransformer):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            return False  # `self.mask`'s `mask` is not the variable; the receiver is substituted on leaving
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            return updated.with_changes(value=original.value.visit(self))
+
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+            return updated.with_changes(keyword=original.keyword)
+
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            value = values.get(original.value)
+            return updated if value is None else atom(value.with_changes(lpar=[], rpar=[]) if value.lpar else value)
+
+    return expression.visit(_Substitute())
+
+
+def _presence_test(guard: cst.BaseExpression | None) -> str | None:
+    """`m` of `m is not None` and of `exists(m)`: a guard that asks whether a mask was given."""
+    if isinstance(guard, cst.Comparison) and len(guard.comparisons) == 1 and \
+            isinstance(guard.comparisons[0].operator, cst.IsNot) and code_of(guard.comparisons[0].comparator) == "None" \
+            and isinstance(guard.left, cst.Name):
+        return guard.left.value
+    name, receiver, positional, keywords = call_parts(guard) if guard is not None else (None, None, [], {})
+    if name == "exists" and receiver is None and len(positional) == 1 and not keywords and isinstance(positional[0], cst.Name):
+        return positional[0].value
+    return None
+
+
+def _keeps_a_tensor(statement: cst.CSTNode, name: str) -> bool:
+    """`m = m[:, None]`, `m = m.unsqueeze(1)`, `m = f(m)`: a given mask stays given."""
+    if not _plain_assignment(statement, name):
+        return False
+    value = statement.body[0].value
+    return isinstance(value, (cst.Call, cst.Subscript, cst.BinaryOperation, cst.UnaryOperation)) and \
+        name in {n.value for n in names_read(value)}
 
 
 def _is_number(node: cst.BaseExpression, values: tuple[float, ...]) -> bool:

@@ -17,6 +17,18 @@ import libcst as cst
 
 
 @dataclass(frozen=True)
+class Role:
+    """One node a rule matched, as the libcst node it ran at: `name` is the rule's role ("scores", "values"),
+    `function` the function around it, `module` the parsed file it is in (another file than the finding's
+    when the pattern spans the project's files)."""
+
+    name: str
+    node: cst.CSTNode
+    function: cst.FunctionDef | None
+    module: cst.Module
+
+
+@dataclass(frozen=True)
 class FixSite:
     """The located expression, and the small statement it is or that consists of it (`x.mul_(2)` on its
     own line, `x *= 2`), or None when the expression is part of a larger statement; the function and class
@@ -28,6 +40,11 @@ class FixSite:
     classdef: cst.ClassDef | None = None
     module: cst.Module | None = None
     indent: str = ""  # the leading whitespace of the expression's first line, for rewrites over several lines
+    roles: tuple[Role, ...] = ()  # what the rule matched, resolved to source (graphlint.rule.Problem.roles)
+
+    def role(self, name: str) -> tuple[Role, ...]:
+        """The matched nodes of one role, in the order the rule gave them."""
+        return tuple(r for r in self.roles if r.name == name)
 
     @cached_property
     def imports(self) -> ImportNames:

@@ -118,8 +118,11 @@ class Locator:
             said.count += 1
             said.paths.append(problem.where)
             said.parameters.update(dict.fromkeys(problem.parameters))
-            if problem.fix is not None and location.first_party and _fixer_key(problem.fix) not in group.fixes:
-                group.fixes[_fixer_key(problem.fix)] = self.spans.fix(primary, problem.fix)
+            if problem.fix is not None and location.first_party:
+                roles = self._role_sites(problem, capture)
+                key = (_fixer_key(problem.fix), roles)  # layers that ran the same lines share one fix
+                if key not in group.fixes:
+                    group.fixes[key] = self.spans.fix(primary, problem.fix, roles)
             if library is not None:
                 what = (facts(problem.node).op or "op") if problem.node is not None else "built"
                 group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
@@ -151,6 +154,16 @@ class Locator:
                 no_fix=fix if isinstance(fix, str) else "",
             ))
         return findings
+
+    def _role_sites(self, problem: Problem, capture: Capture) -> tuple[tuple[str, Site], ...]:
+        """Each node the rule matched, at the line of the user's code it ran at; nodes in no file of the
+        user's are left out (the fixer cannot edit a library)."""
+        found = []
+        for name, node in problem.roles:
+            site = node_sites(node, self.project, capture.factory)[0]
+            if site is not None and self.project.is_first_party(site.frame.file):
+                found.append((name, site))
+        return tuple(found)
 
 
 def _fixer_key(fixer) -> object:

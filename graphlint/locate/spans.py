@@ -15,7 +15,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphlint.files import read_source, split_lines
 from graphlint.fix.edits import deleted_lines
-from graphlint.fix.rewrite import Fixer, FixSite, code_of
+from graphlint.fix.rewrite import Fixer, FixSite, Role, code_of
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
 from graphlint.opnames import spellings
@@ -77,8 +77,9 @@ class SourceSpans:
             return line_extent(parsed.lines, frame.line)
         return self._present(parsed, node, site)
 
-    def fix(self, site: Site, fixer: Fixer) -> Fix | str:
-        """A rule's fix at a site as text edits, or why there is none."""
+    def fix(self, site: Site, fixer: Fixer, roles: tuple[tuple[str, Site], ...] = ()) -> Fix | str:
+        """A rule's fix at a site as text edits, or why there is none; `roles` are the other nodes the rule
+        matched, handed to the fixer as the libcst nodes they ran at."""
         parsed = self._parse(site.frame.file)
         node = self._node(parsed, site) if parsed is not None else None
         if node is None:
@@ -88,18 +89,41 @@ class SourceSpans:
         function, classdef = _enclosing(parsed, node)
         line = parsed.lines[parsed.positions[node].start.line - 1]
         indent = line[: len(line) - len(line.lstrip())]
-        answer = fixer(FixSite(node, statement, function, classdef, parsed.module, indent))
+        files = {site.frame.file: parsed}
+        found = []
+        for name, role_site in roles:
+            role_file = self._parse(role_site.frame.file)
+            role_node = self._node(role_file, role_site) if role_file is not None else None
+            if role_node is not None:
+                files.setdefault(role_site.frame.file, role_file)
+                found.append(Role(name, role_node, _enclosing(role_file, role_node)[0], role_file.module))
+        answer = fixer(FixSite(node, statement, function, classdef, parsed.module, indent, tuple(found)))
         if isinstance(answer, str):
             return answer
-        path = site.frame.file
-        edits = [Edit(path, *_replaced_extent(parsed, old, new), code_of(new))
-                 for old, new in ((answer.old, answer.new), *answer.also)]
-        statements = [(parsed.positions[s].start.line, parsed.positions[s].end.line) for s in answer.removed]
-        for first, last in deleted_lines(parsed.lines, statements):  # whole lines, with their line ends
-            end = (last + 1, 1) if last < len(parsed.lines) else (last, len(parsed.lines[last - 1]) + 1)
-            edits.append(Edit(path, first, 1, *end, ""))
-        edits += _import_edits(parsed, path, answer.imports)
-        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.line, e.column))), answer.applicability)
+        def where(changed: cst.CSTNode) -> tuple[str, _ParsedFile]:
+            # The file whose tree holds the node: a fix may edit the helper module a chain runs through.
+            for path, candidate in files.items():
+                if changed in candidate.positions:
+                    return path, candidate
+            raise ValueError(f"a fix edits a node of no parsed file: {code_of(changed)!r}")
+
+        edits = []
+        for old, new in ((answer.old, answer.new), *answer.also):
+            path, in_file = where(old)
+            edits.append(Edit(path, *_replaced_extent(in_file, old, new), code_of(new)))
+        removed: dict[str, list] = {}
+        for statement in answer.removed:
+            path, in_file = where(statement)
+            removed.setdefault(path, []).append((in_file.positions[statement].start.line, in_file.positions[statement].end.line))
+        for path, statements in removed.items():
+            lines = files[path].lines
+            for first, last in deleted_lines(lines, statements):  # whole lines, with their line ends
+                end = (last + 1, 1) if last < len(lines) else (last, len(lines[last - 1]) + 1)
+                edits.append(Edit(path, first, 1, *end, ""))
+        imports_in = where(answer.old)[0]
+        edits += _import_edits(files[imports_in], imports_in, answer.imports)
+        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
+                   answer.applicability)
 
     def _node(self, parsed: _ParsedFile, site: Site) -> cst.CSTNode | None:
         frame = site.frame
