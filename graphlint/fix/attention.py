@@ -51,6 +51,17 @@ class _Refused(Exception):
 
 
 @dataclass
+class _Inlined:
+    """A helper the scores pass through (`s = self.scores(q, k)`, `s = apply_mask(s, m)`), read as if its body
+    were written at the call: its parameters stand for what the call passes."""
+
+    function: cst.FunctionDef
+    args: dict[str, cst.BaseExpression]  # parameter → the caller's expression (a default when not passed)
+    call_statement: cst.BaseStatement  # the caller's statement that calls it
+    block: tuple  # the helper's statements
+
+
+@dataclass
 class _Chain:
     q: cst.BaseExpression | None = None
     k: cst.BaseExpression | None = None
@@ -121,13 +132,20 @@ class _Rewriter:
         self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted
         self.setup: list[cst.BaseStatement] = []  # the statements it runs before the masking one
         self.chain = _Chain()
+        # Where the fused call goes: the softmax's function, or the caller of a softmax helper.
+        self.function, self.classdef, self.module, self.indent = site.function, site.classdef, site.module, site.indent
+        self.softmax: cst.CSTNode = site.node
+        self.softmax_argument: cst.BaseExpression | None = None  # the scores, when the softmax is a helper's call
+        self.scopes: list[_Inlined] = []  # the helpers the backward walk is inside, innermost last
+        self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in site.roles))))
         self.block, self.softmax_statement = _block_of(site.function, site.node)
+        self._anchor_at_the_values()
 
     def rewrite(self) -> Rewrite:
         chain = self.chain
-        scores = self._softmax_input(self.site.node)
+        scores = self.softmax_argument or self._softmax_input(self.softmax)
         self._scores(scores, self.softmax_statement)
-        self._probabilities(self.site.node, self.softmax_statement)
+        self._probabilities(self.softmax, self.softmax_statement)
         self._inline_setup()
         self._check_names()
         self._check_inputs_unchanged()
@@ -135,7 +153,7 @@ class _Rewriter:
         call = self._call(callee)
         removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
         # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
-        removed += tuple(s for s in dead_definitions(self.site.function, (*removed, chain.values_product), call)
+        removed += tuple(s for s in dead_definitions(self.function, (*removed, chain.values_product), call)
                          if s not in removed)
         if chain.elsewhere:
             # The documented trade: the weights are no longer computed, so what read them gets None.
@@ -148,6 +166,42 @@ class _Rewriter:
                        imports=imports)
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
+
+    def _anchor_at_the_values(self) -> None:
+        """A softmax helper (`def _softmax(self, x): return F.softmax(x.float(), -1).type_as(x)`) whose caller
+        multiplies with the values: the rewrite happens in the caller, reading the helper's call as the softmax."""
+        values = self.site.role("values")
+        if not values or values[0].function is None or values[0].function is self.function:
+            return
+        helper, caller = self.function, values[0].function
+        statement = self.softmax_statement
+        small = statement.body[0] if len(statement.body) == 1 else None
+        if not isinstance(small, cst.Return) or small.value is None or _body(helper) != [statement]:
+            raise _Refused(f"the softmax is in `{helper.name.value}`, which does more than return it; "
+                           "the attention chain spans several functions")
+        inner = self._softmax_input(self.softmax)
+        while call_parts(inner)[0] in _CASTS and call_parts(inner)[1] is not None:
+            inner = call_parts(inner)[1]
+        returned = small.value
+        while returned is not self.softmax and call_parts(returned)[0] in _CASTS and call_parts(returned)[1] is not None:
+            returned = call_parts(returned)[1]
+        parameters = _parameters(helper)
+        if returned is not self.softmax or not isinstance(inner, cst.Name) or inner.value not in parameters:
+            raise _Refused(f"`{helper.name.value}` does more than a softmax of its argument; the attention chain "
+                           "spans several functions")
+        calls = [c for c in _calls(caller) if _calls_function(c, helper)]
+        if len(calls) != 1:
+            raise _Refused(f"`{caller.name.value}` calls `{helper.name.value}` {len(calls)} times")
+        call = calls[0]
+        args = _bound(helper, call)
+        if args is None or inner.value not in args:
+            raise _Refused(f"the call of `{helper.name.value}` could not be read")
+        module = values[0].module
+        self.function, self.module, self.softmax, self.softmax_argument = caller, module, call, args[inner.value]
+        self.classdef = _class_of(module, caller)
+        self.block, self.softmax_statement = _block_of(caller, call)
+        self.names = ImportNames.of(module)
+        self.indent = _indent_of(module, self.softmax_statement)
 
     def _softmax_input(self, call: cst.CSTNode) -> cst.BaseExpression:
         if not isinstance(call, cst.Call):
@@ -174,13 +228,22 @@ class _Rewriter:
                 if self.guarded is not None and chain.mask is None:
                     raise _Refused(f"`if {code_of(self.guarded.test)}:` does more to the scores than mask them")
                 self.guarded = None
+                if self.scopes and self._parameter(node.value, statement):
+                    scope = self.scopes.pop()  # back in the caller, at what it passed
+                    node, statement = scope.args[node.value], scope.call_statement
+                    continue
                 assigned = self._definition(node.value, statement, guarded=chain.guard is None and chain.mask is None)
-                chain.consumed.append(assigned)
-                chain.names.add(node.value)
+                if not self.scopes:  # a helper's own statements stay: other callers may need them
+                    chain.consumed.append(assigned)
+                    chain.names.add(node.value)
                 statement = assigned
                 if isinstance(assigned, cst.If):
-                    self.guarded, chain.guard = assigned, assigned.test
+                    self.guarded, chain.guard = assigned, self._here(assigned.test)
                     *setup, masking = assigned.body.body
+                    if setup and self.scopes:
+                        raise _Refused(f"`{self.scopes[-1].function.name.value}` prepares the mask under "
+                                       f"`if {code_of(assigned.test)}:`; graphlint rewrites such a guard only where "
+                                       "the fused call goes")
                     if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                         self.guard_if, self.setup = assigned, list(setup)
                         chain.consumed[-1] = masking
@@ -195,18 +258,18 @@ class _Rewriter:
                     return
                 if isinstance(operator, cst.Divide):
                     scaled = self._scaled()
-                    chain.divisors.append(node.right)
+                    chain.divisors.append(self._here(node.right))
                     node = node.left
                     continue
                 if isinstance(operator, cst.Multiply):
                     scaled = self._scaled()
                     tensor, factor = _split_scale(node)
-                    chain.factors.append(factor)
+                    chain.factors.append(self._here(factor))
                     node = tensor
                     continue
                 if isinstance(operator, cst.Add):
                     tensor, mask = self._chain_side(node.left, node.right, statement)
-                    self._set_mask(self._scaled_mask(mask, scaled), mask, True, additive=True)
+                    self._set_mask(mask, True, additive=True, scaled=scaled)
                     node = tensor
                     continue
                 raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
@@ -224,16 +287,16 @@ class _Rewriter:
                         raise _Refused("masked_fill's arguments could not be read")
                     if not _very_negative(fill, self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
-                    self._set_mask(_negated(condition), condition, False)
+                    self._set_mask(condition, False)
                     node = target
                     continue
                 if name == "where" and len(positional) == 3:
                     condition, when_true, when_false = positional
                     if _very_negative(when_false, self.names):
-                        self._set_mask(condition, condition, True)
+                        self._set_mask(condition, True)
                         node = when_true
                     elif _very_negative(when_true, self.names):
-                        self._set_mask(_negated(condition), condition, False)
+                        self._set_mask(condition, False)
                         node = when_false
                     else:
                         raise _Refused("torch.where does not fill with -inf or the dtype's minimum")
@@ -241,7 +304,7 @@ class _Rewriter:
                 if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, self.names) and \
                         len(positional) == 1:
                     scaled = self._scaled()
-                    (chain.factors if name == "mul" else chain.divisors).append(positional[0])
+                    (chain.factors if name == "mul" else chain.divisors).append(self._here(positional[0]))
                     node = receiver
                     continue
                 if name in _MATMULS:
@@ -254,7 +317,60 @@ class _Rewriter:
                 if name in ("baddbmm", "addmm") and is_namespace(receiver, self.names) and len(positional) == 3:
                     self._baddbmm(positional, keywords, scaled)
                     return
+                inlined = self._inlined(node, statement)
+                if inlined is not None:
+                    self.scopes.append(inlined)
+                    statement = inlined.block[-1]
+                    node = statement.body[0].value
+                    continue
             raise _Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+
+    def _inlined(self, call: cst.Call, statement: cst.BaseStatement) -> _Inlined | None:
+        """The helper of this project that `call` runs (`self.scores(q, k)`, `apply_mask(s, m)`), when its body is
+        plain statements ending in one `return`; None for anything else."""
+        name, receiver, _, _ = call_parts(call)
+        if name is None or (receiver is not None and code_of(receiver) != "self"):
+            return None
+        if receiver is not None:
+            owner = _class_of(self.module, self.scopes[-1].function) if self.scopes else self.classdef
+            classes = [owner] if owner is not None else []
+            found = [f for c in classes for f in _body_functions(c) if f.name.value == name]
+        else:
+            found = [f for m in self.modules if m is not None for f in _body_functions(m) if f.name.value == name]
+        if len(found) != 1:
+            return None
+        function = found[0]
+        body = _body(function)
+        last = body[-1] if body else None
+        if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], cst.Return) \
+                or last.body[0].value is None or any(isinstance(n, cst.Return) for s in body[:-1] for n in _all_nodes(s)):
+            raise _Refused(f"the scores come from `{name}`, which graphlint reads only when it ends in its one `return`")
+        args = _bound(function, call)
+        if args is None:
+            raise _Refused(f"the call of `{name}` passes arguments graphlint cannot match to its parameters")
+        return _Inlined(function, args, statement, tuple(body))
+
+    def _parameter(self, name: str, statement: cst.BaseStatement) -> bool:
+        """`name` is a parameter of the helper the walk is in, not reassigned before `statement`."""
+        scope = self.scopes[-1]
+        block = list(scope.block)
+        before = block[: block.index(statement)] if statement in block else block
+        return name in scope.args and not any(name in _assigned_names(s) for s in before)
+
+    def _here(self, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+        """A part of the chain read inside helpers, in the terms of the function the fused call goes in: each
+        helper's parameters replaced by what its caller passed."""
+        if node is None:
+            return None
+        for scope in reversed(self.scopes):
+            local = set().union(*(_assigned_names(s) for s in scope.block)) if scope.block else set()
+            read = {n.value for n in names_read(node)}
+            inner = sorted(read & local)
+            if inner:
+                raise _Refused(f"`{inner[0]}` is computed inside `{scope.function.name.value}`, where the fused call "
+                               "cannot read it")
+            node = _substituted(node, {name: value for name, value in scope.args.items() if name in read})
+        return node
 
     def _scaled_mask(self, mask: cst.BaseExpression, scaled: bool) -> cst.BaseExpression:
         """An additive mask met before a scale on the way back is scaled with the scores: `(s + m) * c` is
@@ -281,9 +397,9 @@ class _Rewriter:
         if beta is not None and not _is_number(beta, (0.0, 1.0)):
             raise _Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
         if keywords.get("alpha") is not None:
-            self.chain.factors.append(keywords["alpha"])
+            self.chain.factors.append(self._here(keywords["alpha"]))
         if beta is None or not _is_number(beta, (0.0,)):
-            self._set_mask(self._scaled_mask(bias, scaled), bias, True, additive=True)
+            self._set_mask(bias, True, additive=True, scaled=scaled)
         self._product(left, right)
 
     def _chain_side(self, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
@@ -309,14 +425,19 @@ class _Rewriter:
             name, receiver, positional, _ = call_parts(node)
             if name in _MATMULS or name == "einsum":
                 return True
+            try:
+                if self._inlined(node, statement) is not None:
+                    return True  # a helper of the project's: the walk reads it
+            except _Refused:
+                return False
             candidates = ([receiver] if receiver is not None and not is_namespace(receiver, self.names) else []) + positional
             return any(self._leads_to_product(n, statement, depth + 1) for n in candidates)
         return False
 
     def _product(self, left: cst.BaseExpression, right: cst.BaseExpression) -> None:
         chain = self.chain
-        chain.q = self._peel_scale(left)
-        key = self._peel_scale(right)
+        chain.q = self._here(self._peel_scale(left))
+        key = self._here(self._peel_scale(right))
         untransposed = _untransposed(key, self.rank)
         if untransposed is None and isinstance(key, cst.Name):
             untransposed = self._transposed_variable(key)
@@ -329,7 +450,7 @@ class _Rewriter:
         except _Refused:
             return None
         untransposed = _untransposed(statement.body[0].value, self.rank)
-        reads = [n for n in names_read(self.site.function) if n.value == key.value]
+        reads = [n for n in names_read(self.function) if n.value == key.value]
         if untransposed is None or len(reads) != 2:  # the assignment and the product
             return None
         self.chain.consumed.append(statement)
@@ -347,11 +468,11 @@ class _Rewriter:
                 value=atom(self._peel_scale(receiver.with_changes(lpar=[], rpar=[]))), attr=cst.Name("reshape")))
         while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
             if isinstance(operand.operator, cst.Divide):
-                self.chain.divisors.append(operand.right)
+                self.chain.divisors.append(self._here(operand.right))
                 operand = operand.left
             else:
                 operand, factor = _split_scale(operand)
-                self.chain.factors.append(factor)
+                self.chain.factors.append(self._here(factor))
         return operand
 
     def _einsum_scores(self, positional: list[cst.BaseExpression]) -> None:
@@ -368,8 +489,8 @@ class _Rewriter:
         batch, i, j, d = out[:-2], out[-2], out[-1], shared[0]
         if set(a) != set(batch + i + d) or set(b) != set(batch + j + d):
             raise _Refused(why)
-        self.chain.q = _to_layout(self._peel_scale(positional[1]), a, batch + i + d)
-        self.chain.k = _to_layout(self._peel_scale(positional[2]), b, batch + j + d)
+        self.chain.q = self._here(_to_layout(self._peel_scale(positional[1]), a, batch + i + d))
+        self.chain.k = self._here(_to_layout(self._peel_scale(positional[2]), b, batch + j + d))
 
     # -- forwards: softmax output to the product with the values ------------------------------------------
 
@@ -538,7 +659,7 @@ class _Rewriter:
         """`self.drop` or a parameter of the function (`dropout` passed in): a module that is called."""
         if isinstance(func, cst.Attribute):
             return code_of(func.value) == "self"
-        return isinstance(func, cst.Name) and func.value in {p.name.value for p in self.site.function.params.params}
+        return isinstance(func, cst.Name) and func.value in {p.name.value for p in self.function.params.params}
 
     def _functional_dropout(self, positional, keywords) -> None:
         p = positional[1] if len(positional) > 1 else keywords.get("p", cst.Float("0.5"))
@@ -559,12 +680,17 @@ class _Rewriter:
 
     # -- masks ----------------------------------------------------------------------------------------------
 
-    def _set_mask(self, mask, source, keep_when_true: bool, additive: bool = False) -> None:
+    def _set_mask(self, mask, keep_when_true: bool, additive: bool = False, scaled: bool = False) -> None:
+        """The one mask: `mask` is the user's expression, added (`additive`, scaled with the scores when a scale
+        follows it) or saying which positions take part (`keep_when_true`) or are filled."""
         chain = self.chain
         if chain.mask is not None:
             raise _Refused("the scores are masked twice; the fused call takes one mask")
-        chain.mask = mask
-        chain.mask_source = None if additive else source
+        mask = self._here(mask)
+        if additive:
+            chain.mask, chain.mask_source = self._scaled_mask(mask, scaled), None
+        else:
+            chain.mask, chain.mask_source = mask if keep_when_true else _negated(mask), mask
         chain.keep_when_true = keep_when_true
 
     def _causal(self) -> bool:
@@ -600,8 +726,8 @@ class _Rewriter:
             return False
         text = code_of(built).replace(" ", "")
         root = _root_name(built)
-        if root is not None and "tril(" not in text and "triu(" not in text and self.site.classdef is not None:
-            made = _local_assignments(self.site.classdef, root)  # `causal = torch.tril(...)`, then the buffer
+        if root is not None and "tril(" not in text and "triu(" not in text and self.classdef is not None:
+            made = _local_assignments(self.classdef, root)  # `causal = torch.tril(...)`, then the buffer
             if len(made) == 1:
                 text += code_of(made[0]).replace(" ", "")
         if "ones" not in text:
@@ -619,8 +745,8 @@ class _Rewriter:
                 return self._definition(node.value, self.softmax_statement).body[0].value
             except _Refused:
                 return None
-        if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.site.classdef is not None:
-            found = _self_assignments(self.site.classdef, node.attr.value)
+        if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.classdef is not None:
+            found = _self_assignments(self.classdef, node.attr.value)
             return found[0] if len(found) == 1 else None
         return node if isinstance(node, cst.Call) else None  # made where it is used
 
@@ -629,7 +755,7 @@ class _Rewriter:
     def _definition(self, name: str, before: cst.BaseStatement, guarded: bool = False) -> cst.BaseStatement:
         """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`; with
         `guarded`, also an `if test:` without else whose body is one `name = ...` (a mask under a flag)."""
-        body = list(self.block)
+        body = list(self.scopes[-1].block if self.scopes else self.block)
         if before not in body:
             raise _Refused(f"`{name}` is not computed in the same block as the attention")
         for statement in reversed(body[: body.index(before)]):
@@ -675,7 +801,7 @@ class _Rewriter:
         while self.setup and _plain_name_assignment(self.setup[-1]):
             last = self.setup[-1]
             name, value = last.body[0].targets[0].target.value, last.body[0].value
-            reads = [n for n in names_read(self.site.function) if n.value == name and not _inside(n, last)]
+            reads = [n for n in names_read(self.function) if n.value == name and not _inside(n, last)]
             if not reads or any(not _inside(n, masking) for n in reads) or chain.mask is None or \
                     name in {n.value for n in names_read(value)}:
                 break
@@ -707,10 +833,10 @@ class _Rewriter:
             inside.update(id(n) for n in names_read(statement))
         if chain.values_product is not None:
             inside.update(id(n) for n in names_read(chain.values_product))
-        everywhere = names_read(self.site.function)
+        everywhere = names_read(self.function)
         product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
         after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
-        bound = {id(n) for n in _binding_names(self.site.function)}
+        bound = {id(n) for n in _binding_names(self.function)}
         for name in chain.names:
             for index, node in enumerate(everywhere):
                 if node.value != name or id(node) in inside:
@@ -722,7 +848,7 @@ class _Rewriter:
 
     def _returned_or_stored(self, name: cst.Name) -> bool:
         """`return out, name`, `self.weights = name`, `cache = (out, name)`: where None can take its place."""
-        path = _path_to(self.site.function, name) or []
+        path = _path_to(self.function, name) or []
         parents = path[-2::-1]
         if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
             parents = parents[2:]
@@ -782,7 +908,7 @@ class _Rewriter:
     def _layout(self, callee: str, parts: list[str]) -> str:
         """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
         indented line of their own, else one a line with a trailing comma."""
-        indent, inside = self.site.indent, ", ".join(parts)
+        indent, inside = self.indent, ", ".join(parts)
         statement = code_of(self.chain.values_statement.body[0]) if self.chain.values_statement is not None else ""
         product = code_of(self.chain.values_product)
         before, _, after = statement.partition(product)
@@ -803,7 +929,7 @@ class _Rewriter:
                     if isinstance(target.target, cst.Name):
                         found.setdefault(target.target.value, []).append(_compact(node.value))
 
-        self.site.function.visit(_Assignments())
+        self.function.visit(_Assignments())
         return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 
@@ -812,6 +938,93 @@ def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
         isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
         isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+
+
+def _body_functions(node: cst.Module | cst.ClassDef) -> list[cst.FunctionDef]:
+    """The functions a module or class body defines directly."""
+    body = node.body if isinstance(node, cst.Module) else (node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
+    return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+
+def _all_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _Collector(cst.CSTVisitor):
+        def on_visit(self, child: cst.CSTNode) -> bool:
+            found.append(child)
+            return True
+
+    node.visit(_Collector())
+    return found
+
+
+def _body(function: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """A function's statements, its docstring left out."""
+    body = list(function.body.body) if isinstance(function.body, cst.IndentedBlock) else []
+    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and \
+            isinstance(body[0].body[0], cst.Expr) and \
+            isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        body = body[1:]
+    return body
+
+
+def _parameters(function: cst.FunctionDef) -> list[str]:
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class _Collector(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(_Collector())
+    return found
+
+
+def _calls_function(call: cst.Call, function: cst.FunctionDef) -> bool:
+    """`self.name(...)` of a method, `name(...)` of a function."""
+    name, receiver, _, _ = call_parts(call)
+    return name == function.name.value and (receiver is None or code_of(receiver) in ("self", "cls"))
+
+
+def _bound(function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
+    """Each parameter of `function` → what `call` passes for it (or its default); None when the call passes
+    `*args`/`**kwargs` or leaves a parameter without a value."""
+    params = function.params
+    if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or any(a.star for a in call.args):
+        return None
+    ordered = [*params.posonly_params, *params.params]
+    if call_parts(call)[1] is not None and ordered and ordered[0].name.value in ("self", "cls"):
+        ordered = ordered[1:]  # bound by the call's receiver
+        bound = {function.params.params[0].name.value: call_parts(call)[1]} if function.params.params else {}
+    else:
+        bound = {}
+    positional = [a.value for a in call.args if a.keyword is None]
+    if len(positional) > len(ordered):
+        return None
+    bound.update((p.name.value, value) for p, value in zip(ordered, positional, strict=False))
+    bound.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
+    for p in (*ordered, *params.kwonly_params):
+        if p.name.value not in bound:
+            if p.default is None:
+                return None
+            bound[p.name.value] = p.default
+    return bound
+
+
+def _class_of(module: cst.Module, function: cst.FunctionDef) -> cst.ClassDef | None:
+    """The class whose body defines `function`, if any."""
+    path = _path_to(module, function) or []
+    return next((n for n in reversed(path) if isinstance(n, cst.ClassDef)), None)
+
+
+def _indent_of(module: cst.Module, statement: cst.CSTNode) -> str:
+    """The leading whitespace of a statement's line."""
+    path = _path_to(module, statement) or []
+    return "".join(module.default_indent if b.indent is None else b.indent for b in path if isinstance(b, cst.IndentedBlock))
 
 
 def _plain_name_assignment(statement: cst.CSTNode) -> bool:
