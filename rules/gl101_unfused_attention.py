@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from functools import partial
 
@@ -11,7 +12,7 @@ from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
-from graphlint.ops import MAX_PATTERN_STEPS
+from graphlint.ops import MAX_PATTERN_STEPS, MUL
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
@@ -300,7 +301,8 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = tensor_meta(before[-1])
-        fix = partial(rewrite_attention, rank=len(meta.shape) if meta is not None else None)
+        fix = partial(rewrite_attention, rank=len(meta.shape) if meta is not None else None,
+                      default_scale=_scaled_by_default(scores, before[1:]))
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -328,6 +330,33 @@ def _roles(softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> tup
     chain = {softmax, *after}
     roles += [("probabilities elsewhere", user) for n in (softmax, *after[:-1]) for user in n.users if user not in chain]
     return tuple(roles)
+
+
+def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
+    """Whether the scores are multiplied by exactly 1/sqrt(head dim), the fused call's default scale, counting
+    numbers the graph multiplied or divided them by (`* self.scale` reads as the number it held) and those on q or
+    k in the product itself. False when any scale is a tensor, or the layout does not say which is the head dim."""
+    if op(scores) in ("einsum", "addmm", "baddbmm"):
+        return False
+    operands = matmul_operands(scores)
+    meta = tensor_meta(operands[0]) if operands else None
+    if meta is None or not meta.shape:
+        return False
+    value = 1.0
+    for node in [*steps, *(o for o in operands if isinstance(o, fx.Node) and op(o) in SCALE and
+                          facts(o).stack[-1:] == facts(scores).stack[-1:])]:
+        if op(node) not in SCALE:
+            continue
+        numbers = [a for a in node.args[:2] if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if len(numbers) != 1:
+            return False
+        if op(node) in MUL or op(node) == "mul_" or op(node) == "rmul":
+            value *= numbers[0]
+        elif node.args[1] is numbers[0] and numbers[0]:
+            value /= numbers[0]
+        else:
+            return False
+    return math.isclose(value, meta.shape[-1] ** -0.5, rel_tol=1e-6)
 
 
 def _over_last_dim(softmax: fx.Node) -> bool:

@@ -251,7 +251,7 @@ class Attention(nn.Module):
 
 def make():
     return Attention(), (torch.randn(2, 6, 16), torch.triu(torch.full((6, 6), float("-inf")), diagonal=1))
-''', "F.scaled_dot_product_attention(xq, keys, values, attn_mask=mask, scale=1 / math.sqrt(self.head_dim))",
+''', "F.scaled_dot_product_attention(xq, keys, values, attn_mask=mask)",
         ("transpose(-2, -1)", "if mask")),
     "masked-fill-under-a-guard-with-a-scale-after": ('''
 class Attention(nn.Module):
@@ -808,3 +808,182 @@ def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_pref
     action = quick_fix(Shown(diagnostic, finding), SourceColumns())
     assert action.kind == types.CodeActionKind.RefactorRewrite and not action.is_preferred
     assert action.title.startswith("Fix GL105 (unsafe): ")
+
+
+# -- chains through the project's helpers ---------------------------------------------------------------------
+
+HELPER_MODULE = '''
+import torch
+
+
+def attention_scores(q, k, scale):
+    return torch.matmul(q, k.transpose(-2, -1)) * scale
+
+
+def softmax_fp32(x):
+    """A softmax that always accumulates in float32."""
+    return torch.softmax(x.float(), dim=-1).to(x.dtype)
+'''
+
+# (the model, a fragment the fixed model must contain (calls joined on one line), fragments its forward must lose)
+THROUGH_HELPERS = {
+    "scores-made-by-a-method": ('''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.scale = heads, 0.25
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def _scores(self, q, k):
+        return q @ k.transpose(-2, -1) * self.scale
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = self._scores(q, k)
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(b, n, c)
+
+
+def make():
+    return Attention(), (torch.randn(2, 5, 16),)
+''', "F.scaled_dot_product_attention(q, k, v, scale=self.scale).transpose(1, 2)", ("self._scores(", "attn")),
+    "a-mask-applied-by-a-function-under-its-own-guard": ('''
+def apply_mask(scores, mask=None):
+    """Hide the padded keys."""
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, float("-inf"))
+    return scores
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None):
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        scores = apply_mask(scores, mask)
+        weights = F.softmax(scores, dim=-1)
+        return torch.matmul(weights, v)
+
+
+def make():
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    return Attention(), (q, k, v, torch.tril(torch.ones(6, 6)))
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0 if mask is not None else None)",
+        ("apply_mask(", "weights")),
+    "a-softmax-method-between-the-products": ('''
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def _softmax(self, x):
+        return F.softmax(x.float(), dim=-1).type_as(x)
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        probs = self._softmax(scores)
+        probs = self.drop(probs)
+        return probs @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+''', "F.scaled_dot_product_attention(q, k, v, dropout_p=self.drop.p if self.training else 0.0)", ("_softmax(", "probs")),
+    "scores-and-softmax-from-another-file-of-the-project": ('''
+from attn_ops import attention_scores, softmax_fp32
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.scale = 0.5
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        s = attention_scores(q, k, self.scale)
+        p = softmax_fp32(s)
+        return torch.bmm(p, v)
+
+
+def make():
+    return Attention(), (torch.randn(2, 6, 16),)
+''', "return F.scaled_dot_product_attention(q, k, v, scale=self.scale)", ("attention_scores(", "softmax_fp32(")),
+}
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("case", list(THROUGH_HELPERS))
+def test_chains_through_helpers_are_rewritten_where_the_values_product_is_and_proven(tmp_path, case):
+    source, expected, absent = THROUGH_HELPERS[case]
+    helpers = write(tmp_path, "attn_ops.py", HELPER_MODULE.lstrip("\n"))
+    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert expected in _one_line(fixed), fixed
+    forward = fixed.split("def forward", 1)[1].split("def make", 1)[0]
+    assert not [fragment for fragment in absent if fragment in forward], forward
+    assert str(helpers) not in plan.texts  # the helpers stay as they are: other callers may need them
+
+
+@pytest.mark.parametrize("helper, reason", [
+    ('''
+    def _scores(self, q, k):
+        d = q.shape[-1]
+        return q @ k.transpose(-2, -1) / d
+''', "`d` is computed inside `_scores`, where the fused call cannot read it"),
+    ('''
+    def _scores(self, q, k):
+        if self.training:
+            return q @ k.transpose(-2, -1)
+        return q @ k.transpose(-2, -1) * 0.5
+''', "the scores come from `_scores`, which graphlint reads only when it ends in its one `return`"),
+])
+def test_a_helper_the_fused_call_cannot_read_through_is_left_alone_with_the_reason(tmp_path, helper, reason):
+    source = ATTENTION_HEADER + f'''
+class Attention(nn.Module):
+{textwrap.indent(textwrap.dedent(helper), "    ")}
+    def forward(self, q, k, v):
+        return self._scores(q, k).softmax(-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+'''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is None and finding.no_fix == reason
+
+
+SCALE_ATTRIBUTE = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, qk_scale=None):
+        super().__init__()
+        self.heads, self.scale = heads, {scale}
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        return (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
+def make():
+    return Attention(), (torch.randn(2, 5, 16),)
+'''
+
+
+@pytest.mark.parametrize("scale, written", [
+    ("(dim // heads) ** -0.5", ""),  # the graph saw 1/sqrt(8), and the attribute can hold nothing else
+    ("qk_scale or (dim // heads) ** -0.5", ", scale=self.scale"),  # the default here, a choice elsewhere
+    ("0.25", ", scale=self.scale"),
+])
+def test_a_scale_attribute_is_left_out_only_when_the_graph_saw_the_default_and_the_source_cannot_hold_another(
+        tmp_path, scale, written):
+    report = lint_file(_model(tmp_path, SCALE_ATTRIBUTE.format(scale=scale)), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert f"F.scaled_dot_product_attention(q, k, v{written})" in _one_line(_rewritten(finding))

@@ -82,14 +82,15 @@ class _Chain:
     elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
 
 
-def rewrite_attention(site: FixSite, rank: int | None = None) -> Rewrite | str:
+def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False) -> Rewrite | str:
     """The fused call in place of the product with the values, and the chain's statements deleted.
 
     The rule hands over what it matched in the graph as the site's roles (the products, the steps between them,
-    other uses of the probabilities) and the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
-    read as the transpose of its last two dimensions)."""
+    other uses of the probabilities), the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
+    read as the transpose of its last two dimensions) and whether the numbers the graph scaled them by came to
+    the fused call's default (so that `scale=self.scale` holding 1/sqrt(head dim) is left out)."""
     try:
-        return _Rewriter(site, rank).rewrite()
+        return _Rewriter(site, rank, default_scale).rewrite()
     except _Refused as why:
         return str(why)
 
@@ -120,13 +121,14 @@ def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:
 
 
 class _Rewriter:
-    def __init__(self, site: FixSite, rank: int | None) -> None:
+    def __init__(self, site: FixSite, rank: int | None, default_scale: bool = False) -> None:
         if site.function is None:
             raise _Refused("the attention is not inside a function")
         self.site = site
         self.names = site.imports
         self.dropout_after = bool(site.role("probabilities dropout"))  # the graph saw dropout on them
         self.rank = rank
+        self.default_scale = default_scale
         self.guarded: cst.If | None = None  # the `if` whose body the backward walk is in
         self.guard_if: cst.If | None = None  # an `if` that prepares the mask before masking the scores
         self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted
@@ -209,7 +211,7 @@ class _Rewriter:
         func = call.func
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
         if isinstance(func, cst.Attribute) and not is_namespace(func.value, self.names):
-            if code_of(func.value) == "self" or code_of(func.value).startswith("self."):
+            if re.fullmatch(r"self(\.\w+)*", code_of(func.value)):  # `self.softmax(x)`, not `self.f(q).softmax(-1)`
                 if len(positional) != 1:
                     raise _Refused("the softmax module is called with more than the scores")
                 return positional[0]
@@ -899,11 +901,38 @@ class _Rewriter:
             p = code_of(chain.dropout_p)
             keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
         scale = _scale(chain, self._local_definitions())
+        if scale is not None and self.default_scale and self._spelled_as_a_root():
+            scale = None  # the graph saw the default's value: 1/sqrt(the head dim) through a variable or attribute
         if scale is not None:
             keywords.append(("scale", scale))
         parts = [code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords]
         call = cst.parse_expression(f"{callee}({self._layout(callee, parts)})")
         return _to_layout(call, *chain.out_layout) if chain.out_layout is not None else call
+
+    def _spelled_as_a_root(self) -> bool:
+        """The scale is one number written as an inverse square root (`self.scale = head_dim ** -0.5`, or a
+        division by `math.sqrt(d)`), with no choice in it (`qk_scale or head_dim ** -0.5` may be set otherwise
+        in another model, so it is kept even when this one holds the default)."""
+        chain = self.chain
+        if len(chain.factors) + len(chain.divisors) != 1:
+            return False
+        factor = (chain.factors or chain.divisors)[0]
+        if isinstance(factor, cst.Attribute) and code_of(factor.value) == "self" and self.classdef is not None:
+            made = _self_assignments(self.classdef, factor.attr.value)
+            if len(made) != 1:
+                return False
+            factor = made[0]
+        elif isinstance(factor, cst.Name):
+            made = _local_assignments(self.function, factor.value)
+            if len(made) != 1:
+                return False
+            factor = made[0]
+        if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in _all_nodes(factor)):
+            return False
+        text = _compact(factor)
+        if chain.factors:
+            return bool(re.search(r"\*\*\(?-0\.5\)?$", text) or re.match(r"1(\.0)?/\(?(math\.)?sqrt\(", text))
+        return bool(re.match(r"(math\.)?sqrt\(", text) or re.search(r"\*\*\(?0\.5\)?$", text))
 
     def _layout(self, callee: str, parts: list[str]) -> str:
         """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
@@ -1360,6 +1389,10 @@ def _self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseEx
             for target in node.targets:
                 if code_of(target.target) == f"self.{attribute}":
                     found.append(node.value)
+                elif isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
+                        len(target.target.elements) == len(node.value.elements):  # `self.h, self.scale = h, d ** -0.5`
+                    found.extend(v.value for e, v in zip(target.target.elements, node.value.elements, strict=True)
+                                 if code_of(e.value) == f"self.{attribute}")
 
         def visit_Call(self, node: cst.Call) -> None:
             name, receiver, positional, keywords = call_parts(node)
