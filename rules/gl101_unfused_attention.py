@@ -336,12 +336,21 @@ def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
     """Whether the scores are multiplied by exactly 1/sqrt(head dim), the fused call's default scale, counting
     numbers the graph multiplied or divided them by (`* self.scale` reads as the number it held) and those on q or
     k in the product itself. False when any scale is a tensor, or the layout does not say which is the head dim."""
-    if op(scores) in ("einsum", "addmm", "baddbmm"):
+    if op(scores) in ("addmm", "baddbmm"):
         return False
     operands = matmul_operands(scores)
     meta = tensor_meta(operands[0]) if operands else None
     if meta is None or not meta.shape:
         return False
+    head_dim = meta.shape[-1]
+    if op(scores) == "einsum":  # the head dim is the one letter q and k share and the scores lack
+        spec = scores.args[0] if scores.args and isinstance(scores.args[0], str) else ""
+        inputs, _, out = spec.replace(" ", "").partition("->")
+        parts = inputs.split(",")
+        shared = [c for c in parts[0] if len(parts) == 2 and c in parts[1] and c not in out] if spec else []
+        if len(shared) != 1 or "." in inputs or len(parts[0]) != len(meta.shape):
+            return False
+        head_dim = meta.shape[parts[0].index(shared[0])]
     value = 1.0
     for node in [*steps, *(o for o in operands if isinstance(o, fx.Node) and op(o) in SCALE and
                           facts(o).stack[-1:] == facts(scores).stack[-1:])]:
@@ -356,7 +365,7 @@ def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
             value /= numbers[0]
         else:
             return False
-    return math.isclose(value, meta.shape[-1] ** -0.5, rel_tol=1e-6)
+    return math.isclose(value, head_dim ** -0.5, rel_tol=1e-6)
 
 
 def _over_last_dim(softmax: fx.Node) -> bool:

@@ -472,6 +472,47 @@ def make():
     return SelfAttention(), (torch.randn(2, 16, 4, 4),)
 """, "F.scaled_dot_product_attention(q, k.transpose(-2, -1), v.transpose(-2, -1), scale=1.0).transpose(-2, -1)",
         ("energy", "permute(0, 2, 1))")),
+    "an-augmented-assignment-adds-the-position-bias": ("""
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = 0.1
+
+    def forward(self, query_states, key_states, value_states, position_bias):
+        scores = torch.matmul(query_states, key_states.transpose(3, 2))
+        scores += position_bias
+        attn_weights = nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
+        attn_weights = nn.functional.dropout(attn_weights, p=self.dropout, training=self.training)
+        return torch.matmul(attn_weights, value_states)
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.randn(1, 2, 6, 6))
+""", "F.scaled_dot_product_attention(query_states, key_states, value_states, attn_mask=position_bias, "
+     "dropout_p=self.dropout if self.training else 0.0, scale=1.0)", ("scores", "attn_weights")),
+    "an-in-place-fill-with-a-fill-variable-made-under-the-guard": ("""
+class Attention(nn.Module):
+    def __init__(self, dim_head=8):
+        super().__init__()
+        self.scale = dim_head ** -0.5
+
+    def forward(self, q, k, v, mask=None):
+        sim = torch.einsum("b i d, b j d -> b i j", q, k) * self.scale
+        if mask is not None:
+            max_neg_value = -torch.finfo(sim.dtype).max
+            mask = mask[:, None, :].repeat_interleave(2, dim=0)
+            sim.masked_fill_(~mask, max_neg_value)
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("b i j, b j d -> b i d", attn, v)
+
+
+def make():
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, 5:] = False
+    return Attention(), (*(torch.randn(4, 6, 8) for _ in range(3)), mask)
+""", "mask = mask[:, None, :].repeat_interleave(2, dim=0)\n"
+     "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+        ("sim", "max_neg_value", "scale=")),
     "probabilities-transposed-into-a-values-einsum": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v):

@@ -249,9 +249,9 @@ class _Rewriter:
                     if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                         self.guard_if, self.setup = assigned, list(setup)
                         chain.consumed[-1] = masking
-                    node = masking.body[0].value
+                    node = _redefinition(masking, node.value)
                 else:
-                    node = assigned.body[0].value
+                    node = _redefinition(assigned, node.value)
                 continue
             if isinstance(node, cst.BinaryOperation):
                 operator = node.operator
@@ -287,17 +287,17 @@ class _Rewriter:
                     fill = args[1] if len(args) > 1 else keywords.get("value")
                     if target is None or condition is None or fill is None:
                         raise _Refused("masked_fill's arguments could not be read")
-                    if not _very_negative(fill, self.names):
+                    if not _very_negative(self._fill(fill), self.names):
                         raise _Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
                     self._set_mask(condition, False)
                     node = target
                     continue
                 if name == "where" and len(positional) == 3:
                     condition, when_true, when_false = positional
-                    if _very_negative(when_false, self.names):
+                    if _very_negative(self._fill(when_false), self.names):
                         self._set_mask(condition, True)
                         node = when_true
-                    elif _very_negative(when_true, self.names):
+                    elif _very_negative(self._fill(when_true), self.names):
                         self._set_mask(condition, False)
                         node = when_false
                     else:
@@ -374,6 +374,25 @@ class _Rewriter:
             node = _substituted(node, {name: value for name, value in scope.args.items() if name in read})
         return node
 
+    def _fill(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """A fill value as written where it is made: `max_neg_value = -torch.finfo(sim.dtype).max` for the
+        variable, the value of `torch.full([], value, ...)`."""
+        function = self.scopes[-1].function if self.scopes else self.function
+        for _ in range(4):
+            if isinstance(node, cst.Name):
+                made = _local_assignments(function, node.value)
+                if len(made) != 1:
+                    return node
+                node = made[0]
+                continue
+            name, _, positional, keywords = call_parts(node)
+            if name in ("full", "full_like", "tensor", "as_tensor") and (len(positional) >= (2 if name != "tensor" and
+                                                                                          name != "as_tensor" else 1)):
+                node = positional[1] if name in ("full", "full_like") else positional[0]
+                continue
+            return node
+        return node
+
     def _scaled_mask(self, mask: cst.BaseExpression, scaled: bool) -> cst.BaseExpression:
         """An additive mask met before a scale on the way back is scaled with the scores: `(s + m) * c` is
         `s * c + m * c`, so `attn_mask=m * c`."""
@@ -419,7 +438,7 @@ class _Rewriter:
                 assigned = self._definition(node.value, statement)
             except _Refused:
                 return False
-            return self._leads_to_product(assigned.body[0].value, assigned, depth + 1)
+            return self._leads_to_product(_redefinition(assigned, node.value), assigned, depth + 1)
         if isinstance(node, cst.BinaryOperation):
             return isinstance(node.operator, cst.MatrixMultiply) or any(
                 self._leads_to_product(n, statement, depth + 1) for n in (node.left, node.right))
@@ -451,7 +470,7 @@ class _Rewriter:
             statement = self._definition(key.value, self.softmax_statement)
         except _Refused:
             return None
-        untransposed = _untransposed(statement.body[0].value, self.rank)
+        untransposed = _untransposed(_redefinition(statement, key.value), self.rank)
         reads = [n for n in names_read(self.function) if n.value == key.value]
         if untransposed is None or len(reads) != 2:  # the assignment and the product
             return None
@@ -744,7 +763,7 @@ class _Rewriter:
         """The expression a mask variable or buffer was made from, when it is made once."""
         if isinstance(node, cst.Name):
             try:
-                return self._definition(node.value, self.softmax_statement).body[0].value
+                return _redefinition(self._definition(node.value, self.softmax_statement), node.value)
             except _Refused:
                 return None
         if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.classdef is not None:
@@ -761,13 +780,14 @@ class _Rewriter:
         if before not in body:
             raise _Refused(f"`{name}` is not computed in the same block as the attention")
         for statement in reversed(body[: body.index(before)]):
-            if name in _assigned_names(statement):
-                if _plain_assignment(statement, name):
+            if name in _assigned_names(statement) or _mutated_in_place(statement, name):
+                if _redefinition(statement, name) is not None:
                     return statement
                 if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
                         isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
-                        all(name not in _assigned_names(s) for s in statement.body.body[:-1]) and \
-                        _plain_assignment(statement.body.body[-1], name):
+                        all(name not in _assigned_names(s) and not _mutated_in_place(s, name)
+                            for s in statement.body.body[:-1]) and \
+                        _redefinition(statement.body.body[-1], name) is not None:
                     return statement
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
         if name in self.names.namespaces:
@@ -800,19 +820,24 @@ class _Rewriter:
         if self.guard_if is None:
             return
         masking = self.guard_if.body.body[-1]
-        while self.setup and _plain_name_assignment(self.setup[-1]):
-            last = self.setup[-1]
-            name, value = last.body[0].targets[0].target.value, last.body[0].value
-            reads = [n for n in names_read(self.function) if n.value == name and not _inside(n, last)]
-            if not reads or any(not _inside(n, masking) for n in reads) or chain.mask is None or \
-                    name in {n.value for n in names_read(value)}:
-                break
+        for statement in reversed(list(self.setup)):
+            if not _plain_name_assignment(statement) or chain.mask is None:
+                continue
+            name, value = statement.body[0].targets[0].target.value, statement.body[0].value
+            reads = [n for n in names_read(self.function) if n.value == name and not _inside(n, statement)]
+            later = self.setup[self.setup.index(statement) + 1:]
+            if not reads or any(not _inside(n, masking) for n in reads) or name in {n.value for n in names_read(value)} or \
+                    {n.value for n in names_read(value)} & set().union(set(), *(_assigned_names(s) for s in later)):
+                continue
+            # Read only by the masking statement: the mask takes its value, or it only made the fill.
             chain.mask = _substituted(chain.mask, {name: value})
             if chain.mask_source is not None:
                 chain.mask_source = _substituted(chain.mask_source, {name: value})
-            self.setup.pop()
+            self.setup.remove(statement)
+            chain.consumed.append(statement)
         if not self.setup:
-            chain.consumed[chain.consumed.index(masking)] = self.guard_if
+            chain.consumed = [s for s in chain.consumed if s is not masking and not _inside(s, self.guard_if)]
+            chain.consumed.append(self.guard_if)
             self.guard_if = None
             return
         changed = set().union(*(_assigned_names(s) for s in self.setup)) & {n.value for n in names_read(chain.guard)}
@@ -1054,6 +1079,45 @@ def _indent_of(module: cst.Module, statement: cst.CSTNode) -> str:
     """The leading whitespace of a statement's line."""
     path = _path_to(module, statement) or []
     return "".join(module.default_indent if b.indent is None else b.indent for b in path if isinstance(b, cst.IndentedBlock))
+
+
+# In-place forms a chain is written with, statement by statement: `scores += bias`, `sim.masked_fill_(~m, v)`.
+_AUGMENTED = {cst.AddAssign: cst.Add, cst.MultiplyAssign: cst.Multiply, cst.DivideAssign: cst.Divide}
+_IN_PLACE = ("masked_fill_", "add_", "mul_", "div_")
+
+
+def _redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """What a statement alone on its line sets `name` to: the value of `name = ...`, `name + b` for
+    `name += b`, `name.masked_fill(...)` for `name.masked_fill_(...)`; None for any other statement."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if _plain_assignment(statement, name):
+        return small.value
+    if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) and small.target.value == name and \
+            type(small.operator) in _AUGMENTED:
+        return cst.BinaryOperation(left=cst.Name(name), operator=_AUGMENTED[type(small.operator)](), right=atom(small.value))
+    if _changed_in_place(statement, name):
+        call = small.value
+        return call.with_changes(func=call.func.with_changes(attr=cst.Name(call.func.attr.value[:-1])))
+    return None
+
+
+def _changed_in_place(statement: cst.CSTNode, name: str) -> bool:
+    """`name.masked_fill_(...)` (or `add_`, `mul_`, `div_`) alone on its line."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
+            not isinstance(statement.body[0], cst.Expr):
+        return False
+    call = statement.body[0].value
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _IN_PLACE and \
+        isinstance(call.func.value, cst.Name) and call.func.value.value == name
+
+
+def _mutated_in_place(statement: cst.CSTNode, name: str) -> bool:
+    """Whether a statement (or a block inside it) calls an in-place method of `name`: `name.masked_fill_(...)`."""
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name)
+               and n.func.value.value == name and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_")
+               for n in _all_nodes(statement))
 
 
 def _plain_name_assignment(statement: cst.CSTNode) -> bool:
