@@ -79,7 +79,10 @@ class _Chain:
     values_statement: cst.SimpleStatementLine | None = None
     out_layout: tuple[str, str] | None = None  # (the fused call's output layout, the layout the code wants)
     guard: cst.BaseExpression | None = None  # `if guard:` around the mask (`if mask is not None:`, `if causal:`)
-    elsewhere: list[cst.Name] = field(default_factory=list)  # later reads of the probabilities (returned, stored)
+    elsewhere: list[cst.BaseExpression] = field(default_factory=list)  # later reads (returned, stored) of them
+    scores_names: set[str] = field(default_factory=set)  # the variables of `names` that hold the scores
+    scores_cast: bool = False  # a cast on the way from the scores product to the softmax
+    renamed: list[tuple[cst.CSTNode, cst.CSTNode]] = field(default_factory=list)  # `scores.device` → `q.device`
 
 
 def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False) -> Rewrite | str:
@@ -139,6 +142,8 @@ class _Rewriter:
         self.softmax: cst.CSTNode = site.node
         self.softmax_argument: cst.BaseExpression | None = None  # the scores, when the softmax is a helper's call
         self.scopes: list[_Inlined] = []  # the helpers the backward walk is inside, innermost last
+        self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
+        self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
         self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in site.roles))))
         self.block, self.softmax_statement = _block_of(site.function, site.node)
         self._anchor_at_the_values()
@@ -159,13 +164,13 @@ class _Rewriter:
                          if s not in removed)
         if chain.elsewhere:
             # The documented trade: the weights are no longer computed, so what read them gets None.
-            shown = ", ".join(dict.fromkeys(f"`{n.value}`" for n in chain.elsewhere))
+            shown = ", ".join(dict.fromkeys(f"`{code_of(n)}`" for n in chain.elsewhere))
             return Rewrite(chain.values_product, call,
                            f"hand-written attention → {callee}(...); {shown} returned or stored as None",
-                           removed=removed, imports=imports, also=tuple((n, cst.Name("None")) for n in chain.elsewhere),
-                           applicability=UNSAFE)
+                           removed=removed, imports=imports,
+                           also=(*chain.renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
         return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
-                       imports=imports)
+                       imports=imports, also=tuple(chain.renamed))
 
     # -- backwards: softmax input to the scores product --------------------------------------------------
 
@@ -226,6 +231,7 @@ class _Rewriter:
         node = expression
         scaled = False  # met a scale on the way back: it runs after anything met from here on
         while True:
+            self.at = self.scopes[0].call_statement if self.scopes else statement
             if isinstance(node, cst.Name):
                 if self.guarded is not None and chain.mask is None:
                     raise _Refused(f"`if {code_of(self.guarded.test)}:` does more to the scores than mask them")
@@ -238,6 +244,7 @@ class _Rewriter:
                 if not self.scopes:  # a helper's own statements stay: other callers may need them
                     chain.consumed.append(assigned)
                     chain.names.add(node.value)
+                    chain.scores_names.add(node.value)
                 statement = assigned
                 if isinstance(assigned, cst.If):
                     self.guarded, chain.guard = assigned, self._here(assigned.test)
@@ -278,6 +285,7 @@ class _Rewriter:
             if isinstance(node, cst.Call):
                 name, receiver, positional, keywords = call_parts(node)
                 if name in _CASTS and receiver is not None and not is_namespace(receiver, self.names):
+                    chain.scores_cast |= statement is not self.softmax_statement  # a variable holds the cast
                     node = receiver
                     continue
                 if name == "masked_fill":
@@ -372,6 +380,7 @@ class _Rewriter:
                 raise _Refused(f"`{inner[0]}` is computed inside `{scope.function.name.value}`, where the fused call "
                                "cannot read it")
             node = _substituted(node, {name: value for name, value in scope.args.items() if name in read})
+        self.reads.append(({n.value for n in names_read(node)}, self.at))
         return node
 
     def _fill(self, node: cst.BaseExpression) -> cst.BaseExpression:
@@ -792,6 +801,10 @@ class _Rewriter:
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
         if name in self.names.namespaces:
             raise _Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
+        function = self.scopes[-1].function if self.scopes else self.function
+        if name in _assigned_names(function):
+            raise _Refused(f"`{name}` is computed outside the block the softmax is in (a branch or loop); the fused "
+                           "call would have to replace the whole statement")
         raise _Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
 
     def _next_use(self, name: str, after: cst.SimpleStatementLine) -> tuple[cst.SimpleStatementLine, cst.Name]:
@@ -833,6 +846,7 @@ class _Rewriter:
             chain.mask = _substituted(chain.mask, {name: value})
             if chain.mask_source is not None:
                 chain.mask_source = _substituted(chain.mask_source, {name: value})
+            self.reads.append(({n.value for n in names_read(value)}, self.guard_if))
             self.setup.remove(statement)
             chain.consumed.append(statement)
         if not self.setup:
@@ -868,19 +882,63 @@ class _Rewriter:
             for index, node in enumerate(everywhere):
                 if node.value != name or id(node) in inside:
                     continue
-                if index < after or id(node) in bound or not self._returned_or_stored(node):
+                if index >= after and self._detached_again(node):
+                    inside.update(id(n) for n in names_read(chain.consumed[-1]))
+                    continue
+                if name in chain.scores_names and id(node) not in bound and self._metadata(node):
+                    continue
+                returned = None if index < after or id(node) in bound else self._returned_or_stored(node)
+                if returned is None:
+                    what = "scores" if name in chain.scores_names else "probabilities"
                     raise _Refused(f"`{name}` is used outside the attention; the fused call does not give the "
-                                   "probabilities back")
-                chain.elsewhere.append(node)
+                                   f"{what} back")
+                chain.elsewhere.append(returned)
 
-    def _returned_or_stored(self, name: cst.Name) -> bool:
-        """`return out, name`, `self.weights = name`, `cache = (out, name)`: where None can take its place."""
+    def _detached_again(self, name: cst.Name) -> bool:
+        """`qk = qk.detach()` after the values product, before the weights are returned: the statement goes
+        with the chain, and the later reads of `qk` are the weights returned (noted in `chain.consumed`)."""
+        statement = next((s for s in self.block if _inside(name, s)), None)
+        if statement is None or not _plain_assignment(statement, name.value):
+            return False
+        value = statement.body[0].value
+        while call_parts(value)[0] in _PASSED_ON and call_parts(value)[1] is not None:
+            value = call_parts(value)[1]
+        if not isinstance(value, cst.Name) or value.value != name.value:
+            return False
+        if statement not in self.chain.consumed:
+            self.chain.consumed.append(statement)
+        return True
+
+    def _metadata(self, name: cst.Name) -> bool:
+        """`scores.device` (and `scores.dtype` when no cast made the scores) read to build a bias or a mask: the
+        query's, which is the same, takes its place (noted in `chain.renamed`)."""
+        path = _path_to(self.function, name) or []
+        parent = path[-2] if len(path) >= 2 else None
+        allowed = ("device",) if self.chain.scores_cast else ("device", "dtype")
+        if not isinstance(parent, cst.Attribute) or parent.value is not name or parent.attr.value not in allowed or \
+                self.chain.q is None:
+            return False
+        query = self.chain.q
+        while not isinstance(query, cst.Name) and call_parts(query)[1] is not None:  # `q.permute(...)` is on q's device
+            query = call_parts(query)[1]
+        self.chain.renamed.append((parent, parent.with_changes(value=atom(query))))
+        return True
+
+    def _returned_or_stored(self, name: cst.Name) -> cst.BaseExpression | None:
+        """`return out, name`, `self.weights = name`, `cache = (out, name.detach())`: the expression None can
+        take the place of; None when the value is used otherwise."""
         path = _path_to(self.function, name) or []
         parents = path[-2::-1]
+        expression: cst.BaseExpression = name
+        # `name.detach()`, `name.float().cpu()`: what is returned is still only the weights.
+        while len(parents) >= 2 and isinstance(parents[0], cst.Attribute) and isinstance(parents[1], cst.Call) and \
+                parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON:
+            expression, parents = parents[1], parents[2:]
         if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
             parents = parents[2:]
-        return bool(parents) and (isinstance(parents[0], cst.Return) or
-                                  (isinstance(parents[0], cst.Assign) and parents[0].value in path))
+        stored = bool(parents) and (isinstance(parents[0], cst.Return) or
+                                    (isinstance(parents[0], cst.Assign) and parents[0].value in path))
+        return expression if stored else None
 
     def _check_inputs_unchanged(self) -> None:
         """q, k, the mask and the scale are read where the values product is; they must not change before."""
@@ -891,15 +949,19 @@ class _Rewriter:
             return
         first = min(body.index(s) for s in statements)
         last = body.index(chain.values_statement)
-        # The values are read where they always were, at the values product; the rest moves there.
-        read = {n.value for part in (chain.q, chain.k, chain.mask, chain.guard, chain.dropout_p, *chain.factors,
-                                      *chain.divisors) if part is not None for n in names_read(part)}
-        for statement in body[first:last]:
-            if statement in statements or statement is self.guard_if:  # its setup runs before the mask is read
-                continue
-            changed = read & _assigned_names(statement)
-            if changed:
-                raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
+        # The values are read where they always were, at the values product; the rest moves there, so each part
+        # must not change between the statement that read it and the values product.
+        reads = [(names, next((i for i, s in enumerate(body) if at is s or _inside(at, s)), first))
+                 for names, at in self.reads]
+        reads.append(({n.value for part in (chain.guard, chain.dropout_p) if part is not None for n in names_read(part)},
+                      first - 1))
+        for names, read_at in reads:
+            for statement in body[read_at + 1:last]:
+                if statement in statements or statement is self.guard_if:  # its setup runs before the mask is read
+                    continue
+                changed = {n for n in names if n in _assigned_names(statement) or _mutated_in_place(statement, n)}
+                if changed:
+                    raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
 
     def _call(self, callee: str) -> cst.Call:
         chain = self.chain
@@ -1084,6 +1146,8 @@ def _indent_of(module: cst.Module, statement: cst.CSTNode) -> str:
 # In-place forms a chain is written with, statement by statement: `scores += bias`, `sim.masked_fill_(~m, v)`.
 _AUGMENTED = {cst.AddAssign: cst.Add, cst.MultiplyAssign: cst.Multiply, cst.DivideAssign: cst.Divide}
 _IN_PLACE = ("masked_fill_", "add_", "mul_", "div_")
+# Methods that hand the weights on unchanged in value, as when they are returned for inspection: `attn.detach()`.
+_PASSED_ON = ("detach", "cpu", "float", "clone", "contiguous", "to", "type_as", "half", "bfloat16")
 
 
 def _redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
