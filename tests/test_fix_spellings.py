@@ -855,6 +855,7 @@ def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_pref
 
 HELPER_MODULE = '''
 import torch
+import torch.nn.functional as F
 
 
 def attention_scores(q, k, scale):
@@ -864,6 +865,15 @@ def attention_scores(q, k, scale):
 def softmax_fp32(x):
     """A softmax that always accumulates in float32."""
     return torch.softmax(x.float(), dim=-1).to(x.dtype)
+
+
+def attention_probs(q, k, scale, bias=None):
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    probs = F.softmax(scores.float(), dim=-1)
+    del scores
+    return probs.to(q.dtype)
 '''
 
 # (the model, a fragment the fixed model must contain (calls joined on one line), fragments its forward must lose)
@@ -949,6 +959,19 @@ class Attention(nn.Module):
 def make():
     return Attention(), (torch.randn(2, 6, 16),)
 ''', "return F.scaled_dot_product_attention(q, k, v, scale=self.scale)", ("attention_scores(", "softmax_fp32(")),
+    "probabilities-made-and-masked-by-a-function-of-another-module": ('''
+import attn_ops
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, bias=None):
+        probs = attn_ops.attention_probs(q, k, 0.5, bias)
+        return torch.bmm(probs, v)
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 6, 8) for _ in range(3)), torch.randn(2, 6, 6))
+''', "return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.5)", ("attention_probs(", "probs")),
 }
 
 

@@ -140,7 +140,7 @@ class _Rewriter:
         # Where the fused call goes: the softmax's function, or the caller of a softmax helper.
         self.function, self.classdef, self.module, self.indent = site.function, site.classdef, site.module, site.indent
         self.softmax: cst.CSTNode = site.node
-        self.softmax_argument: cst.BaseExpression | None = None  # the scores, when the softmax is a helper's call
+        self.start: tuple[cst.BaseExpression, cst.BaseStatement] | None = None  # the softmax's input in a helper
         self.scopes: list[_Inlined] = []  # the helpers the backward walk is inside, innermost last
         self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
@@ -150,8 +150,8 @@ class _Rewriter:
 
     def rewrite(self) -> Rewrite:
         chain = self.chain
-        scores = self.softmax_argument or self._softmax_input(self.softmax)
-        self._scores(scores, self.softmax_statement)
+        scores, statement = self.start or (self._softmax_input(self.softmax), self.softmax_statement)
+        self._scores(scores, statement)
         self._probabilities(self.softmax, self.softmax_statement)
         self._inline_setup()
         self._check_names()
@@ -175,40 +175,71 @@ class _Rewriter:
     # -- backwards: softmax input to the scores product --------------------------------------------------
 
     def _anchor_at_the_values(self) -> None:
-        """A softmax helper (`def _softmax(self, x): return F.softmax(x.float(), -1).type_as(x)`) whose caller
-        multiplies with the values: the rewrite happens in the caller, reading the helper's call as the softmax."""
+        """A helper that returns the probabilities (`def _softmax(self, x): return F.softmax(x.float(), -1)`, or
+        one that also makes and masks the scores) and a caller that multiplies them with the values: the
+        rewrite happens in the caller, at the helper's call, and the helper is read as if written there."""
         values = self.site.role("values")
         if not values or values[0].function is None or values[0].function is self.function:
             return
         helper, caller = self.function, values[0].function
-        statement = self.softmax_statement
-        small = statement.body[0] if len(statement.body) == 1 else None
-        if not isinstance(small, cst.Return) or small.value is None or _body(helper) != [statement]:
-            raise _Refused(f"the softmax is in `{helper.name.value}`, which does more than return it; "
-                           "the attention chain spans several functions")
-        inner = self._softmax_input(self.softmax)
-        while call_parts(inner)[0] in _CASTS and call_parts(inner)[1] is not None:
-            inner = call_parts(inner)[1]
-        returned = small.value
-        while returned is not self.softmax and call_parts(returned)[0] in _CASTS and call_parts(returned)[1] is not None:
-            returned = call_parts(returned)[1]
-        parameters = _parameters(helper)
-        if returned is not self.softmax or not isinstance(inner, cst.Name) or inner.value not in parameters:
-            raise _Refused(f"`{helper.name.value}` does more than a softmax of its argument; the attention chain "
-                           "spans several functions")
-        calls = [c for c in _calls(caller) if _calls_function(c, helper)]
+        body = _body(helper)
+        if self.softmax_statement not in body:
+            raise _Refused(f"the softmax is inside a block of `{helper.name.value}`; the attention chain spans "
+                           "several functions")
+        self._returned_from(helper, body)
+        modules = ImportNames.of(values[0].module).modules
+        calls = [c for c in _calls(caller) if _calls_function(c, helper, modules)]
         if len(calls) != 1:
             raise _Refused(f"`{caller.name.value}` calls `{helper.name.value}` {len(calls)} times")
         call = calls[0]
         args = _bound(helper, call)
-        if args is None or inner.value not in args:
-            raise _Refused(f"the call of `{helper.name.value}` could not be read")
+        if args is None:
+            raise _Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
         module = values[0].module
-        self.function, self.module, self.softmax, self.softmax_argument = caller, module, call, args[inner.value]
+        block, statement = _block_of(caller, call)
+        self.start = (self._softmax_input(self.softmax), self.softmax_statement)
+        self.scopes = [_Inlined(helper, args, statement, tuple(body))]
+        self.function, self.module, self.softmax = caller, module, call
         self.classdef = _class_of(module, caller)
-        self.block, self.softmax_statement = _block_of(caller, call)
+        self.block, self.softmax_statement = block, statement
         self.names = ImportNames.of(module)
-        self.indent = _indent_of(module, self.softmax_statement)
+        self.indent = _indent_of(module, statement)
+
+    def _returned_from(self, helper: cst.FunctionDef, body: list[cst.BaseStatement]) -> None:
+        """The helper hands back the softmax's result as it is: through casts and plain variables to its one
+        `return`, read nowhere else (a `del` aside)."""
+        why = f"`{helper.name.value}` does more with the probabilities than return them"
+        current, statement, walked, names = self.softmax, self.softmax_statement, [], set()
+        while True:
+            walked.append(statement)
+            path = _path_to(statement, current) or []
+            parent = path[-2] if len(path) >= 2 else None
+            if isinstance(parent, cst.Attribute) and len(path) >= 3 and isinstance(path[-3], cst.Call) and \
+                    call_parts(path[-3])[0] in _CASTS:
+                current = path[-3]
+                continue
+            if isinstance(parent, cst.Return):
+                break
+            if not isinstance(parent, cst.Assign) or not _plain_name_assignment(statement):
+                raise _Refused(why)
+            name = parent.targets[0].target.value
+            names.add(name)
+            later = [s for s in body[body.index(statement) + 1:] if name in {n.value for n in names_read(s)}
+                     and not _deletes(s)]
+            if not later:
+                raise _Refused(why)
+            statement = later[0]
+            small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
+                else None
+            value = getattr(small, "value", None) if isinstance(small, (cst.Assign, cst.Return)) else None
+            current = next((n for n in names_read(value) if n.value == name), None) if value is not None else None
+            if current is None:
+                raise _Refused(why)
+        if statement is not body[-1] or any(isinstance(n, cst.Return) for s in body[:-1] for n in _all_nodes(s)):
+            raise _Refused(why)
+        for s in body:
+            if s not in walked and not _deletes(s) and names & {n.value for n in names_read(s)}:
+                raise _Refused(why)
 
     def _softmax_input(self, call: cst.CSTNode) -> cst.BaseExpression:
         if not isinstance(call, cst.Call):
@@ -339,9 +370,10 @@ class _Rewriter:
         """The helper of this project that `call` runs (`self.scores(q, k)`, `apply_mask(s, m)`), when its body is
         plain statements ending in one `return`; None for anything else."""
         name, receiver, _, _ = call_parts(call)
-        if name is None or (receiver is not None and code_of(receiver) != "self"):
+        module_alias = receiver is not None and code_of(receiver) in ImportNames.of(self.module).modules
+        if name is None or (receiver is not None and code_of(receiver) != "self" and not module_alias):
             return None
-        if receiver is not None:
+        if receiver is not None and not module_alias:
             owner = _class_of(self.module, self.scopes[-1].function) if self.scopes else self.classdef
             classes = [owner] if owner is not None else []
             found = [f for c in classes for f in _body_functions(c) if f.name.value == name]
@@ -1100,10 +1132,17 @@ def _calls(node: cst.CSTNode) -> list[cst.Call]:
     return found
 
 
-def _calls_function(call: cst.Call, function: cst.FunctionDef) -> bool:
-    """`self.name(...)` of a method, `name(...)` of a function."""
+def _calls_function(call: cst.Call, function: cst.FunctionDef, modules: tuple[str, ...] = ()) -> bool:
+    """`self.name(...)` or `other.name(...)` of a method, `name(...)` or `ops.name(...)` (`ops` one of
+    `modules`, the names the caller's imports bind) of a function."""
     name, receiver, _, _ = call_parts(call)
-    return name == function.name.value and (receiver is None or code_of(receiver) in ("self", "cls"))
+    params = function.params.params
+    method = bool(params) and params[0].name.value in ("self", "cls")
+    if name != function.name.value:
+        return False
+    if method:  # `self.scores(...)`, or a method of another object the caller holds: `attn.get_scores(...)`
+        return receiver is not None and code_of(receiver) not in modules
+    return receiver is None or code_of(receiver) in modules
 
 
 def _bound(function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
@@ -1175,6 +1214,11 @@ def _changed_in_place(statement: cst.CSTNode, name: str) -> bool:
     call = statement.body[0].value
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _IN_PLACE and \
         isinstance(call.func.value, cst.Name) and call.func.value.value == name
+
+
+def _deletes(statement: cst.CSTNode) -> bool:
+    """`del x` alone on its line."""
+    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Del) for s in statement.body)
 
 
 def _mutated_in_place(statement: cst.CSTNode, name: str) -> bool:
