@@ -1051,3 +1051,28 @@ def test_a_scale_attribute_is_left_out_only_when_the_graph_saw_the_default_and_t
     report = lint_file(_model(tmp_path, SCALE_ATTRIBUTE.format(scale=scale)), device="meta")
     [finding] = findings_of(report, "GL101")
     assert f"F.scaled_dot_product_attention(q, k, v{written})" in _one_line(_rewritten(finding))
+
+
+def test_a_source_reading_that_strays_from_the_products_the_graph_ran_is_refused(tmp_path):
+    # The graph ran the first product; read from the source alone, the `if` looks like the scores' last step.
+    source = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cross = False
+
+    def forward(self, q, k, v, memory):
+        scores = q @ k.transpose(-2, -1)
+        if self.cross:
+            scores = q @ memory.transpose(-2, -1)
+        return scores.softmax(-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(4))
+'''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is None
+    assert finding.no_fix == ("the source leads to another scores product (`q @ memory.transpose(-2, -1)`) than the one "
+                              "the graph ran (`q @ k.transpose(-2, -1)`)")

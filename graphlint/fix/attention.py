@@ -83,6 +83,7 @@ class _Chain:
     scores_names: set[str] = field(default_factory=set)  # the variables of `names` that hold the scores
     scores_cast: bool = False  # a cast on the way from the scores product to the softmax
     renamed: list[tuple[cst.CSTNode, cst.CSTNode]] = field(default_factory=list)  # `scores.device` → `q.device`
+    scores_product: cst.CSTNode | None = None  # where the source's chain starts
 
 
 def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False) -> Rewrite | str:
@@ -154,6 +155,7 @@ class _Rewriter:
         self._scores(scores, statement)
         self._probabilities(self.softmax, self.softmax_statement)
         self._inline_setup()
+        self._check_matches_the_graph()
         self._check_names()
         self._check_inputs_unchanged()
         callee, imports = self.names.functional_call("scaled_dot_product_attention")
@@ -294,6 +296,7 @@ class _Rewriter:
             if isinstance(node, cst.BinaryOperation):
                 operator = node.operator
                 if isinstance(operator, cst.MatrixMultiply):
+                    chain.scores_product = node
                     self._product(node.left, node.right)
                     return
                 if isinstance(operator, cst.Divide):
@@ -350,12 +353,15 @@ class _Rewriter:
                     continue
                 if name in _MATMULS:
                     left, right = _operands(receiver, positional, self.names)
+                    chain.scores_product = node
                     self._product(left, right)
                     return
                 if name == "einsum":
+                    chain.scores_product = node
                     self._einsum_scores(positional)
                     return
                 if name in ("baddbmm", "addmm") and is_namespace(receiver, self.names) and len(positional) == 3:
+                    chain.scores_product = node
                     self._baddbmm(positional, keywords, scaled)
                     return
                 inlined = self._inlined(node, statement)
@@ -856,6 +862,19 @@ class _Rewriter:
                 raise _Refused(f"`{name}` is reassigned before it reaches the values product")
             return statement, reads[0]  # the first read; any other is checked with the chain's names
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
+
+    def _check_matches_the_graph(self) -> None:
+        """The products the source's chain leads to are the ones the rule matched in the graph: the rewrite is
+        built from the match, and a reading of the source that strays from it is refused, never written."""
+        chain = self.chain
+        for role, found in (("scores", chain.scores_product), ("values", chain.values_product)):
+            matched = self.site.role(role)
+            if not matched or found is None:
+                continue
+            node = matched[0].node
+            if node is not found and _path_to(found, node) is None and _path_to(node, found) is None:
+                raise _Refused(f"the source leads to another {role} product (`{code_of(found).strip()}`) than the one "
+                               f"the graph ran (`{code_of(node).strip()}`)")
 
     def _inline_setup(self) -> None:
         """A guard that prepares the mask (`if mask is not None: m = mask[:, None]; s = s + m`): a variable made
