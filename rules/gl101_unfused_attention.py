@@ -70,33 +70,49 @@ class UnfusedAttention(Rule):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     """
     fixes = """
-        Safe, once proven: `--fix` rewrites hand-written attention whose chain lies in one function as one
-        `F.scaled_dot_product_attention(q, k, v, ...)` call in place of the product with the values, spelled
-        with the file's own names for torch and `torch.nn.functional` (an import is added only when there is
-        none), and deletes the statements that only fed it. What the rule matched in the graph guides it:
+        Safe, once proven: `--fix` rewrites hand-written attention as one `F.scaled_dot_product_attention(q, k, v,
+        ...)` call in place of the product with the values, spelled with the file's own names for torch and
+        `torch.nn.functional` (an import is added only when there is none), and deletes the statements that only
+        fed it. The fix is built from what the rule matched in the graph: the products, the steps between them
+        and every other use of the probabilities are handed to it as the source expressions they ran at, and a
+        reading of the source that leads to another product than the graph ran (a branch not taken) is refused.
         `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `k.transpose(2, 3)` of a 4-d key, a key variable
-        transposed once, `baddbmm`, and `einsum` in any layout, with `q`, `k`, `v` and the result transposed or
-        permuted into place) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k` (also under a
-        reshape) becomes `scale=` (left out when it is 1/sqrt of the query's or key's own size, `scale=1.0`
-        when there was none); `+ mask` and a `baddbmm` bias with `beta=1` become `attn_mask=`,
-        `masked_fill(c, -inf)` becomes `attn_mask=` the negation of `c`, `torch.where(c, scores, -inf)`
-        becomes `attn_mask=c`, and a mask made from `tril`/`triu` of ones becomes `is_causal=True`; a mask
-        under `if mask is not None:` becomes `attn_mask=mask` (or `... if mask is not None else None`), one
-        under `if flag:` becomes `is_causal=flag` or a mask under the same flag; a scale after a -inf fill is
-        kept (it leaves -inf as it is), and one after an additive mask scales the mask too
-        (`attn_mask=mask / 4`); dropout on the probabilities becomes
-        `dropout_p=self.dropout.p if self.training else 0.0`; float32 upcasts around the softmax are dropped
-        (the fused kernels accumulate in float32). For `transformers` models built with `from_config` or
-        `from_pretrained`, the fix is `attn_implementation="sdpa"` on that call.
+        transposed once, `baddbmm`/`addmm`, and `einsum` in any layout, with `q`, `k`, `v` and the result
+        transposed or permuted into place) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k`
+        (also under a reshape, also written `scores *= s`) becomes `scale=`, left out when it is the default
+        (1/sqrt of the query's or key's own size, or an attribute or variable that can hold nothing but an
+        inverse square root and held the default in the graph), `scale=1.0` when there was none; `+ mask`
+        (`scores += bias`) and a `baddbmm` bias with `beta=1` become `attn_mask=`, `masked_fill(c, -inf)` (also
+        in place, `sim.masked_fill_(c, v)`, with the fill in a variable or `torch.full`) becomes `attn_mask=` the
+        negation of `c`, `torch.where(c, scores, -inf)` becomes `attn_mask=c`, and a mask made from `tril`/`triu`
+        of ones becomes `is_causal=True`. A mask under `if mask is not None:` becomes `attn_mask=mask`, one under
+        `if flag:` `is_causal=flag` or `attn_mask=m if flag else None`; statements the `if` runs to prepare the
+        mask stay in it, or are written into `attn_mask=` when they only made the mask or the fill. A scale after
+        a -inf fill is kept (it leaves -inf as it is), and one after an additive mask scales the mask too
+        (`attn_mask=mask / 4`). Dropout on the probabilities becomes `dropout_p=p if self.training else 0.0`
+        (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped (the fused
+        kernels accumulate in float32). Probabilities transposed on their way to a product with the values on
+        the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
+        transposed. `scores.device` and `scores.dtype` read to build a bias become the query's.
 
-        Unsafe: when the probabilities are also returned or stored after the values product (attention maps
-        for visualisation), the fused call cannot give them back; the fix is declared unsafe, puts `None`
-        where they were returned or stored, and only `--unsafe-fixes` applies it.
+        The chain may run through the project's helpers, in the same file or another one: scores or a mask made
+        by a method or function (`self._scores(q, k)`, `apply_mask(s, mask)`), or probabilities made by one
+        (`probs = ops.attention_probs(q, k, scale, bias)`), are read as if written at the call, with the helper's
+        parameters standing for what the call passes; the fused call goes where the values product is, and the
+        helper is left as it is (other callers may use it).
 
-        Left alone, with the reason: a chain that spans several functions, two masks, an `if` that does more
-        than mask the scores, probabilities used before the values product, an input reassigned between the
-        scores and the values product, and anything else on the way that the fused call cannot express.
-        Every safe fix is proven on the model first; one that computes something else is refused.
+        For `transformers` models built with `from_config` or `from_pretrained`, the fix is
+        `attn_implementation="sdpa"` on that call.
+
+        Unsafe: when the probabilities (or the scores) are also returned or stored after the values product
+        (attention maps for visualisation, `qk.detach()`), the fused call cannot give them back; the fix is
+        declared unsafe, puts `None` where they were returned or stored, and only `--unsafe-fixes` applies it.
+
+        Left alone, with the reason: two masks, a guard that also scales or casts the scores, probabilities used
+        before the values product, an input reassigned between the statement that read it and the values
+        product, a helper whose locals the fused call would need, scores reshaped between the products, a
+        softmax in another branch than the scores, and anything else on the way that the fused call cannot
+        express. Every safe fix is proven on the model first; one that computes something else is refused.
     """
     bad_examples = (
         Example(
