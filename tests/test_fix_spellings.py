@@ -513,6 +513,36 @@ def make():
 """, "mask = mask[:, None, :].repeat_interleave(2, dim=0)\n"
      "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
         ("sim", "max_neg_value", "scale=")),
+    "a-position-bias-and-a-mask-under-a-guard": ("""
+class Attention(nn.Module):
+    def __init__(self, heads=2, seq=6):
+        super().__init__()
+        self.rel = nn.Parameter(torch.randn(heads, seq, seq))
+
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        scores = scores + self.rel.unsqueeze(0)
+        if mask is not None:
+            scores = scores + mask
+        return scores.softmax(dim=-1) @ v
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.randn(2, 1, 6, 6))
+""", "attn_mask=self.rel.unsqueeze(0) + mask if mask is not None else self.rel.unsqueeze(0))", ("scores", "    if mask")),
+    "two-additive-biases-in-place": ("""
+class Attention(nn.Module):
+    def forward(self, q, k, v, alibi, causal):
+        scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        scores += alibi
+        scores += causal
+        return torch.matmul(F.softmax(scores, dim=-1), v)
+
+
+def make():
+    causal = torch.triu(torch.full((6, 6), float("-inf")), diagonal=1)
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.randn(1, 2, 1, 6), causal)
+""", "return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi + causal)", ("scores", "scale=")),
     "probabilities-transposed-into-a-values-einsum": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v):
@@ -548,6 +578,9 @@ def test_guards_that_prepare_the_mask_and_permuted_probabilities_are_rewritten_a
     ("if scale_mask:", "q = q * 2\n            scores = scores + mask", "`q` changes between the scores and the values product"),
     ("if mask is not None:", "mask = mask if q.shape[-2] > 1 else None\n            scores = scores + mask",
      "`if mask is not None:` changes `mask`, which it tests"),
+    ("if mask is not None:",
+     "scores = scores.masked_fill(mask == 0, -1e9)\n        if scale_mask:\n            scores = scores + mask",
+     "the scores are masked twice; the fused call takes one mask"),
     ("if mask is not None:", "bias = scores.mean(-1, keepdim=True)\n            scores = scores + mask * bias",
      "the mask is computed from `scores`, which the fused call does not make"),
 ])

@@ -273,15 +273,20 @@ class _Rewriter:
                     scope = self.scopes.pop()  # back in the caller, at what it passed
                     node, statement = scope.args[node.value], scope.call_statement
                     continue
-                assigned = self._definition(node.value, statement, guarded=chain.guard is None and chain.mask is None)
+                # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
+                assigned = self._definition(node.value, statement, guarded=self.guard_if is None)
                 if not self.scopes:  # a helper's own statements stay: other callers may need them
                     chain.consumed.append(assigned)
                     chain.names.add(node.value)
                     chain.scores_names.add(node.value)
                 statement = assigned
                 if isinstance(assigned, cst.If):
-                    self.guarded, chain.guard = assigned, self._here(assigned.test)
+                    self.guarded = assigned
+                    if chain.mask is None:
+                        chain.guard = self._here(assigned.test)
                     *setup, masking = assigned.body.body
+                    if setup and chain.mask is not None:
+                        raise _Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
                     if setup and self.scopes:
                         raise _Refused(f"`{self.scopes[-1].function.name.value}` prepares the mask under "
                                        f"`if {code_of(assigned.test)}:`; graphlint rewrites such a guard only where "
@@ -482,10 +487,11 @@ class _Rewriter:
             return False
         if isinstance(node, cst.Name):
             try:
-                assigned = self._definition(node.value, statement)
+                assigned = self._definition(node.value, statement, guarded=True)
             except _Refused:
                 return False
-            return self._leads_to_product(_redefinition(assigned, node.value), assigned, depth + 1)
+            value = _redefinition(assigned.body.body[-1] if isinstance(assigned, cst.If) else assigned, node.value)
+            return value is not None and self._leads_to_product(value, assigned, depth + 1)
         if isinstance(node, cst.BinaryOperation):
             return isinstance(node.operator, cst.MatrixMultiply) or any(
                 self._leads_to_product(n, statement, depth + 1) for n in (node.left, node.right))
@@ -753,13 +759,32 @@ class _Rewriter:
         follows it) or saying which positions take part (`keep_when_true`) or are filled."""
         chain = self.chain
         if chain.mask is not None:
-            raise _Refused("the scores are masked twice; the fused call takes one mask")
+            self._add_mask(mask, additive, scaled)
+            return
         mask = self._here(mask)
         if additive:
             chain.mask, chain.mask_source = self._scaled_mask(mask, scaled), None
         else:
             chain.mask, chain.mask_source = mask if keep_when_true else _negated(mask), mask
         chain.keep_when_true = keep_when_true
+
+    def _add_mask(self, mask, additive: bool, scaled: bool) -> None:
+        """A second additive mask met on the way back (`s = s + bias`, later `s = s + mask`): the fused call
+        takes their sum, with the condition either is added under (`bias + mask if g else bias`)."""
+        chain = self.chain
+        if not additive or chain.mask_source is not None:
+            raise _Refused("the scores are masked twice; the fused call takes one mask")
+        earlier_guard = self._here(self.guarded.test) if self.guarded is not None else None
+        if earlier_guard is not None and chain.guard is not None:
+            raise _Refused("the scores take two masks under two conditions; the fused call takes one mask")
+        earlier = self._scaled_mask(self._here(mask), scaled)
+        later = chain.mask
+        total = f"{_summand(earlier)} + {_summand(later)}"
+        if chain.guard is not None:
+            total = f"{total} if {code_of(chain.guard)} else {code_of(earlier)}"
+        elif earlier_guard is not None:
+            total = f"{total} if {code_of(earlier_guard)} else {code_of(later)}"
+        chain.mask, chain.guard = cst.parse_expression(total), None
 
     def _causal(self) -> bool:
         """The mask keeps exactly the lower triangle, diagonal included: `tril(ones)`, or `triu(ones, 1)` as
@@ -1233,6 +1258,15 @@ def _changed_in_place(statement: cst.CSTNode, name: str) -> bool:
     call = statement.body[0].value
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _IN_PLACE and \
         isinstance(call.func.value, cst.Name) and call.func.value.value == name
+
+
+def _summand(node: cst.BaseExpression) -> str:
+    """`node` as an operand of `+`, parenthesised only where it would bind looser."""
+    loose = (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.Comparison, cst.UnaryOperation)
+    if isinstance(node, loose) or (isinstance(node, cst.BinaryOperation) and
+                                   isinstance(node.operator, (cst.BitOr, cst.BitAnd, cst.BitXor, cst.LeftShift, cst.RightShift))):
+        return code_of(atom(node))
+    return code_of(node)
 
 
 def _deletes(statement: cst.CSTNode) -> bool:
