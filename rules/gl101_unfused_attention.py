@@ -16,11 +16,13 @@ from graphlint.ops import MAX_PATTERN_STEPS, MUL
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
-# What may sit between the scores matmul and the softmax, and between the softmax and the values matmul.
-_BETWEEN = SCALE | MASK | CAST | DROPOUT | VIEW
+# What may sit between the scores matmul and the softmax, and between the softmax and the values matmul;
+# `scores[mask] = -inf` is recorded as a setitem.
+_MASKS = MASK | {"setitem"}
+_BETWEEN = SCALE | _MASKS | CAST | DROPOUT | VIEW
 # Products of two activations; `addmm(bias, q, kᵀ)` adds a bias to the scores as it makes them.
 _PRODUCTS = MATMUL_LIKE | {"addmm"}
-_STEP_NAMES = [(SCALE, "scale"), (MASK, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
+_STEP_NAMES = [(SCALE, "scale"), (_MASKS, "mask"), (CAST, "cast"), (DROPOUT, "dropout")]
 
 
 class UnfusedAttention(Rule):
@@ -33,8 +35,8 @@ class UnfusedAttention(Rule):
     what = """
         A softmax that sits between two matrix products of activations: scores from `q @ k.transpose(-2, -1)`
         (or `torch.matmul`, `bmm`, `mm`, `baddbmm`, `addmm`, `einsum`), optionally scaled (`*` or `/`, before or after),
-        masked (`+ mask`, `masked_fill`, `torch.where`), cast, and passed through dropout, then a softmax over
-        the last dimension, then a product with the values. It is found in the forward graph however it is
+        masked (`+ mask`, `masked_fill`, `torch.where`, `scores[mask] = -inf`), cast, and passed through dropout,
+        then a softmax over the last dimension, then a product with the values. It is found in the forward graph however it is
         spelled: across helper functions and files, in every layer (reported once per source line with the
         number of occurrences), and inside libraries such as `transformers` with `attn_implementation="eager"`.
 
@@ -316,7 +318,7 @@ class UnfusedAttention(Rule):
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
-        meta = tensor_meta(before[-1])
+        meta = _meta(before[-1])
         fix = partial(rewrite_attention, rank=len(meta.shape) if meta is not None else None,
                       default_scale=_scaled_by_default(scores, before[1:]))
         stack = facts(softmax).stack
@@ -384,10 +386,16 @@ def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
     return math.isclose(value, head_dim ** -0.5, rel_tol=1e-6)
 
 
+def _meta(node):
+    """A node's shape and dtype; for `scores[mask] = v` (a setitem, which returns nothing), the tensor's."""
+    while isinstance(node, fx.Node) and op(node) == "setitem" and node.args:
+        node = node.args[0]
+    return tensor_meta(node)
+
+
 def _over_last_dim(softmax: fx.Node) -> bool:
     """SDPA normalises over the key dimension, the last one; a softmax over another dimension is not attention."""
-    source = arg(softmax, 0, "input")
-    meta = tensor_meta(source)
+    meta = _meta(arg(softmax, 0, "input"))
     if meta is None:
         return False
     ndim = len(meta.shape)

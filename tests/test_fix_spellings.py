@@ -543,6 +543,20 @@ def make():
     causal = torch.triu(torch.full((6, 6), float("-inf")), diagonal=1)
     return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.randn(1, 2, 1, 6), causal)
 """, "return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi + causal)", ("scores", "scale=")),
+    "a-mask-set-by-index-and-a-key-permuted-by-the-function": ("""
+class Attention(nn.Module):
+    def forward(self, q, k, v, pad):
+        scores = torch.bmm(q, torch.permute(k, (0, 2, 1))) / math.sqrt(q.shape[-1])
+        scores[pad] = float("-inf")
+        weights = torch.softmax(scores, dim=-1)
+        return torch.bmm(weights, v)
+
+
+def make():
+    pad = torch.zeros(2, 6, 6, dtype=torch.bool)
+    pad[:, :, 5] = True
+    return Attention(), (*(torch.randn(2, 6, 8) for _ in range(3)), pad)
+""", "return F.scaled_dot_product_attention(q, k, v, attn_mask=~pad)", ("scores", "permute")),
     "probabilities-transposed-into-a-values-einsum": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v):

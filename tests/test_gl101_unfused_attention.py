@@ -71,6 +71,11 @@ FLAGGED = {
         att = att.float().softmax(-1).type_as(q)  # the softmax
         out = torch.einsum("bhqk,bhkd->bhqd", self.drop(att), v)
     """,
+    "a mask set by index assignment": """
+        att = q @ k.transpose(-2, -1) * scale
+        att[..., ~mask] = float("-inf")
+        out = att.softmax(-1) @ v  # the softmax
+    """,
     "in-place scale and mask on the scores": """
         att = q @ k.transpose(-2, -1)
         att /= math.sqrt(q.size(-1))

@@ -1247,6 +1247,21 @@ def _redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | Non
     if _changed_in_place(statement, name):
         call = small.value
         return call.with_changes(func=call.func.with_changes(attr=cst.Name(call.func.attr.value[:-1])))
+    condition = _filled_where(statement, name)
+    if condition is not None:  # `scores[c] = fill` is `scores.masked_fill(c, fill)`
+        return cst.parse_expression(f"{name}.masked_fill({code_of(condition)}, {code_of(small.value)})")
+    return None
+
+
+def _filled_where(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """`c` of `name[c] = value` alone on its line."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
+            not isinstance(statement.body[0], cst.Assign) or len(statement.body[0].targets) != 1:
+        return None
+    target = statement.body[0].targets[0].target
+    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and target.value.value == name and \
+            len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+        return target.slice[0].slice.value
     return None
 
 
@@ -1275,10 +1290,19 @@ def _deletes(statement: cst.CSTNode) -> bool:
 
 
 def _mutated_in_place(statement: cst.CSTNode, name: str) -> bool:
-    """Whether a statement (or a block inside it) calls an in-place method of `name`: `name.masked_fill_(...)`."""
-    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name)
-               and n.func.value.value == name and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_")
-               for n in _all_nodes(statement))
+    """Whether a statement (or a block inside it) changes `name` in place: `name.masked_fill_(...)`,
+    `name[c] = v`."""
+    for n in _all_nodes(statement):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) and \
+                n.func.value.value == name and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_"):
+            return True
+        if isinstance(n, (cst.AssignTarget, cst.AugAssign)):
+            target = n.target
+            while isinstance(target, (cst.Subscript, cst.Attribute)):
+                target = target.value
+            if isinstance(target, cst.Name) and target.value == name and target is not n.target:
+                return True
+    return False
 
 
 def _plain_name_assignment(statement: cst.CSTNode) -> bool:
@@ -1384,20 +1408,32 @@ def _scalar_like(node: cst.BaseExpression) -> bool:
 
 
 def _untransposed(key: cst.BaseExpression, rank: int | None) -> cst.BaseExpression | None:
-    """`k` from `k.transpose(-2, -1)`, `k.mT`, `k.transpose(2, 3)` of a tensor of rank 4, `k.t()` or `k.T` of
-    a matrix; None otherwise."""
+    """`k` from `k.transpose(-2, -1)` (or `torch.transpose(k, -2, -1)`, `swapaxes`), `k.mT`, `k.transpose(2, 3)`
+    of a tensor of rank 4, `k.permute(0, 2, 1)` of rank 3, `k.t()` or `k.T` of a matrix; None otherwise."""
     if isinstance(key, cst.Attribute) and (key.attr.value == "mT" or (key.attr.value == "T" and rank == 2)):
         return key.value
     if rank == 2 and call_parts(key)[0] == "t" and isinstance(key, cst.Call) and not key.args:
         return key.func.value
-    if isinstance(key, cst.Call) and isinstance(key.func, cst.Attribute) and key.func.attr.value in ("transpose", "swapaxes") \
-            and len(key.args) == 2:
-        try:
-            dims = {int(code_of(a.value)) for a in key.args}
-        except ValueError:
-            return None
-        if dims == {-2, -1} or (rank is not None and {d % rank for d in dims} == {rank - 2, rank - 1}):
-            return key.func.value
+    if not isinstance(key, cst.Call) or not isinstance(key.func, cst.Attribute) or any(a.keyword for a in key.args):
+        return None
+    name, args = key.func.attr.value, [a.value for a in key.args]
+    try:
+        if name in ("transpose", "swapaxes", "swapdims") and len(args) in (2, 3):
+            tensor = args[0] if len(args) == 3 else key.func.value  # `torch.transpose(k, -2, -1)`, `k.transpose(-2, -1)`
+            dims = {int(code_of(a)) for a in args[-2:]}
+            if dims == {-2, -1} or (rank is not None and {d % rank for d in dims} == {rank - 2, rank - 1}):
+                return tensor
+        if name == "permute" and rank is not None and args:
+            if len(args) == 2 and isinstance(args[1], (cst.Tuple, cst.List)):  # `torch.permute(k, (0, 2, 1))`
+                tensor, order = args[0], [e.value for e in args[1].elements]
+            elif len(args) == 1 and isinstance(args[0], (cst.Tuple, cst.List)):
+                tensor, order = key.func.value, [e.value for e in args[0].elements]
+            else:
+                tensor, order = key.func.value, args
+            if [int(code_of(d)) % rank for d in order] == [*range(rank - 2), rank - 1, rank - 2]:
+                return tensor
+    except ValueError:
+        return None
     return None
 
 
