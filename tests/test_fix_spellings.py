@@ -1123,3 +1123,38 @@ def make():
     assert finding.fix is None
     assert finding.no_fix == ("the source leads to another scores product (`q @ memory.transpose(-2, -1)`) than the one "
                               "the graph ran (`q @ k.transpose(-2, -1)`)")
+
+
+def test_weights_returned_only_when_asked_for_become_none_there_in_an_unsafe_fix(tmp_path):
+    source = ATTENTION_HEADER + '''
+class SelfAttention(nn.Module):
+    def forward(self, q, k, v, output_attentions=False):
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+        probs = nn.functional.softmax(scores, dim=-1)
+        context = torch.matmul(probs, v)
+        outputs = (context, probs) if output_attentions else (context,)
+        return outputs
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = SelfAttention()
+
+    def forward(self, q, k, v):
+        return self.attention(q, k, v)[0]
+
+
+def make():
+    return Layer(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+'''
+    path = _model(tmp_path, source)
+    report = lint_file(path, device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "unsafe"
+    fixed = _rewritten(finding)
+    assert "outputs = (context, None) if output_attentions else (context,)" in fixed
+    namespace: dict = {}
+    exec(compile(fixed, str(path), "exec"), namespace)  # the unsafe fix compiles and runs
+    model, inputs = namespace["make"]()
+    assert model(*inputs).shape == (2, 2, 6, 8)

@@ -1012,6 +1012,8 @@ class _Rewriter:
             expression, parents = parents[1], parents[2:]
         if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
             parents = parents[2:]
+            if parents and isinstance(parents[0], cst.IfExp):  # `(out, probs) if output_attentions else (out,)`
+                parents = parents[1:]
         stored = bool(parents) and (isinstance(parents[0], cst.Return) or
                                     (isinstance(parents[0], cst.Assign) and parents[0].value in path))
         return expression if stored else None
