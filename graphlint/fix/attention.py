@@ -34,6 +34,10 @@ import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
                                    names_read)
+from graphlint.fix.source import (all_nodes, assigned_names, binding_names, block_of, bound_arguments, calls_function,
+                                  calls_in, class_of, deletes, functions_in, indent_of, inside, is_target, keeps_a_tensor,
+                                  local_assignments, mutated_in_place, path_to, plain_assignment, plain_name_assignment,
+                                  presence_test, redefinition, root_name, self_assignments, statements_of, substituted)
 from graphlint.ops import CAST, MATMUL_LIKE
 from graphlint.results import UNSAFE
 
@@ -146,7 +150,7 @@ class _Rewriter:
         self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
         self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in site.roles))))
-        self.block, self.softmax_statement = _block_of(site.function, site.node)
+        self.block, self.softmax_statement = self._block_of(site.function, site.node)
         self._anchor_at_the_values()
 
     def rewrite(self) -> Rewrite:
@@ -184,28 +188,28 @@ class _Rewriter:
         if not values or values[0].function is None or values[0].function is self.function:
             return
         helper, caller = self.function, values[0].function
-        body = _body(helper)
+        body = statements_of(helper)
         if self.softmax_statement not in body:
             raise _Refused(f"the softmax is inside a block of `{helper.name.value}`; the attention chain spans "
                            "several functions")
         self._returned_from(helper, body)
         modules = ImportNames.of(values[0].module).modules
-        calls = [c for c in _calls(caller) if _calls_function(c, helper, modules)]
+        calls = [c for c in calls_in(caller) if calls_function(c, helper, modules)]
         if len(calls) != 1:
             raise _Refused(f"`{caller.name.value}` calls `{helper.name.value}` {len(calls)} times")
         call = calls[0]
-        args = _bound(helper, call)
+        args = bound_arguments(helper, call)
         if args is None:
             raise _Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
         module = values[0].module
-        block, statement = _block_of(caller, call)
+        block, statement = self._block_of(caller, call)
         self.start = (self._softmax_input(self.softmax), self.softmax_statement)
         self.scopes = [_Inlined(helper, args, statement, tuple(body))]
         self.function, self.module, self.softmax = caller, module, call
-        self.classdef = _class_of(module, caller)
+        self.classdef = class_of(module, caller)
         self.block, self.softmax_statement = block, statement
         self.names = ImportNames.of(module)
-        self.indent = _indent_of(module, statement)
+        self.indent = indent_of(module, statement)
 
     def _returned_from(self, helper: cst.FunctionDef, body: list[cst.BaseStatement]) -> None:
         """The helper hands back the softmax's result as it is: through casts and plain variables to its one
@@ -214,7 +218,7 @@ class _Rewriter:
         current, statement, walked, names = self.softmax, self.softmax_statement, [], set()
         while True:
             walked.append(statement)
-            path = _path_to(statement, current) or []
+            path = path_to(statement, current) or []
             parent = path[-2] if len(path) >= 2 else None
             if isinstance(parent, cst.Attribute) and len(path) >= 3 and isinstance(path[-3], cst.Call) and \
                     call_parts(path[-3])[0] in _CASTS:
@@ -222,12 +226,12 @@ class _Rewriter:
                 continue
             if isinstance(parent, cst.Return):
                 break
-            if not isinstance(parent, cst.Assign) or not _plain_name_assignment(statement):
+            if not isinstance(parent, cst.Assign) or not plain_name_assignment(statement):
                 raise _Refused(why)
             name = parent.targets[0].target.value
             names.add(name)
             later = [s for s in body[body.index(statement) + 1:] if name in {n.value for n in names_read(s)}
-                     and not _deletes(s)]
+                     and not deletes(s)]
             if not later:
                 raise _Refused(why)
             statement = later[0]
@@ -237,11 +241,18 @@ class _Rewriter:
             current = next((n for n in names_read(value) if n.value == name), None) if value is not None else None
             if current is None:
                 raise _Refused(why)
-        if statement is not body[-1] or any(isinstance(n, cst.Return) for s in body[:-1] for n in _all_nodes(s)):
+        if statement is not body[-1] or any(isinstance(n, cst.Return) for s in body[:-1] for n in all_nodes(s)):
             raise _Refused(why)
         for s in body:
-            if s not in walked and not _deletes(s) and names & {n.value for n in names_read(s)}:
+            if s not in walked and not deletes(s) and names & {n.value for n in names_read(s)}:
                 raise _Refused(why)
+
+    @staticmethod
+    def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
+        try:
+            return block_of(function, node)
+        except ValueError:
+            raise _Refused("the softmax is not in a plain statement of the function") from None
 
     def _softmax_input(self, call: cst.CSTNode) -> cst.BaseExpression:
         if not isinstance(call, cst.Call):
@@ -294,9 +305,9 @@ class _Rewriter:
                     if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                         self.guard_if, self.setup = assigned, list(setup)
                         chain.consumed[-1] = masking
-                    node = _redefinition(masking, node.value)
+                    node = redefinition(masking, node.value)
                 else:
-                    node = _redefinition(assigned, node.value)
+                    node = redefinition(assigned, node.value)
                 continue
             if isinstance(node, cst.BinaryOperation):
                 operator = node.operator
@@ -385,20 +396,20 @@ class _Rewriter:
         if name is None or (receiver is not None and code_of(receiver) != "self" and not module_alias):
             return None
         if receiver is not None and not module_alias:
-            owner = _class_of(self.module, self.scopes[-1].function) if self.scopes else self.classdef
+            owner = class_of(self.module, self.scopes[-1].function) if self.scopes else self.classdef
             classes = [owner] if owner is not None else []
-            found = [f for c in classes for f in _body_functions(c) if f.name.value == name]
+            found = [f for c in classes for f in functions_in(c) if f.name.value == name]
         else:
-            found = [f for m in self.modules if m is not None for f in _body_functions(m) if f.name.value == name]
+            found = [f for m in self.modules if m is not None for f in functions_in(m) if f.name.value == name]
         if len(found) != 1:
             return None
         function = found[0]
-        body = _body(function)
+        body = statements_of(function)
         last = body[-1] if body else None
         if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], cst.Return) \
-                or last.body[0].value is None or any(isinstance(n, cst.Return) for s in body[:-1] for n in _all_nodes(s)):
+                or last.body[0].value is None or any(isinstance(n, cst.Return) for s in body[:-1] for n in all_nodes(s)):
             raise _Refused(f"the scores come from `{name}`, which graphlint reads only when it ends in its one `return`")
-        args = _bound(function, call)
+        args = bound_arguments(function, call)
         if args is None:
             raise _Refused(f"the call of `{name}` passes arguments graphlint cannot match to its parameters")
         return _Inlined(function, args, statement, tuple(body))
@@ -408,7 +419,7 @@ class _Rewriter:
         scope = self.scopes[-1]
         block = list(scope.block)
         before = block[: block.index(statement)] if statement in block else block
-        return name in scope.args and not any(name in _assigned_names(s) for s in before)
+        return name in scope.args and not any(name in assigned_names(s) for s in before)
 
     def _here(self, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
         """A part of the chain read inside helpers, in the terms of the function the fused call goes in: each
@@ -416,13 +427,13 @@ class _Rewriter:
         if node is None:
             return None
         for scope in reversed(self.scopes):
-            local = set().union(*(_assigned_names(s) for s in scope.block)) if scope.block else set()
+            local = set().union(*(assigned_names(s) for s in scope.block)) if scope.block else set()
             read = {n.value for n in names_read(node)}
             inner = sorted(read & local)
             if inner:
                 raise _Refused(f"`{inner[0]}` is computed inside `{scope.function.name.value}`, where the fused call "
                                "cannot read it")
-            node = _substituted(node, {name: value for name, value in scope.args.items() if name in read})
+            node = substituted(node, {name: value for name, value in scope.args.items() if name in read})
         self.reads.append(({n.value for n in names_read(node)}, self.at))
         return node
 
@@ -432,7 +443,7 @@ class _Rewriter:
         function = self.scopes[-1].function if self.scopes else self.function
         for _ in range(4):
             if isinstance(node, cst.Name):
-                made = _local_assignments(function, node.value)
+                made = local_assignments(function, node.value)
                 if len(made) != 1:
                     return node
                 node = made[0]
@@ -490,7 +501,7 @@ class _Rewriter:
                 assigned = self._definition(node.value, statement, guarded=True)
             except _Refused:
                 return False
-            value = _redefinition(assigned.body.body[-1] if isinstance(assigned, cst.If) else assigned, node.value)
+            value = redefinition(assigned.body.body[-1] if isinstance(assigned, cst.If) else assigned, node.value)
             return value is not None and self._leads_to_product(value, assigned, depth + 1)
         if isinstance(node, cst.BinaryOperation):
             return isinstance(node.operator, cst.MatrixMultiply) or any(
@@ -523,7 +534,7 @@ class _Rewriter:
             statement = self._definition(key.value, self.softmax_statement)
         except _Refused:
             return None
-        untransposed = _untransposed(_redefinition(statement, key.value), self.rank)
+        untransposed = _untransposed(redefinition(statement, key.value), self.rank)
         reads = [n for n in names_read(self.function) if n.value == key.value]
         if untransposed is None or len(reads) != 2:  # the assignment and the product
             return None
@@ -572,7 +583,7 @@ class _Rewriter:
         chain = self.chain
         current = softmax
         while True:
-            path = _path_to(statement, current)
+            path = path_to(statement, current)
             if path is None or len(path) < 2:
                 raise _Refused("the softmax's result could not be followed")
             parent = path[-2]
@@ -716,7 +727,7 @@ class _Rewriter:
         """`if dropout is not None: p = dropout(p)` (or under any flag), with `dropout` a module: its `p` while
         it trains and the guard holds."""
         body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
-        if statement.orelse is not None or len(body) != 1 or not _plain_assignment(body[0], name):
+        if statement.orelse is not None or len(body) != 1 or not plain_assignment(body[0], name):
             return False
         call = body[0].body[0].value
         module = call.func if isinstance(call, cst.Call) else None
@@ -818,9 +829,9 @@ class _Rewriter:
         if built is None:
             return False
         text = code_of(built).replace(" ", "")
-        root = _root_name(built)
+        root = root_name(built)
         if root is not None and "tril(" not in text and "triu(" not in text and self.classdef is not None:
-            made = _local_assignments(self.classdef, root)  # `causal = torch.tril(...)`, then the buffer
+            made = local_assignments(self.classdef, root)  # `causal = torch.tril(...)`, then the buffer
             if len(made) == 1:
                 text += code_of(made[0]).replace(" ", "")
         if "ones" not in text:
@@ -835,11 +846,11 @@ class _Rewriter:
         """The expression a mask variable or buffer was made from, when it is made once."""
         if isinstance(node, cst.Name):
             try:
-                return _redefinition(self._definition(node.value, self.softmax_statement), node.value)
+                return redefinition(self._definition(node.value, self.softmax_statement), node.value)
             except _Refused:
                 return None
         if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and self.classdef is not None:
-            found = _self_assignments(self.classdef, node.attr.value)
+            found = self_assignments(self.classdef, node.attr.value)
             return found[0] if len(found) == 1 else None
         return node if isinstance(node, cst.Call) else None  # made where it is used
 
@@ -852,20 +863,20 @@ class _Rewriter:
         if before not in body:
             raise _Refused(f"`{name}` is not computed in the same block as the attention")
         for statement in reversed(body[: body.index(before)]):
-            if name in _assigned_names(statement) or _mutated_in_place(statement, name):
-                if _redefinition(statement, name) is not None:
+            if name in assigned_names(statement) or mutated_in_place(statement, name):
+                if redefinition(statement, name) is not None:
                     return statement
                 if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
                         isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
-                        all(name not in _assigned_names(s) and not _mutated_in_place(s, name)
+                        all(name not in assigned_names(s) and not mutated_in_place(s, name)
                             for s in statement.body.body[:-1]) and \
-                        _redefinition(statement.body.body[-1], name) is not None:
+                        redefinition(statement.body.body[-1], name) is not None:
                     return statement
                 raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
         if name in self.names.namespaces:
             raise _Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
         function = self.scopes[-1].function if self.scopes else self.function
-        if name in _assigned_names(function):
+        if name in assigned_names(function):
             raise _Refused(f"`{name}` is computed outside the block the softmax is in (a branch or loop); the fused "
                            "call would have to replace the whole statement")
         raise _Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
@@ -881,8 +892,8 @@ class _Rewriter:
                 continue
             if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
                 raise _Refused(f"`{name}` is used in a compound statement; the rewrite keeps to plain ones")
-            targets = _assigned_names(statement)
-            reads = [n for n in uses if not (n.value in targets and _is_target(statement, n))]
+            targets = assigned_names(statement)
+            reads = [n for n in uses if not (n.value in targets and is_target(statement, n))]
             if not reads:
                 raise _Refused(f"`{name}` is reassigned before it reaches the values product")
             return statement, reads[0]  # the first read; any other is checked with the chain's names
@@ -897,7 +908,7 @@ class _Rewriter:
             if not matched or found is None:
                 continue
             node = matched[0].node
-            if node is not found and _path_to(found, node) is None and _path_to(node, found) is None:
+            if node is not found and path_to(found, node) is None and path_to(node, found) is None:
                 raise _Refused(f"the source leads to another {role} product (`{code_of(found).strip()}`) than the one "
                                f"the graph ran (`{code_of(node).strip()}`)")
 
@@ -910,34 +921,34 @@ class _Rewriter:
             return
         masking = self.guard_if.body.body[-1]
         for statement in reversed(list(self.setup)):
-            if not _plain_name_assignment(statement) or chain.mask is None:
+            if not plain_name_assignment(statement) or chain.mask is None:
                 continue
             name, value = statement.body[0].targets[0].target.value, statement.body[0].value
-            reads = [n for n in names_read(self.function) if n.value == name and not _inside(n, statement)]
+            reads = [n for n in names_read(self.function) if n.value == name and not inside(n, statement)]
             later = self.setup[self.setup.index(statement) + 1:]
-            if not reads or any(not _inside(n, masking) for n in reads) or name in {n.value for n in names_read(value)} or \
-                    {n.value for n in names_read(value)} & set().union(set(), *(_assigned_names(s) for s in later)):
+            if not reads or any(not inside(n, masking) for n in reads) or name in {n.value for n in names_read(value)} or \
+                    {n.value for n in names_read(value)} & set().union(set(), *(assigned_names(s) for s in later)):
                 continue
             # Read only by the masking statement: the mask takes its value, or it only made the fill.
-            chain.mask = _substituted(chain.mask, {name: value})
+            chain.mask = substituted(chain.mask, {name: value})
             if chain.mask_source is not None:
-                chain.mask_source = _substituted(chain.mask_source, {name: value})
+                chain.mask_source = substituted(chain.mask_source, {name: value})
             self.reads.append(({n.value for n in names_read(value)}, self.guard_if))
             self.setup.remove(statement)
             chain.consumed.append(statement)
         if not self.setup:
-            chain.consumed = [s for s in chain.consumed if s is not masking and not _inside(s, self.guard_if)]
+            chain.consumed = [s for s in chain.consumed if s is not masking and not inside(s, self.guard_if)]
             chain.consumed.append(self.guard_if)
             self.guard_if = None
             return
-        changed = set().union(*(_assigned_names(s) for s in self.setup)) & {n.value for n in names_read(chain.guard)}
+        changed = set().union(*(assigned_names(s) for s in self.setup)) & {n.value for n in names_read(chain.guard)}
         moved = {n.value for part in (chain.q, chain.k, chain.dropout_p, *chain.factors, *chain.divisors) if part is not None
-                 for n in names_read(part)} & set().union(*(_assigned_names(s) for s in self.setup))
+                 for n in names_read(part)} & set().union(*(assigned_names(s) for s in self.setup))
         if moved:  # the scores were made before the `if`; the fused call would read the new value
             raise _Refused(f"`{sorted(moved)[0]}` changes between the scores and the values product")
-        given = _presence_test(chain.guard)
-        if changed and (changed != {given} or not all(_keeps_a_tensor(s, given) for s in self.setup
-                                                      if given in _assigned_names(s))):
+        given = presence_test(chain.guard)
+        if changed and (changed != {given} or not all(keeps_a_tensor(s, given) for s in self.setup
+                                                      if given in assigned_names(s))):
             raise _Refused(f"`if {code_of(chain.guard)}:` changes `{sorted(changed)[0]}`, which it tests")
 
     def _check_names(self) -> None:
@@ -953,7 +964,7 @@ class _Rewriter:
         everywhere = names_read(self.function)
         product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
         after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
-        bound = {id(n) for n in _binding_names(self.function)}
+        bound = {id(n) for n in binding_names(self.function)}
         for name in chain.names:
             for index, node in enumerate(everywhere):
                 if node.value != name or id(node) in inside:
@@ -973,8 +984,8 @@ class _Rewriter:
     def _detached_again(self, name: cst.Name) -> bool:
         """`qk = qk.detach()` after the values product, before the weights are returned: the statement goes
         with the chain, and the later reads of `qk` are the weights returned (noted in `chain.consumed`)."""
-        statement = next((s for s in self.block if _inside(name, s)), None)
-        if statement is None or not _plain_assignment(statement, name.value):
+        statement = next((s for s in self.block if inside(name, s)), None)
+        if statement is None or not plain_assignment(statement, name.value):
             return False
         value = statement.body[0].value
         while call_parts(value)[0] in _PASSED_ON and call_parts(value)[1] is not None:
@@ -988,7 +999,7 @@ class _Rewriter:
     def _metadata(self, name: cst.Name) -> bool:
         """`scores.device` (and `scores.dtype` when no cast made the scores) read to build a bias or a mask: the
         query's, which is the same, takes its place (noted in `chain.renamed`)."""
-        path = _path_to(self.function, name) or []
+        path = path_to(self.function, name) or []
         parent = path[-2] if len(path) >= 2 else None
         allowed = ("device",) if self.chain.scores_cast else ("device", "dtype")
         if not isinstance(parent, cst.Attribute) or parent.value is not name or parent.attr.value not in allowed or \
@@ -1003,7 +1014,7 @@ class _Rewriter:
     def _returned_or_stored(self, name: cst.Name) -> cst.BaseExpression | None:
         """`return out, name`, `self.weights = name`, `cache = (out, name.detach())`: the expression None can
         take the place of; None when the value is used otherwise."""
-        path = _path_to(self.function, name) or []
+        path = path_to(self.function, name) or []
         parents = path[-2::-1]
         expression: cst.BaseExpression = name
         # `name.detach()`, `name.float().cpu()`: what is returned is still only the weights.
@@ -1029,7 +1040,7 @@ class _Rewriter:
         last = body.index(chain.values_statement)
         # The values are read where they always were, at the values product; the rest moves there, so each part
         # must not change between the statement that read it and the values product.
-        reads = [(names, next((i for i, s in enumerate(body) if at is s or _inside(at, s)), first))
+        reads = [(names, next((i for i, s in enumerate(body) if at is s or inside(at, s)), first))
                  for names, at in self.reads]
         reads.append(({n.value for part in (chain.guard, chain.dropout_p) if part is not None for n in names_read(part)},
                       first - 1))
@@ -1037,7 +1048,7 @@ class _Rewriter:
             for statement in body[read_at + 1:last]:
                 if statement in statements or statement is self.guard_if:  # its setup runs before the mask is read
                     continue
-                changed = {n for n in names if n in _assigned_names(statement) or _mutated_in_place(statement, n)}
+                changed = {n for n in names if n in assigned_names(statement) or mutated_in_place(statement, n)}
                 if changed:
                     raise _Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
 
@@ -1083,16 +1094,16 @@ class _Rewriter:
             return False
         factor = (chain.factors or chain.divisors)[0]
         if isinstance(factor, cst.Attribute) and code_of(factor.value) == "self" and self.classdef is not None:
-            made = _self_assignments(self.classdef, factor.attr.value)
+            made = self_assignments(self.classdef, factor.attr.value)
             if len(made) != 1:
                 return False
             factor = made[0]
         elif isinstance(factor, cst.Name):
-            made = _local_assignments(self.function, factor.value)
+            made = local_assignments(self.function, factor.value)
             if len(made) != 1:
                 return False
             factor = made[0]
-        if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in _all_nodes(factor)):
+        if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in all_nodes(factor)):
             return False
         text = _compact(factor)
         if chain.factors:
@@ -1127,154 +1138,8 @@ class _Rewriter:
         return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 
-def _plain_assignment(statement: cst.CSTNode, name: str) -> bool:
-    """`name = ...` alone on its line."""
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-        isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
-
-
-def _body_functions(node: cst.Module | cst.ClassDef) -> list[cst.FunctionDef]:
-    """The functions a module or class body defines directly."""
-    body = node.body if isinstance(node, cst.Module) else (node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
-    return [s for s in body if isinstance(s, cst.FunctionDef)]
-
-
-def _all_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _Collector(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            found.append(child)
-            return True
-
-    node.visit(_Collector())
-    return found
-
-
-def _body(function: cst.FunctionDef) -> list[cst.BaseStatement]:
-    """A function's statements, its docstring left out."""
-    body = list(function.body.body) if isinstance(function.body, cst.IndentedBlock) else []
-    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and \
-            isinstance(body[0].body[0], cst.Expr) and \
-            isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
-        body = body[1:]
-    return body
-
-
-def _parameters(function: cst.FunctionDef) -> list[str]:
-    params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
-
-
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Collector())
-    return found
-
-
-def _calls_function(call: cst.Call, function: cst.FunctionDef, modules: tuple[str, ...] = ()) -> bool:
-    """`self.name(...)` or `other.name(...)` of a method, `name(...)` or `ops.name(...)` (`ops` one of
-    `modules`, the names the caller's imports bind) of a function."""
-    name, receiver, _, _ = call_parts(call)
-    params = function.params.params
-    method = bool(params) and params[0].name.value in ("self", "cls")
-    if name != function.name.value:
-        return False
-    if method:  # `self.scores(...)`, or a method of another object the caller holds: `attn.get_scores(...)`
-        return receiver is not None and code_of(receiver) not in modules
-    return receiver is None or code_of(receiver) in modules
-
-
-def _bound(function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
-    """Each parameter of `function` → what `call` passes for it (or its default); None when the call passes
-    `*args`/`**kwargs` or leaves a parameter without a value."""
-    params = function.params
-    if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or any(a.star for a in call.args):
-        return None
-    ordered = [*params.posonly_params, *params.params]
-    if call_parts(call)[1] is not None and ordered and ordered[0].name.value in ("self", "cls"):
-        ordered = ordered[1:]  # bound by the call's receiver
-        bound = {function.params.params[0].name.value: call_parts(call)[1]} if function.params.params else {}
-    else:
-        bound = {}
-    positional = [a.value for a in call.args if a.keyword is None]
-    if len(positional) > len(ordered):
-        return None
-    bound.update((p.name.value, value) for p, value in zip(ordered, positional, strict=False))
-    bound.update((a.keyword.value, a.value) for a in call.args if a.keyword is not None)
-    for p in (*ordered, *params.kwonly_params):
-        if p.name.value not in bound:
-            if p.default is None:
-                return None
-            bound[p.name.value] = p.default
-    return bound
-
-
-def _class_of(module: cst.Module, function: cst.FunctionDef) -> cst.ClassDef | None:
-    """The class whose body defines `function`, if any."""
-    path = _path_to(module, function) or []
-    return next((n for n in reversed(path) if isinstance(n, cst.ClassDef)), None)
-
-
-def _indent_of(module: cst.Module, statement: cst.CSTNode) -> str:
-    """The leading whitespace of a statement's line."""
-    path = _path_to(module, statement) or []
-    return "".join(module.default_indent if b.indent is None else b.indent for b in path if isinstance(b, cst.IndentedBlock))
-
-
-# In-place forms a chain is written with, statement by statement: `scores += bias`, `sim.masked_fill_(~m, v)`.
-_AUGMENTED = {cst.AddAssign: cst.Add, cst.MultiplyAssign: cst.Multiply, cst.DivideAssign: cst.Divide}
-_IN_PLACE = ("masked_fill_", "add_", "mul_", "div_")
 # Methods that hand the weights on unchanged in value, as when they are returned for inspection: `attn.detach()`.
 _PASSED_ON = ("detach", "cpu", "float", "clone", "contiguous", "to", "type_as", "half", "bfloat16")
-
-
-def _redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
-    """What a statement alone on its line sets `name` to: the value of `name = ...`, `name + b` for
-    `name += b`, `name.masked_fill(...)` for `name.masked_fill_(...)`; None for any other statement."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-        return None
-    small = statement.body[0]
-    if _plain_assignment(statement, name):
-        return small.value
-    if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) and small.target.value == name and \
-            type(small.operator) in _AUGMENTED:
-        return cst.BinaryOperation(left=cst.Name(name), operator=_AUGMENTED[type(small.operator)](), right=atom(small.value))
-    if _changed_in_place(statement, name):
-        call = small.value
-        return call.with_changes(func=call.func.with_changes(attr=cst.Name(call.func.attr.value[:-1])))
-    condition = _filled_where(statement, name)
-    if condition is not None:  # `scores[c] = fill` is `scores.masked_fill(c, fill)`
-        return cst.parse_expression(f"{name}.masked_fill({code_of(condition)}, {code_of(small.value)})")
-    return None
-
-
-def _filled_where(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
-    """`c` of `name[c] = value` alone on its line."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
-            not isinstance(statement.body[0], cst.Assign) or len(statement.body[0].targets) != 1:
-        return None
-    target = statement.body[0].targets[0].target
-    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and target.value.value == name and \
-            len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
-        return target.slice[0].slice.value
-    return None
-
-
-def _changed_in_place(statement: cst.CSTNode, name: str) -> bool:
-    """`name.masked_fill_(...)` (or `add_`, `mul_`, `div_`) alone on its line."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
-            not isinstance(statement.body[0], cst.Expr):
-        return False
-    call = statement.body[0].value
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in _IN_PLACE and \
-        isinstance(call.func.value, cst.Name) and call.func.value.value == name
 
 
 def _summand(node: cst.BaseExpression) -> str:
@@ -1286,102 +1151,11 @@ def _summand(node: cst.BaseExpression) -> str:
     return code_of(node)
 
 
-def _deletes(statement: cst.CSTNode) -> bool:
-    """`del x` alone on its line."""
-    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Del) for s in statement.body)
-
-
-def _mutated_in_place(statement: cst.CSTNode, name: str) -> bool:
-    """Whether a statement (or a block inside it) changes `name` in place: `name.masked_fill_(...)`,
-    `name[c] = v`."""
-    for n in _all_nodes(statement):
-        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) and \
-                n.func.value.value == name and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_"):
-            return True
-        if isinstance(n, (cst.AssignTarget, cst.AugAssign)):
-            target = n.target
-            while isinstance(target, (cst.Subscript, cst.Attribute)):
-                target = target.value
-            if isinstance(target, cst.Name) and target.value == name and target is not n.target:
-                return True
-    return False
-
-
-def _plain_name_assignment(statement: cst.CSTNode) -> bool:
-    """`name = ...` alone on its line, whatever the name."""
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-        isinstance(statement.body[0].targets[0].target, cst.Name)
-
-
-def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
-    return _path_to(root, node) is not None
-
-
-def _substituted(expression: cst.BaseExpression, values: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
-    """`expression` with each variable of `values` replaced by its value (parenthesised where needed)."""
-    class _Substitute(cst.CSTTransformer):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            return False  # `self.mask`'s `mask` is not the variable; the receiver is substituted on leaving
-
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-            return updated.with_changes(value=original.value.visit(self))
-
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-            return updated.with_changes(keyword=original.keyword)
-
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-            value = values.get(original.value)
-            return updated if value is None else atom(value.with_changes(lpar=[], rpar=[]) if value.lpar else value)
-
-    return expression.visit(_Substitute())
-
-
-def _presence_test(guard: cst.BaseExpression | None) -> str | None:
-    """`m` of `m is not None` and of `exists(m)`: a guard that asks whether a mask was given."""
-    if isinstance(guard, cst.Comparison) and len(guard.comparisons) == 1 and \
-            isinstance(guard.comparisons[0].operator, cst.IsNot) and code_of(guard.comparisons[0].comparator) == "None" \
-            and isinstance(guard.left, cst.Name):
-        return guard.left.value
-    name, receiver, positional, keywords = call_parts(guard) if guard is not None else (None, None, [], {})
-    if name == "exists" and receiver is None and len(positional) == 1 and not keywords and isinstance(positional[0], cst.Name):
-        return positional[0].value
-    return None
-
-
-def _keeps_a_tensor(statement: cst.CSTNode, name: str) -> bool:
-    """`m = m[:, None]`, `m = m.unsqueeze(1)`, `m = f(m)`: a given mask stays given."""
-    if not _plain_assignment(statement, name):
-        return False
-    value = statement.body[0].value
-    return isinstance(value, (cst.Call, cst.Subscript, cst.BinaryOperation, cst.UnaryOperation)) and \
-        name in {n.value for n in names_read(value)}
-
-
 def _is_number(node: cst.BaseExpression, values: tuple[float, ...]) -> bool:
     try:
         return float(code_of(node)) in values
     except ValueError:
         return False
-
-
-def _binding_names(node: cst.CSTNode) -> list[cst.Name]:
-    """The names `node` assigns to (targets of `=`, `+=`, `for`)."""
-    found: list[cst.Name] = []
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
-            found.extend(n for n in names_read(target.target) if _bare(target.target, n))
-
-        def visit_AugAssign(self, assign: cst.AugAssign) -> None:
-            if isinstance(assign.target, cst.Name):
-                found.append(assign.target)
-
-        def visit_For(self, loop: cst.For) -> None:
-            found.extend(names_read(loop.target))
-
-    node.visit(_Targets())
-    return found
 
 
 # -- helpers over libcst nodes ------------------------------------------------------------------------------
@@ -1544,125 +1318,3 @@ def _operand(node: cst.BaseExpression, operator: type) -> cst.BaseExpression:
 
 _ATOMIC = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
 
-
-def _block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
-    """The statement list that holds the statement of `node`, and that statement."""
-    found: list = []
-
-    class _Finder(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.blocks: list = []
-
-        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.blocks.append(block)
-
-        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.blocks.pop()
-
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            if not found and _path_to(line, node) is not None:
-                found.append((self.blocks[-1].body if self.blocks else (), line))
-            return False
-
-    function.visit(_Finder())
-    if not found:
-        raise _Refused("the softmax is not in a plain statement of the function")
-    return found[0]
-
-
-def _path_to(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode] | None:
-    """The nodes from `root` down to `target`, both included; None when `target` is not inside."""
-    if root is target:
-        return [root]
-    for child in root.children:
-        path = _path_to(child, target)
-        if path is not None:
-            return [root, *path]
-    return None
-
-
-def _assigned_names(statement: cst.CSTNode) -> set[str]:
-    names = set()
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
-            names.update(n.value for n in names_read(target.target) if _bare(target.target, n))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name):
-                names.add(node.target.value)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            if isinstance(node.target, cst.Name):
-                names.add(node.target.value)
-
-        def visit_For(self, node: cst.For) -> None:
-            names.update(n.value for n in names_read(node.target))
-
-    statement.visit(_Targets())
-    return names
-
-
-def _bare(target: cst.BaseExpression, name: cst.Name) -> bool:
-    """A name the assignment binds (`a`, `a, b`), not one it reads (`x[i]`, `self.y`)."""
-    if target is name:
-        return True
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return any(_bare(e.value, name) for e in target.elements)
-    return False
-
-
-def _is_target(statement: cst.SimpleStatementLine, name: cst.Name) -> bool:
-    small = statement.body[0]
-    return isinstance(small, cst.Assign) and any(_bare(t.target, name) for t in small.targets)
-
-
-def _root_name(node: cst.BaseExpression) -> str | None:
-    """`causal` of `causal.view(1, 1, n, n).bool()`."""
-    while True:
-        if isinstance(node, cst.Name):
-            return node.value
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            node = node.func.value
-        elif isinstance(node, (cst.Subscript, cst.Attribute)):
-            node = node.value
-        else:
-            return None
-
-
-def _local_assignments(classdef: cst.ClassDef, name: str) -> list[cst.BaseExpression]:
-    """What the plain variable `name` is set to anywhere in the class's methods."""
-    found = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
-                found.append(node.value)
-
-    classdef.visit(_Finder())
-    return found
-
-
-def _self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseExpression]:
-    """What `self.<attribute>` is set to in the class: `self.x = ...` and `self.register_buffer("x", ...)`."""
-    found = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                if code_of(target.target) == f"self.{attribute}":
-                    found.append(node.value)
-                elif isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
-                        len(target.target.elements) == len(node.value.elements):  # `self.h, self.scale = h, d ** -0.5`
-                    found.extend(v.value for e, v in zip(target.target.elements, node.value.elements, strict=True)
-                                 if code_of(e.value) == f"self.{attribute}")
-
-        def visit_Call(self, node: cst.Call) -> None:
-            name, receiver, positional, keywords = call_parts(node)
-            if name == "register_buffer" and receiver is not None and code_of(receiver) == "self" and \
-                    len(positional) >= 2 and isinstance(positional[0], cst.SimpleString) and \
-                    positional[0].evaluated_value == attribute:
-                found.append(positional[1])
-
-    classdef.visit(_Finder())
-    return found
