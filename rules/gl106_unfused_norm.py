@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from graphlint.ops import DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
+from graphlint.capture import facts
+from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import library_norm
 from graphlint.rule import Example, Problem, Rule
@@ -260,13 +261,41 @@ class UnfusedNorm(Rule):
 
 def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
     library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
+    meta = tensor_meta(step)
+    dims = _row_dims(mean.args[0] if op(mean) == "getitem" else mean) or (-1,)
+    ndim = len(meta.shape) if meta is not None else 0
+    trailing = ndim > 0 and dims == tuple(range(ndim - len(dims), ndim))
+    channel = None if trailing else dims[0]
+    shape = tuple(meta.shape[d] for d in dims) if meta is not None else ()
     return Problem(
         node=step,
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=library_norm(kind),
+        fix=library_norm(kind, channel, len(dims), _flat_parameters(step, shape)),
     )
+
+
+def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
+    """The attribute names of the parameters of exactly the normalised shape that scale or shift the normalised
+    value right after the step (or inside its numerator): those the library call can take as weight and bias."""
+    found: set[str] = set()
+    node, seen = step, 0
+    values = [a for a in step.args if isinstance(a, fx.Node) and op(a) in MUL]
+    while isinstance(node, fx.Node) and seen < 6:
+        values.append(node)
+        users = list(node.users)
+        if len(users) != 1 or op(users[0]) not in MUL | CAST | frozenset({"add"}):
+            break
+        node, seen = users[0], seen + 1
+    for value in values:
+        for operand in value.args:
+            operand = strip_casts(operand)
+            meta = tensor_meta(operand)
+            if isinstance(operand, fx.Node) and operand.op == "get_attr" and facts(operand).is_parameter and \
+                    meta is not None and tuple(meta.shape) == shape:
+                found.add(str(operand.target).rsplit(".", 1)[-1])
+    return frozenset(found)
 
 
 def _is_root(node: fx.Node) -> bool:
@@ -304,15 +333,25 @@ def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
         return None
     if dims is None:
         return None
-    for step, other in _normalising_steps(root):
-        if kind == "RMSNorm" and strip_casts(other) is base:
-            return step, anchor, kind
-        if kind == "LayerNorm":
-            mean = _centring_mean(other, dims)
-            x = base if centred is None else arg(centred, 0, "input")
-            if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
-                return step, mean, kind
+    for step, numerator in _normalising_steps(root):
+        for other in _factors(numerator):
+            if kind == "RMSNorm" and other is base:
+                return step, anchor, kind
+            if kind == "LayerNorm":
+                mean = _centring_mean(other, dims)
+                x = base if centred is None else arg(centred, 0, "input")
+                if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
+                    return step, mean, kind
     return None
+
+
+def _factors(numerator) -> list:
+    """What a normalising step may normalise: its numerator, or a factor of it (`self.scale * x / sqrt(...)`)."""
+    numerator = strip_casts(numerator)
+    found = [numerator]
+    if isinstance(numerator, fx.Node) and op(numerator) in MUL and len(numerator.args) == 2:
+        found += [strip_casts(a) for a in numerator.args]
+    return found
 
 
 def _normalising_steps(root: fx.Node):
@@ -373,9 +412,11 @@ def _row_dims(stat: fx.Node) -> tuple[int, ...] | None:
         return None
     ndim = len(meta.shape)
     dims = tuple(sorted(d % ndim for d in (dim if isinstance(dim, (list, tuple)) else (dim,)) if isinstance(d, int)))
-    if ndim < 2 or not dims or dims != tuple(range(ndim - len(dims), ndim)) or 0 in dims:
+    if ndim < 2 or not dims or 0 in dims:
         return None
-    return dims
+    if dims == tuple(range(ndim - len(dims), ndim)) or (len(dims) == 1 and ndim >= 3):
+        return dims  # trailing dimensions, or the channels of a channels-first tensor (ConvNeXt's LayerNorm)
+    return None
 
 
 def _biased(var: fx.Node) -> bool:

@@ -139,13 +139,14 @@ def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpre
     at most once too (so it means the same where the log is)."""
     if function is None:
         return None
-    assigned: dict[str, list[cst.BaseExpression]] = {}
+    assigned: dict[str, list[cst.BaseExpression | None]] = {}
 
     class _Assignments(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
-                for bound in names_read(target.target):
-                    assigned.setdefault(bound.value, []).append(node.value)
+                for bound in names_read(target.target):  # a name bound by unpacking holds no one expression
+                    plain = isinstance(target.target, cst.Name)
+                    assigned.setdefault(bound.value, []).append(node.value if plain else None)
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             if isinstance(node.target, cst.Name):
@@ -157,39 +158,49 @@ def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpre
 
     function.visit(_Assignments())
     values = assigned.get(name, [])
-    if len(values) != 1 or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
+    if len(values) != 1 or values[0] is None or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
         return None
     return values[0]
 
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
 
-def library_norm(kind: str):
-    """The fixer for a hand-written LayerNorm or RMSNorm: a method that is only the norm (a module's `forward`,
-    or a helper such as Llama's `_norm(self, x)` that `forward` calls between casts) becomes the one call with
-    the module's own weight, bias and eps; a norm inside a larger function becomes the call in place of the
-    normalising expression."""
+def library_norm(kind: str, channel: int | None = None, dims: int = 1, flat: frozenset[str] = frozenset()):
+    """The fixer for a hand-written LayerNorm or RMSNorm over `dims` trailing dimensions, or over the one
+    dimension `channel` of a channels-first tensor; `flat` names the module's parameters of exactly the
+    normalised shape that scale or shift the result (those the library call can take). A method that is only the
+    norm (a module's `forward`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between casts)
+    becomes the one call with the module's own weight, bias and eps; a norm inside a larger function becomes the
+    call in place of the normalising expression."""
 
     def fix(site: FixSite) -> Rewrite | str:
-        whole = _whole_method(site, kind)
+        whole = _whole_method(site, kind, dims, flat) if channel is None else ""
         if isinstance(whole, Rewrite):
             return whole
-        inline = _inline_norm(site, kind)
-        return inline if isinstance(inline, Rewrite) else whole
+        inline = _inline_norm(site, kind, channel, dims)
+        return inline if isinstance(inline, Rewrite) else whole or inline
 
     return fix
 
 
-def _norm_call(callee: str, kind: str, x: str, weight: str | None, bias: str | None, eps: str) -> str:
-    shape = f"({x}.shape[-1],)"
+def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None, bias: str | None, eps: str,
+               channel: int | None = None, dims: int = 1) -> str:
+    """The library call on `x`; over a channel dimension, the channels moved last and back again."""
+    name = code_of(atom(x))
+    if channel is not None:
+        shape, moved = f"({name}.shape[{channel}],)", f"{name}.movedim({channel}, -1)"
+    else:
+        shape, moved = (f"({name}.shape[-1],)" if dims == 1 else f"{name}.shape[-{dims}:]"), code_of(x)
     if weight is None and bias is None:
-        return f"{callee}({x}, {shape}, eps={eps})"
-    if kind == "RMSNorm":
-        return f"{callee}({x}, {shape}, {weight or 'None'}, {eps})"
-    return f"{callee}({x}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
+        call = f"{callee}({moved}, {shape}, eps={eps})"
+    elif kind == "RMSNorm":
+        call = f"{callee}({moved}, {shape}, {weight or 'None'}, {eps})"
+    else:
+        call = f"{callee}({moved}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
+    return call if channel is None else f"{call}.movedim(-1, {channel})"
 
 
-def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
+def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> Rewrite | str:
     function = site.function
     if function is None or site.classdef is None:
         return "the norm is not a method of a module; replace it with nn.LayerNorm or nn.RMSNorm"
@@ -197,7 +208,8 @@ def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    eps = _eps(site.node, site.imports)
+    root = _root(site.node, site.function, site.imports)
+    eps = _eps(root[0], site.imports) if root is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
     weights = _self_attributes(function, exclude=code_of(eps))
@@ -206,8 +218,11 @@ def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
     shift = [w for w in weights if w in added]
     if len(scale) > 1 or len(shift) > 1 or (kind == "RMSNorm" and shift):
         return "the norm's learned scale and shift could not be told apart"
+    if any(w.removeprefix("self.") not in flat for w in scale + shift):
+        return "the norm's learned scale or shift is not a parameter of the normalised shape that multiplies or adds"
     callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
-    call = _norm_call(callee, kind, x, scale[0] if scale else None, shift[0] if shift else None, code_of(eps))
+    call = _norm_call(callee, kind, cst.Name(x), scale[0] if scale else None, shift[0] if shift else None,
+                      code_of(eps), dims=dims)
     statements = list(function.body.body)
     if statements and _is_docstring(statements[0]):
         statements = statements[1:]
@@ -219,30 +234,129 @@ def _whole_method(site: FixSite, kind: str) -> Rewrite | str:
     return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
 
 
-def _inline_norm(site: FixSite, kind: str) -> Rewrite | str:
+def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Rewrite | str:
     """`x * rsqrt(mean(x²) + eps)` or `(x - mean) / sqrt(var + eps)` inside a larger function → the library call
-    without weight (what the code multiplies and adds after it stays); the statistics' statements go when
-    nothing else reads them."""
+    without weight (what the code multiplies and adds after it stays, as does a factor of the numerator such as
+    `self.scale * x / sqrt(...)`); the statistics' statements go when nothing else reads them."""
     node = site.node
     if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
         return "the normalising step is not one product or quotient graphlint can rewrite"
-    eps = _eps(node, site.imports)
+    found = _root(node, site.function, site.imports)
+    if found is None:
+        return "the root of the statistic is not a factor of the normalising step"
+    root, numerator = found
+    eps = _eps(root, site.imports)
     if eps is None:
         return "the epsilon could not be read from the normalising step"
-    root = node.right if isinstance(node.operator, cst.Divide) else next(
-        (side for side in (node.right, node.left) if _input_of(side, ("rsqrt",), site.imports) is not None), None)
-    if root is None or _input_of(root, ("rsqrt", "sqrt"), site.imports) is None:
-        return "the root of the statistic is not a factor of the normalising step"
-    x = node.left if root is node.right else node.right
-    x = x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+    factors = _factors(numerator)
     if kind == "LayerNorm":
-        if not (isinstance(x, cst.BinaryOperation) and isinstance(x.operator, cst.Subtract)):
+        centred = [f for f in factors if _is_difference(_value_of(f, site.function))]
+        if len(centred) != 1:
             return "the centred input is not written as `x - mean` in the normalising step"
-        x = x.left
+        x = _value_of(centred[0], site.function).left
+        if isinstance(centred[0], cst.Name) and not _same_here(x, site.function):
+            return "the centred input is computed from a value that changes before the normalising step"
+    else:
+        plain = [f for f in factors if not _is_number(f) and not _is_self_attribute(f)]
+        if len(plain) != 1:
+            return "the normalised input could not be told apart from the factors multiplying it"
+        centred = plain
+        x = plain[0].with_changes(lpar=[], rpar=[]) if isinstance(plain[0], cst.BinaryOperation) else plain[0]
     callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
-    new = cst.parse_expression(_norm_call(callee, kind, code_of(atom(x)), None, None, code_of(eps)))
-    return Rewrite(node, new, f"{kind} by hand → {code_of(new)}", removed=dead_definitions(site.function, node, new),
+    call = cst.parse_expression(_norm_call(callee, kind, x, None, None, code_of(eps), channel, dims))
+    new = call if len(factors) == 1 else numerator.deep_replace(centred[0], call)
+    if new is not call:
+        new = new.with_changes(lpar=list(node.lpar), rpar=list(node.rpar))
+    return Rewrite(node, new, f"{kind} by hand → {code_of(call)}", removed=dead_definitions(site.function, node, new),
                    imports=imports)
+
+
+def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames):
+    """(the root of the statistic, with the variables the function assigns once written out; the numerator) of
+    a normalising step: `y / sqrt(s)`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
+    `y * sqrt(s).reciprocal()`, either order for a product; None otherwise."""
+    if not isinstance(node, cst.BinaryOperation):
+        return None
+    if isinstance(node.operator, cst.Divide):
+        root = _expanded(node.right, function)
+        return (root, node.left) if _input_of(root, ("sqrt",), imports) is not None else None
+    if not isinstance(node.operator, cst.Multiply):
+        return None
+    for side, other in ((node.right, node.left), (node.left, node.right)):
+        root = _expanded(side, function)
+        bare = root.with_changes(lpar=[], rpar=[]) if isinstance(root, cst.BinaryOperation) else root
+        if _input_of(root, ("rsqrt",), imports) is not None:
+            return root, other
+        if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Power) and _is_number(bare.right, -0.5):
+            return root, other
+        if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Divide) and \
+                _is_number(bare.left, 1) and _input_of(bare.right, ("sqrt",), imports) is not None:
+            return root, other
+        if call_parts(bare)[0] == "reciprocal" and _input_of(call_parts(bare)[1], ("sqrt",), imports) is not None:
+            return root, other
+    return None
+
+
+def _expanded(node: cst.BaseExpression, function: cst.FunctionDef | None, depth: int = 3) -> cst.BaseExpression:
+    """`node` with each variable that the function assigns once replaced by what it is assigned, in parentheses
+    (`rms` of `x * rms` becomes `(1 / torch.sqrt(ms + eps))`), for reading a formula spread over statements."""
+    if function is None or depth == 0:
+        return node
+    replacements = {}
+    for name in names_read(node):
+        value = _assigned_once(function, name.value)
+        if value is not None and name.value not in {n.value for n in names_read(value)}:
+            replacements[name] = atom(value)
+    if not replacements:
+        return node
+    if node in replacements:
+        return _expanded(replacements[node], function, depth - 1)
+
+    class _Swap(cst.CSTTransformer):
+        def on_leave(self, original, updated):
+            return replacements.get(original, updated)
+
+    return _expanded(node.visit(_Swap()), function, depth - 1)
+
+
+def _value_of(node: cst.BaseExpression, function: cst.FunctionDef | None) -> cst.BaseExpression:
+    """What a variable the function assigns once holds (`xc` of `xc = x - mu`), else `node`; without parentheses."""
+    if isinstance(node, cst.Name):
+        node = _assigned_once(function, node.value) or node
+    return node.with_changes(lpar=[], rpar=[]) if isinstance(node, cst.BinaryOperation) else node
+
+
+def _same_here(x: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+    """Whether `x`, read from a variable's assignment, means the same where the variable is read: every variable
+    it reads is assigned at most once."""
+    return all(_assigned_once(function, n.value) is not None or _never_assigned(function, n.value) for n in names_read(x))
+
+
+def _never_assigned(function: cst.FunctionDef | None, name: str) -> bool:
+    if function is None:
+        return False
+    return not any(isinstance(n, cst.AssignTarget) and name in {m.value for m in names_read(n.target)}
+                   for n in _walk(function.body))
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _All(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            found.append(visited)
+            return True
+
+    node.visit(_All())
+    return found
+
+
+def _is_difference(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract)
+
+
+def _is_self_attribute(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Attribute) and code_of(node.value) == "self"
 
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:
@@ -250,24 +364,30 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
         isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
-def _eps(step: cst.CSTNode, imports: ImportNames) -> cst.BaseExpression | None:
-    """`self.eps` of `torch.rsqrt(variance + self.eps)` or `torch.sqrt(var + 1e-5)` in the normalising step."""
-    calls: list[cst.Call] = []
+def _eps(root: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression | None:
+    """`self.eps` of the root `torch.rsqrt(variance + self.eps)`, `torch.sqrt(var + 1e-5)` or `(ms + eps) ** -0.5`:
+    the number, attribute of self or plain name added to the statistic."""
+    bare = root.with_changes(lpar=[], rpar=[]) if isinstance(root, cst.BinaryOperation) else root
+    if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Power):
+        inside = bare.left
+    else:
+        calls: list[cst.Call] = []
 
-    class _Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            if call_parts(node)[0] in ("rsqrt", "sqrt"):
-                calls.append(node)
+        class _Visitor(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if call_parts(node)[0] in ("rsqrt", "sqrt"):
+                    calls.append(node)
 
-    step.visit(_Visitor())
-    if len(calls) != 1:
-        return None
-    inside = _input_of(calls[0], ("rsqrt", "sqrt"), imports)
+        root.visit(_Visitor())
+        if len(calls) != 1:
+            return None
+        inside = _input_of(calls[0], ("rsqrt", "sqrt"), imports)
     if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
         return None
-    for side in (inside.right, inside.left):
-        if _is_number(side) or (isinstance(side, cst.Attribute) and code_of(side.value) == "self"):
-            return side
+    for kinds in ((lambda side: _is_number(side) or _is_self_attribute(side)), (lambda side: isinstance(side, cst.Name))):
+        sides = [side for side in (inside.right, inside.left) if kinds(side)]
+        if sides:
+            return sides[0] if len(sides) == 1 else None
     return None
 
 
