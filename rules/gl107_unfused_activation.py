@@ -315,12 +315,19 @@ def _scaled(node: fx.Node, factor: float) -> fx.Node | None:
 
 
 def _half_x_times_one_plus(core: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
-    """(outermost node, x) for each reading of `0.5 * x * (1 + core)` in its usual spellings."""
+    """(outermost node, x) for each reading of `0.5 * x * (1 + core)` in its usual spellings, also with the
+    cumulative distribution made first (`cdf = 0.5 * (1.0 + core)`, then `x * cdf`)."""
     one_plus = _only_user(core)
     if one_plus is None or op(one_plus) not in _ADD or not _close(_other(one_plus, core), 1):
         return []
     product = _only_user(one_plus)
-    if product is None or op(product) not in MUL:
+    if product is None or op(product) not in MUL | DIV:
+        return []
+    if _scaled(product, 0.5) is one_plus:  # cdf = 0.5 * (1 + core), then x * cdf
+        outer = _only_user(product)
+        x = _other(outer, product) if outer is not None and op(outer) in MUL else None
+        return [(outer, x)] if isinstance(x, fx.Node) else []
+    if op(product) not in MUL:
         return []
     factor = _other(product, one_plus)
     if not isinstance(factor, fx.Node):

@@ -40,13 +40,13 @@ def activation_call(library: str):
 
     def fix(site: FixSite) -> Rewrite | str:
         node = site.node
-        x = _formula_input(node, library, site.imports)
+        x = _formula_input(node, library, site)
         if isinstance(x, str):
             return x
         if library == "torch.softmax(x, dim)":
             x, dim = x
             callee, imports = site.imports.torch_call("softmax")
-            new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim)})")
+            new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim).strip().rstrip(',')})")
         else:
             callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
@@ -57,18 +57,14 @@ def activation_call(library: str):
     return fix
 
 
-def _formula_input(node: cst.CSTNode, library: str, imports: ImportNames):
+def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
     """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read."""
+    imports, function = site.imports, site.function
     if not isinstance(node, cst.BinaryOperation):
         return "the formula is not one expression graphlint can rewrite"
     if library == "torch.softmax(x, dim)":
-        top = _input_of(node.left, ("exp",), imports)
-        name, receiver, positional, keywords = call_parts(node.right)
-        if top is None or name != "sum" or receiver is None or code_of(receiver) != code_of(node.left) or \
-                len(positional) != 1 or not isinstance(node.operator, cst.Divide):
-            return "the exponentials are not divided by their own sum in one expression"
-        return top, positional[0]
-    factors = _factors(node)
+        return _softmax_input(node, site)
+    factors = _factors(node, function)
     if library in ("F.silu(x)", "F.mish(x)"):
         inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
         for index, factor in enumerate(factors):
@@ -81,57 +77,168 @@ def _formula_input(node: cst.CSTNode, library: str, imports: ImportNames):
             if argument is not None and len(others) == 1 and code_of(others[0]) == code_of(argument):
                 return argument
         return "the formula's input is not written the same way on both sides"
-    # GELU: 0.5 * x * (1 + core), in any order of the three factors.
-    candidates = [f for f in factors if not _is_number(f) and not isinstance(f, cst.BinaryOperation)]
-    if len(factors) == 3 and len(candidates) == 1:
-        return candidates[0]
+    # GELU: 0.5 * x * (1 + core) in any order of the factors, `/ 2` for the half, the cdf in a variable.
+    candidates = [f for f in factors if not _is_number(f) and not _calls(f, ("tanh", "erf"))]
+    if len(candidates) == 1 and len(factors) >= 2:
+        x = candidates[0]
+        return x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
     return "the formula's input could not be told apart from its constants"
 
 
-def _factors(node: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The operands of a product, flattened: `0.5 * x * (1 + t)` is [0.5, x, (1 + t)]."""
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply) and not node.lpar:
-        return _factors(node.left) + _factors(node.right)
+def _softmax_input(node: cst.BinaryOperation, site: FixSite):
+    """(x, dim argument) of `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, also with the exponentials in a
+    variable the function assigns once (`e = torch.exp(x - x.max(-1, keepdim=True).values)`, `e / e.sum(-1, ...)`)."""
+    imports, function = site.imports, site.function
+    numerator = node.left
+    exponentials = _value_of(numerator, function)
+    x = _input_of(exponentials, ("exp",), imports)
+    name, receiver, positional, keywords = call_parts(node.right)
+    summed = positional[0] if is_namespace(receiver, imports) and positional else receiver
+    rest = positional[1:] if is_namespace(receiver, imports) else positional
+    dim = rest[0] if rest else keywords.get("dim")
+    if x is None or name != "sum" or summed is None or dim is None or not isinstance(node.operator, cst.Divide) or \
+            code_of(_value_of(summed, function)) != code_of(exponentials):
+        return "the exponentials are not divided by their own sum in one expression"
+    bare = x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+    if _is_difference(bare) and _is_max_of(bare.right, bare.left, dim, imports):
+        x = bare.left  # the maximum subtracted for stability: softmax subtracts it itself
+    return x, cst.Arg(dim, keyword=cst.Name("dim") if "dim" in keywords else None,
+                      equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")) if "dim" in keywords
+                      else cst.MaybeSentinel.DEFAULT)
+
+
+def _is_max_of(node: cst.BaseExpression, x: cst.BaseExpression, dim: cst.BaseExpression, imports: ImportNames) -> bool:
+    """`x.max(dim, keepdim=True).values` / `[0]`, `x.amax(dim, keepdim=True)` or `x.max()`: constant along `dim`."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "values":
+        node = node.value
+    elif isinstance(node, cst.Subscript) and len(node.slice) == 1 and code_of(node.slice[0]).strip().rstrip(",") == "0":
+        node = node.value
+    name, receiver, positional, keywords = call_parts(node)
+    if name not in ("max", "amax") or receiver is None or is_namespace(receiver, imports) or \
+            code_of(receiver) != code_of(x):
+        return False
+    if not positional and not keywords:
+        return name == "max"
+    given = positional[0] if positional else keywords.get("dim")
+    keep = keywords.get("keepdim", positional[1] if len(positional) > 1 else None)
+    return given is not None and code_of(given) == code_of(dim) and keep is not None and code_of(keep) == "True"
+
+
+def _calls(node: cst.CSTNode, names: tuple[str, ...]) -> bool:
+    """Whether `node` calls one of `names` anywhere inside."""
+    return any(call_parts(n)[0] in names for n in _walk(node) if isinstance(n, cst.Call))
+
+
+def _factors(node: cst.BaseExpression, function: cst.FunctionDef | None = None) -> list[cst.BaseExpression]:
+    """The operands of a product, flattened: `0.5 * x * (1 + t)` is [0.5, x, (1 + t)]; a division by a number
+    is a factor too (`x * (1 + t) / 2` is [x, (1 + t), 2]), and with `function`, a variable it assigns once to a
+    product with a tanh or erf in it is read as what it holds (`x * cdf`)."""
+    if function is not None and isinstance(node, cst.Name):
+        value = _assigned_once(function, node.value)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)) and \
+                _calls(value, ("tanh", "erf")):
+            return _factors(value, function)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-        return _factors(node.with_changes(lpar=[], rpar=[]))
+        bare = node.with_changes(lpar=[], rpar=[])
+        return _factors(bare.left, function) + _factors(bare.right, function)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and _is_number(node.right):
+        return _factors(node.with_changes(lpar=[], rpar=[]).left, function) + [node.right]
     return [node]
 
 
 # -- GL204 ----------------------------------------------------------------------------------------------------
 
+# Calls through which a log may be taken instead: each only picks, arranges or casts the values, so the log of
+# what they pick is what they pick of the log.
+_PICKS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "movedim", "contiguous", "squeeze",
+    "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "t", "clone", "gather", "index_select",
+    "take_along_dim", "select", "narrow", "float", "double", "half", "bfloat16", "to", "type", "type_as",
+})
+
+
 def log_probabilities(site: FixSite) -> Rewrite | str:
     """`log(softmax(x, dim))` → `F.log_softmax(x, dim)`; `log(sigmoid(x))` → `F.logsigmoid(x)`;
-    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`, when the probabilities are computed inside the log or in a
-    variable the function assigns once (`probs = F.softmax(x, -1)`, deleted when nothing else reads it)."""
+    `log(1 - sigmoid(x))` → `F.logsigmoid(-x)`; the log of probabilities picked, arranged or cast first
+    (`probs[rows, y].log()`, `probs.gather(1, y)`) → the same picks of the log-probabilities. The probabilities
+    may be computed inside the log or in a variable the function assigns once (`probs = F.softmax(x, -1)`,
+    deleted when nothing else reads it)."""
     node, names = site.node, site.imports
     inside = _input_of(node, ("log",), names)
-    if inside is None:
+    if inside is None or call_parts(node)[0] != "log":
         return "the log is not a call graphlint can rewrite"
-    if isinstance(inside, cst.Name):
-        inside = _assigned_once(site.function, inside.value) or inside
-    name, receiver, positional, keywords = call_parts(inside)
-    if name == "softmax":
+    outer, picked = _picked(inside, names)  # picked: the node in the log's own expression
+    assignments: list[cst.BaseExpression] = []
+    base = _resolved(picked, site.function, assignments)
+    complement = isinstance(base, cst.BinaryOperation) and isinstance(base.operator, cst.Subtract) and \
+        _is_number(base.left, 1)
+    inner, made = (base, picked) if not complement else _picked(base.right, names)
+    source = _resolved(made, site.function, assignments) if complement else base
+    name, receiver, positional, keywords = call_parts(source)
+    if name == "softmax" and not complement:
         x = positional[0] if is_namespace(receiver, names) and positional else receiver
-        rest = [a for a in inside.args if a.value is not x]
-        if x is None or any(a.keyword is not None and a.keyword.value == "dtype" for a in inside.args):
+        if x is None:
             return "the softmax's arguments could not be read"
+        rest = [a for a in source.args if a.value is not x]
         arguments = ", ".join([code_of(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
         callee, imports = names.functional_call("log_softmax")
-        new = cst.parse_expression(f"{callee}({arguments})")
+        log_form = cst.parse_expression(f"{callee}({arguments})")
     elif name == "sigmoid":
-        x = _input_of(inside, ("sigmoid",), names)
+        x = _input_of(source, ("sigmoid",), names)
         callee, imports = names.functional_call("logsigmoid")
-        new = cst.parse_expression(f"{callee}({code_of(x)})")
-    elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Subtract) and \
-            _is_number(inside.left, 1) and _input_of(inside.right, ("sigmoid",), names) is not None:
-        x = _input_of(inside.right, ("sigmoid",), names)
-        callee, imports = names.functional_call("logsigmoid")
-        new = cst.parse_expression(f"{callee}(-{code_of(atom(x))})")
+        log_form = cst.parse_expression(f"{callee}({'-' + code_of(atom(x)) if complement else code_of(x)})")
     else:
-        return ("the probabilities are computed in another statement or picked from first; take the log of "
-                "the logits with F.log_softmax / F.logsigmoid where they are made")
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports,
-                   removed=dead_definitions(site.function, node, new))
+        return ("the probabilities are made in another function or statement graphlint cannot read back; take "
+                "the log of the logits with F.log_softmax / F.logsigmoid where they are made")
+    if complement:  # 1 - picks(sigmoid(x)) is picks(sigmoid(-x))
+        log_form = inner.deep_replace(made, log_form) if inner is not made else log_form
+    new = outer.deep_replace(picked, log_form) if outer is not picked else log_form
+    removed = dead_definitions(site.function, node, new)
+    kept = [value for value in assignments if not any(_assigns(s, value) for s in removed)]
+    if kept and _calls_anything(x):
+        return ("the probabilities are also read elsewhere and their logits are computed inside the same call; "
+                "assign the logits to a variable first")
+    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports, removed=removed)
+
+
+def _picked(value: cst.BaseExpression, imports: ImportNames) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """(`value`, what it picks from): `probs` of `probs[rows, y].float()`, `probs.gather(1, y)`,
+    `torch.gather(probs, 1, y)`; (value, value) when it picks nothing."""
+    base = value
+    while True:
+        bare = base.with_changes(lpar=[], rpar=[]) if base.lpar else base
+        if isinstance(bare, cst.Subscript):
+            base = bare.value
+            continue
+        if isinstance(bare, cst.Attribute) and bare.attr.value in ("T", "mT"):
+            base = bare.value
+            continue
+        name, receiver, positional, _ = call_parts(bare)
+        if name in _PICKS and receiver is not None and not is_namespace(receiver, imports):
+            base = receiver
+        elif name in _PICKS and is_namespace(receiver, imports) and positional:
+            base = positional[0]
+        else:
+            return value, base
+
+
+def _resolved(node: cst.BaseExpression, function: cst.FunctionDef | None, found: list) -> cst.BaseExpression:
+    """What a variable the function assigns once holds (noted in `found`), else `node`; without parentheses."""
+    if isinstance(node, cst.Name):
+        value = _assigned_once(function, node.value)
+        if value is not None:
+            found.append(value)
+            node = value
+    return node.with_changes(lpar=[], rpar=[]) if isinstance(node, cst.BinaryOperation) else node
+
+
+def _assigns(statement: cst.BaseStatement, value: cst.BaseExpression) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Assign) and small.value is value for small in statement.body)
+
+
+def _calls_anything(node: cst.CSTNode) -> bool:
+    return any(isinstance(n, cst.Call) for n in _walk(node))
 
 
 def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpression | None:
