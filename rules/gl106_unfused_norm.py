@@ -299,9 +299,9 @@ def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
 
 
 def _is_root(node: fx.Node) -> bool:
-    """`rsqrt(s)`, `sqrt(s)` or `s ** -0.5`: the root of the statistic plus epsilon."""
+    """`rsqrt(s)`, `sqrt(s)`, `s ** -0.5` or `s ** 0.5`: the root of the statistic plus epsilon."""
     name = op(node)
-    return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") == -0.5)
+    return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") in (-0.5, 0.5))
 
 
 def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
@@ -357,7 +357,7 @@ def _factors(numerator) -> list:
 def _normalising_steps(root: fx.Node):
     """(step, what it normalises) for each use of the root: `y * rsqrt(...)` (either order), `y / sqrt(...)`,
     and `y * (1 / sqrt(...))` or `y * sqrt(...).reciprocal()`."""
-    inverse = op(root) != "sqrt"
+    inverse = op(root) == "rsqrt" or (op(root) == "pow" and arg(root, 1, "exponent") == -0.5)
     for step in root.users:
         if not inverse and (op(step) == "reciprocal" or (op(step) == "rdiv" and step.args[1:2] in ((1,), (1.0,)))):
             for outer in step.users:

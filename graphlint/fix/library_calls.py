@@ -315,8 +315,8 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    root = _root(site.node, site.function, site.imports)
-    eps = _eps(root[0], site.imports) if root is not None else None
+    found = _root(site.node, site.function, site.imports)
+    eps = _eps(found[0], site.imports) if found is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
     weights = _self_attributes(function, exclude=code_of(eps))
@@ -379,29 +379,53 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
 
 
 def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames):
-    """(the root of the statistic, with the variables the function assigns once written out; the numerator) of
-    a normalising step: `y / sqrt(s)`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
+    """(what the root is taken of, with the variables the function assigns once written out; the numerator) of a
+    normalising step: `y / sqrt(s)`, `y / s ** 0.5`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
     `y * sqrt(s).reciprocal()`, either order for a product; None otherwise."""
     if not isinstance(node, cst.BinaryOperation):
         return None
     if isinstance(node.operator, cst.Divide):
-        root = _expanded(node.right, function)
-        return (root, node.left) if _input_of(root, ("sqrt",), imports) is not None else None
+        inside = _root_of(_expanded(node.right, function), 0.5, imports)
+        return (inside, node.left) if inside is not None else None
     if not isinstance(node.operator, cst.Multiply):
         return None
     for side, other in ((node.right, node.left), (node.left, node.right)):
-        root = _expanded(side, function)
-        bare = root.with_changes(lpar=[], rpar=[]) if isinstance(root, cst.BinaryOperation) else root
-        if _input_of(root, ("rsqrt",), imports) is not None:
-            return root, other
-        if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Power) and _is_number(bare.right, -0.5):
-            return root, other
-        if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Divide) and \
-                _is_number(bare.left, 1) and _input_of(bare.right, ("sqrt",), imports) is not None:
-            return root, other
-        if call_parts(bare)[0] == "reciprocal" and _input_of(call_parts(bare)[1], ("sqrt",), imports) is not None:
-            return root, other
+        root = _bare(_expanded(side, function))
+        inside = _root_of(root, -0.5, imports)
+        if inside is None and isinstance(root, cst.BinaryOperation) and isinstance(root.operator, cst.Divide) and \
+                _is_number(root.left, 1):
+            inside = _root_of(_bare(root.right), 0.5, imports)
+        if inside is None and call_parts(root)[0] == "reciprocal":
+            inside = _root_of(_bare(call_parts(root)[1]), 0.5, imports)
+        if inside is not None:
+            return inside, other
     return None
+
+
+def _root_of(node: cst.BaseExpression, exponent: float, imports: ImportNames) -> cst.BaseExpression | None:
+    """s of `sqrt(s)`, `s.sqrt()`, `s ** 0.5` or `s.pow(0.5)` (exponent 0.5); of `rsqrt(s)`, `s ** -0.5`...
+    (exponent -0.5); None otherwise."""
+    node = _bare(node)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+        return node.left if _is_number(node.right, exponent) else None
+    inside = _input_of(node, ("sqrt",) if exponent > 0 else ("rsqrt",), imports)
+    if inside is not None:
+        return inside
+    name, receiver, positional, keywords = call_parts(node)
+    if name == "pow":
+        power = keywords.get("exponent")
+        if is_namespace(receiver, imports):
+            base, power = (positional[0] if positional else None), (positional[1] if len(positional) > 1 else power)
+        else:
+            base, power = receiver, (positional[0] if positional else power)
+        if base is not None and power is not None and _is_number(power, exponent):
+            return base
+    return None
+
+
+def _bare(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node` without its own parentheses."""
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
 
 
 def _expanded(node: cst.BaseExpression, function: cst.FunctionDef | None, depth: int = 3) -> cst.BaseExpression:
@@ -471,30 +495,21 @@ def _is_docstring(statement: cst.BaseStatement) -> bool:
         isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
-def _eps(root: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression | None:
-    """`self.eps` of the root `torch.rsqrt(variance + self.eps)`, `torch.sqrt(var + 1e-5)` or `(ms + eps) ** -0.5`:
-    the number, attribute of self or plain name added to the statistic."""
-    bare = root.with_changes(lpar=[], rpar=[]) if isinstance(root, cst.BinaryOperation) else root
-    if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Power):
-        inside = bare.left
+def _eps(inside: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression | None:
+    """`self.eps` of `variance + self.eps` (or `variance.add(self.eps)`), what the root is taken of: the number,
+    attribute of self or plain name added to the statistic."""
+    inside = _bare(inside)
+    name, receiver, positional, keywords = call_parts(inside)
+    if name == "add" and not keywords:
+        sides = positional[:2] if is_namespace(receiver, imports) else [receiver, *positional[:1]]
+    elif isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Add):
+        sides = [inside.right, inside.left]
     else:
-        calls: list[cst.Call] = []
-
-        class _Visitor(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                if call_parts(node)[0] in ("rsqrt", "sqrt"):
-                    calls.append(node)
-
-        root.visit(_Visitor())
-        if len(calls) != 1:
-            return None
-        inside = _input_of(calls[0], ("rsqrt", "sqrt"), imports)
-    if not isinstance(inside, cst.BinaryOperation) or not isinstance(inside.operator, cst.Add):
         return None
     for kinds in ((lambda side: _is_number(side) or _is_self_attribute(side)), (lambda side: isinstance(side, cst.Name))):
-        sides = [side for side in (inside.right, inside.left) if kinds(side)]
-        if sides:
-            return sides[0] if len(sides) == 1 else None
+        found = [side for side in sides if kinds(side)]
+        if found:
+            return found[0] if len(found) == 1 else None
     return None
 
 
