@@ -374,8 +374,23 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     new = call if len(factors) == 1 else numerator.deep_replace(centred[0], call)
     if new is not call:
         new = new.with_changes(lpar=list(node.lpar), rpar=list(node.rpar))
-    return Rewrite(node, new, f"{kind} by hand → {code_of(call)}", removed=dead_definitions(site.function, node, new),
+    return Rewrite(node, new, f"{kind} by hand → {code_of(call)}", removed=_dead_around(site.function, node, new),
                    imports=imports)
+
+
+def _dead_around(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
+    """`dead_definitions`, also in the block the rewrite is in when that is nested (ConvNeXt's norm under
+    `elif self.data_format == "channels_first":`), where a statement goes only when nothing else in the whole
+    function reads the name it sets."""
+    removed = dead_definitions(function, old, new)
+    block = next((b for b in reversed(_walk(function)) if isinstance(b, cst.IndentedBlock) and b is not function.body
+                  and any(n is old for n in _walk(b))), None) if function is not None else None
+    if block is None:
+        return removed
+    nested = dead_definitions(function.with_changes(body=block), old, new)
+    inside = {id(n) for part in (old, *nested) for n in names_read(part)}
+    read = {n.value for n in names_read(function) if id(n) not in inside}
+    return removed + tuple(s for s in nested if s.body[0].targets[0].target.value not in read)
 
 
 def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames):
