@@ -19,23 +19,27 @@ class UnfusedNorm(Rule):
     precision = "high"
     summary = "LayerNorm or RMSNorm written out by hand; F.layer_norm and F.rms_norm run it as one kernel."
     what = """
-        A normalisation over the last dimension spelled out step by step, with or without a float32 up-cast:
+        A normalisation over the last dimensions, or over the channels of a channels-first tensor (ConvNeXt's
+        `u = x.mean(1, keepdim=True)`), spelled out step by step, with or without a float32 up-cast:
 
         - LayerNorm: the mean, the centred input `x - mean`, the biased variance (`(x - mean).pow(2).mean(-1,
           keepdim=True)`, `x.var(-1, keepdim=True, unbiased=False)` or `correction=0`, `torch.var_mean(x, -1,
           keepdim=True, correction=0)`, the square of a biased `std` or of `torch.std_mean`'s), `+ eps`, and
           the root: `rsqrt`, `** -0.5`, `1 / sqrt(...)` or `sqrt(...).reciprocal()` times the centred input, or
-          the centred input divided by `sqrt`;
-        - RMSNorm: the mean of squares (`x.pow(2)`, `x ** 2`, `x * x`, `x.square()`), `+ eps`, and the same
-          roots, with `x`;
+          the centred input divided by `sqrt` or `** 0.5`;
+        - RMSNorm: the mean of squares (`x.pow(2)`, `x ** 2`, `x * x`, `x.square()`), `+ eps` (or `.add(eps)`),
+          and the same roots, with `x`;
 
-        followed or not by a learned scale and shift. It is reported once per line with the number of layers
+        followed or not by a learned scale and shift, also when the scale multiplies the input before the
+        division (`self.scale * x / torch.sqrt(...)`). It is reported once per line with the number of layers
         that run it. The finding points at the normalising step (the product or division); the mean is a
         related location. Not flagged: `nn.LayerNorm`, `nn.RMSNorm` and their functional forms,
         `F.normalize` and `x / x.norm(dim=-1, keepdim=True)` (L2 normalisation), standardising by constants
         or by the unbiased standard deviation (the default of `var`, `std`, `var_mean` and `std_mean`), epsilon
-        added to the standard deviation rather than the variance (not the library's formula), statistics over
-        the batch dimension, and normalisations inside installed libraries (`transformers`' own `LlamaRMSNorm`).
+        added to the standard deviation rather than the variance (`(x - mu) / (sigma + eps)`, as the Annotated
+        Transformer writes it: not the library's formula, and rewriting it would change the numbers),
+        statistics over the batch dimension, and normalisations inside installed libraries (`transformers`' own
+        `LlamaRMSNorm`).
     """
     why = """
         Written out, a norm is five to eight kernels, each reading and writing the whole activation, and
@@ -59,14 +63,20 @@ class UnfusedNorm(Rule):
         `.float()` and `.type_as(x)`, which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight,
         self.eps)` or `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module,
         its parameters and so every checkpoint; the float32 up-cast inside goes (the library kernels
-        accumulate in float32). The scale and shift are the module's attributes that multiply and add; the
-        epsilon is what the root adds to the statistic. A norm in the middle of a larger forward
-        (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`, `(h - mu) / torch.sqrt(var + eps)`) becomes
-        `F.rms_norm(h, (h.shape[-1],), eps=eps)` or `F.layer_norm(...)` in place of that expression, what
-        multiplies and adds after it staying as written, and the statistics' statements go when nothing else
-        reads them. The file's own names for `torch.nn.functional` are used. Left alone, with the reason: a
-        helper with more than one input, compound statements, and scales or shifts that cannot be told apart.
-        `F.rms_norm` needs torch 2.4; on older torch the proof fails and nothing is written.
+        accumulate in float32). The scale and shift are the module's attributes that multiply and add,
+        whatever their names (`self.g`, `self.gamma`, `self.scale`), taken into the call only when the
+        capture saw them as parameters of exactly the normalised shape: a gain of shape `(1, 1, dim)` or one
+        used as `(1 + self.weight)` stays a product after the call. The epsilon is what the root adds to the
+        statistic (`self.eps`, a number, or a plain name such as a function's `eps` argument). Any other norm,
+        in the middle of a larger forward (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`,
+        `(h - mu) / torch.sqrt(var + eps)`, a helper function, a branch), becomes `F.rms_norm(h, (h.shape[-1],),
+        eps=eps)` or `F.layer_norm(...)` in place of the normalising expression, what multiplies and adds after
+        it staying as written, and the statistics' statements go when nothing else reads them. A norm over the
+        channels of a channels-first tensor moves them last for the call and back:
+        `F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)`. The file's own names
+        for `torch.nn.functional` are used. Left alone, with the reason: a normalising step spread so that the
+        centred input or the root cannot be read back from the source. `F.rms_norm` needs torch 2.4; on older
+        torch the proof fails and nothing is written.
     """
     bad_examples = (
         Example(
@@ -218,10 +228,77 @@ class UnfusedNorm(Rule):
                     return Encoder(), (torch.randn(4, 16),)
             ''',
         ),
+        Example(
+            title="ConvNeXt's LayerNorm over the channels of an image",
+            source='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class LayerNorm2d(nn.Module):
+                    def __init__(self, channels, eps=1e-6):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(channels))
+                        self.bias = nn.Parameter(torch.zeros(channels))
+                        self.eps = eps
+
+                    def forward(self, x):
+                        u = x.mean(1, keepdim=True)
+                        s = (x - u).pow(2).mean(1, keepdim=True)
+                        x = (x - u) / torch.sqrt(s + self.eps)  # expect: GL106
+                        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+                class Stem(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+                        self.norm = LayerNorm2d(8)
+
+                    def forward(self, x):
+                        return self.norm(self.conv(x))
+
+
+                def make():
+                    return Stem(), (torch.randn(2, 3, 16, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class LayerNorm2d(nn.Module):
+                    def __init__(self, channels, eps=1e-6):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(channels))
+                        self.bias = nn.Parameter(torch.zeros(channels))
+                        self.eps = eps
+
+                    def forward(self, x):
+                        x = F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)  # expect: GL106
+                        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+                class Stem(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+                        self.norm = LayerNorm2d(8)
+
+                    def forward(self, x):
+                        return self.norm(self.conv(x))
+
+
+                def make():
+                    return Stem(), (torch.randn(2, 3, 16, 16),)
+            ''',
+        ),
     )
     good_examples = (
         Example(
-            title="the library norms, L2 normalisation, constant standardisation and batch statistics",
+            title="the library norms, L2 normalisation, constant standardisation, batch statistics and eps on the std",
             source='''
                 import torch
                 from torch import nn
@@ -242,7 +319,9 @@ class UnfusedNorm(Rule):
                         unit = F.normalize(h, dim=-1) + h / h.norm(dim=-1, keepdim=True)
                         mean = h.mean(0, keepdim=True)
                         whitened = (h - mean) / torch.sqrt(((h - mean) ** 2).mean(0, keepdim=True) + 1e-5)
-                        return unit + whitened
+                        mu = h.mean(-1, keepdim=True)
+                        standardised = (h - mu) / (h.std(-1, keepdim=True) + 1e-6)  # eps on the std: another formula
+                        return unit + whitened + standardised
 
 
                 def make():

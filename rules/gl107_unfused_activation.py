@@ -27,16 +27,20 @@ class UnfusedActivation(Rule):
         Activations spelled out as formulas that have an exact library equivalent:
 
         - `x * torch.sigmoid(x)`: `F.silu(x)`;
-        - `0.5 * x * (1 + torch.erf(x / math.sqrt(2)))`: `F.gelu(x)`;
-        - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`:
+        - `0.5 * x * (1 + torch.erf(x / math.sqrt(2)))`, in any order of the factors, halved by `/ 2`, or with
+          the cumulative distribution made first (`cdf = 0.5 * (1.0 + torch.erf(...))`, then `x * cdf`):
+          `F.gelu(x)`;
+        - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`, with the cube as
+          `torch.pow(x, 3)`, `x ** 3` or `x * x * x`, the constant as `0.7978845608`, and the same orders:
           `F.gelu(x, approximate="tanh")`;
         - `x * torch.tanh(F.softplus(x))`: `F.mish(x)`;
         - `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, with or without subtracting the maximum first:
           `torch.softmax(x, dim)`.
 
         The finding points at the outermost expression of the formula, once per line with the number of
-        layers that run it. Not flagged: formulas without an exact library form (`x * torch.sigmoid(1.702 *
-        x)`), gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
+        layers that run it. Not flagged: formulas without an exact library form (QuickGELU, `x *
+        torch.sigmoid(1.702 * x)`, which differs from GELU by up to about 0.02, and Swish with a `beta`),
+        gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
         inside installed libraries.
     """
     why = """
@@ -58,12 +62,15 @@ class UnfusedActivation(Rule):
     fixes = """
         Safe, once proven: `--fix` replaces the formula by the library call, on the same input as written and
         with the file's own names for torch and `torch.nn.functional` (`import torch as t` gives `t.softmax`;
-        an import is added only when the file has none): `h * torch.sigmoid(h)`
-        becomes `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
+        an import is added only when the file has none): `h * torch.sigmoid(h)`, `h.sigmoid() * h` and
+        `h * F.sigmoid(h)` become `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
         `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` becomes `F.mish(h)`, and
-        `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`; a helper variable
-        that only fed the formula (`inner = ...`) is deleted. Left alone, with the reason: formulas whose input
-        is spelled differently in its two places, and a softmax spread over several statements.
+        `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`, also when the
+        exponentials are a variable and the maximum along `dim` is subtracted first (`torch.softmax` subtracts
+        it itself); a helper variable that only fed the formula (`inner = ...`, `cdf = ...`, `e = ...`) is
+        deleted. A formula in a helper function, an activation module's `forward` or a lambda is rewritten
+        there, once, whatever calls it. Left alone, with the reason: formulas whose input is spelled
+        differently in its two places, and exponentials not divided by their own sum.
     """
     bad_examples = (
         Example(
