@@ -350,6 +350,24 @@ FIXED = {
             return MLP(), (torch.randn(2, 16),)
     ''', ['    return F.gelu(x, approximate="tanh")\n\n\ndef gelu_product', "def gelu_cdf(x):\n    return F.gelu(x, "
           'approximate="tanh")\n', "def gelu_halved(x):\n    return F.gelu(x)\n"], ["cdf =", "tanh(", "erf("]),
+    "gelu-cdf-in-a-helper-function-called-on-the-input": ("GL107", '''
+        def cdf(x):
+            return 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16)
+
+            def forward(self, x):
+                h = self.fc(x)
+                return h * cdf(h)
+
+
+        def make():
+            return MLP(), (torch.randn(2, 16),)
+    ''', ["        return F.gelu(h)\n"], ["h * cdf(h)"]),
     "mish-and-swish-lambdas-with-functional-as-fn": ("GL107", '''
         import torch
         from torch import nn

@@ -79,10 +79,20 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
         return "the formula's input is not written the same way on both sides"
     # GELU: 0.5 * x * (1 + core) in any order of the factors, `/ 2` for the half, the cdf in a variable.
     candidates = [f for f in factors if not _is_number(f) and not _calls(f, ("tanh", "erf"))]
+    if len(candidates) == 2:  # x * cdf(x), the cumulative distribution in a helper function the graph went through
+        candidates = [c for c, other in zip(candidates, candidates[::-1], strict=True) if _helper_of(other, c) is not None]
     if len(candidates) == 1 and len(factors) >= 2:
         x = candidates[0]
         return x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
     return "the formula's input could not be told apart from its constants"
+
+
+def _helper_of(call: cst.BaseExpression, x: cst.BaseExpression) -> cst.Call | None:
+    """`call` when it is a plain function called on `x` alone (`cdf(x)`), else None."""
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and len(call.args) == 1 and \
+            call.args[0].keyword is None and not call.args[0].star and code_of(call.args[0].value) == code_of(x):
+        return call
+    return None
 
 
 def _softmax_input(node: cst.BinaryOperation, site: FixSite):
