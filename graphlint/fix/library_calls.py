@@ -303,11 +303,11 @@ def library_norm(kind: str, channel: int | None = None, dims: int = 1, flat: fro
 def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None, bias: str | None, eps: str,
                channel: int | None = None, dims: int = 1) -> str:
     """The library call on `x`; over a channel dimension, the channels moved last and back again."""
-    name = code_of(atom(x))
+    name, sized = code_of(atom(x)), code_of(atom(_uncast(x)))
     if channel is not None:
-        shape, moved = f"({name}.shape[{channel}],)", f"{name}.movedim({channel}, -1)"
+        shape, moved = f"({sized}.shape[{channel}],)", f"{name}.movedim({channel}, -1)"
     else:
-        shape, moved = (f"({name}.shape[-1],)" if dims == 1 else f"{name}.shape[-{dims}:]"), code_of(x)
+        shape, moved = (f"({sized}.shape[-1],)" if dims == 1 else f"{sized}.shape[-{dims}:]"), code_of(x)
     if weight is None and bias is None:
         call = f"{callee}({moved}, {shape}, eps={eps})"
     elif kind == "RMSNorm":
@@ -315,6 +315,15 @@ def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None
     else:
         call = f"{callee}({moved}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
     return call if channel is None else f"{call}.movedim(-1, {channel})"
+
+
+def _uncast(x: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of `x.float()`, `x.to(torch.float32)`: the same shape, for writing the normalised shape."""
+    name, receiver, _, _ = call_parts(x)
+    while name in ("float", "double", "half", "bfloat16", "to", "type", "type_as") and receiver is not None:
+        x = receiver
+        name, receiver, _, _ = call_parts(x)
+    return x
 
 
 def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> Rewrite | str:
