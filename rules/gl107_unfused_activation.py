@@ -33,7 +33,8 @@ class UnfusedActivation(Rule):
         - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`, with the cube as
           `torch.pow(x, 3)`, `x ** 3` or `x * x * x`, the constant as `0.7978845608`, and the same orders:
           `F.gelu(x, approximate="tanh")`;
-        - `x * torch.tanh(F.softplus(x))`: `F.mish(x)`;
+        - `x * torch.tanh(F.softplus(x))`, also with the softplus written out as `torch.log1p(torch.exp(x))` or
+          `torch.log(1 + torch.exp(x))`: `F.mish(x)`;
         - `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, with or without subtracting the maximum first:
           `torch.softmax(x, dim)`.
 
@@ -64,7 +65,7 @@ class UnfusedActivation(Rule):
         with the file's own names for torch and `torch.nn.functional` (`import torch as t` gives `t.softmax`;
         an import is added only when the file has none): `h * torch.sigmoid(h)`, `h.sigmoid() * h` and
         `h * F.sigmoid(h)` become `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
-        `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` becomes `F.mish(h)`, and
+        `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` (or its softplus written out) becomes `F.mish(h)`, and
         `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`, also when the
         exponentials are a variable and the maximum along `dim` is subtracted first (`torch.softmax` subtracts
         it itself); a helper variable that only fed the formula (`inner = ...`, `cdf = ...`, `e = ...`) is
@@ -273,12 +274,29 @@ def _activation(node: fx.Node) -> tuple[fx.Node, str] | None:
         beta, threshold = arg(x, 1, "beta", 1), arg(x, 2, "threshold", 20)
         outer = _times(node, inner) if beta == 1 and threshold == 20 else None
         return (outer, "F.mish(x)") if outer is not None else None
+    if name == "tanh" and (inner := _softplus_by_hand(x)) is not None:
+        outer = _times(node, inner)
+        return (outer, "F.mish(x)") if outer is not None else None
     if name in ("erf", "tanh"):
         for outer, base in _half_x_times_one_plus(node):
             if name == "erf" and _scaled(x, 1 / math.sqrt(2)) is base:
                 return outer, "F.gelu(x)"
             if name == "tanh" and _is_tanh_gelu_input(x, base):
                 return outer, 'F.gelu(x, approximate="tanh")'
+    return None
+
+
+def _softplus_by_hand(node: fx.Node) -> fx.Node | None:
+    """x of `torch.log1p(torch.exp(x))` or `torch.log(1 + torch.exp(x))`, softplus written out; None otherwise."""
+    exp = arg(node, 0, "input")
+    if op(node) == "log":  # of 1 + exp(x), in either order
+        total, exp = exp, None
+        if isinstance(total, fx.Node) and op(total) == "add" and len(total.args) == 2:
+            exp = next((a for a in total.args if isinstance(a, fx.Node) and _close(_other(total, a), 1)), None)
+    elif op(node) != "log1p":
+        return None
+    if isinstance(exp, fx.Node) and op(exp) == "exp" and isinstance(arg(exp, 0, "input"), fx.Node):
+        return arg(exp, 0, "input")
     return None
 
 

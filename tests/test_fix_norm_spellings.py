@@ -389,6 +389,21 @@ FIXED = {
         def make():
             return MLP(), (torch.randn(2, 16),)
     ''', ["self.mish = lambda t: fn.mish(t)\n", "self.swish = lambda t: fn.silu(t)\n"], ["softplus"]),
+    "mish-with-the-softplus-written-out": ("GL107", '''
+        class Mish(nn.Module):
+            def forward(self, x):
+                return x * torch.tanh(torch.log(1 + torch.exp(x)))
+
+
+        class Mish1p(nn.Module):
+            def forward(self, x):
+                return x * (torch.tanh(torch.log1p(torch.exp(x))))
+
+
+        def make():
+            return nn.Sequential(nn.Linear(16, 16), Mish(), nn.Linear(16, 16), Mish1p()), (torch.randn(2, 16),)
+    ''', ["class Mish(nn.Module):\n    def forward(self, x):\n        return F.mish(x)\n",
+          "class Mish1p(nn.Module):\n    def forward(self, x):\n        return F.mish(x)\n"], ["exp("]),
     "softmax-from-stabilised-exponentials-in-a-variable": ("GL107", '''
         class Head(nn.Module):
             def __init__(self):

@@ -72,7 +72,7 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
             if argument is None:
                 continue
             if library == "F.mish(x)":
-                argument = _input_of(argument, ("softplus",), imports)
+                argument = _softplus_input(argument, imports)
             others = factors[:index] + factors[index + 1:]
             if argument is not None and len(others) == 1 and code_of(others[0]) == code_of(argument):
                 return argument
@@ -85,6 +85,20 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
         x = candidates[0]
         return x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
     return "the formula's input could not be told apart from its constants"
+
+
+def _softplus_input(node: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression | None:
+    """x of `F.softplus(x)`, `torch.log1p(torch.exp(x))` or `torch.log(1 + torch.exp(x))`; None otherwise."""
+    found = _input_of(node, ("softplus",), imports)
+    if found is None and (inside := _input_of(node, ("log1p",), imports)) is not None:
+        found = _input_of(inside, ("exp",), imports)
+    if found is None and (inside := _input_of(node, ("log",), imports)) is not None:
+        inside = _bare(inside)
+        if isinstance(inside, cst.BinaryOperation) and isinstance(inside.operator, cst.Add):
+            for one, other in ((inside.left, inside.right), (inside.right, inside.left)):
+                if _is_number(one, 1) and (found := _input_of(other, ("exp",), imports)) is not None:
+                    break
+    return found
 
 
 def _helper_of(call: cst.BaseExpression, x: cst.BaseExpression) -> cst.Call | None:
