@@ -60,8 +60,10 @@ class UnstableLogSoftmax(Rule):
         nn`; an import is added only when the file has none): `torch.log(F.softmax(x, dim=-1))`,
         `F.softmax(x, -1).log()` and `x.softmax(-1).log()` become `F.log_softmax(x, ...)` with the softmax's own
         arguments (`dtype=` included), `torch.log(torch.sigmoid(x))` becomes `F.logsigmoid(x)` and
-        `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`. Probabilities picked, arranged or cast
-        before the log keep those steps, on the log-probabilities (the log of a pick is the pick of the log):
+        `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`; a `log2` or `log10` becomes the same
+        divided by `math.log(2)` or `math.log(10)` (adding `import math` when the module has none).
+        Probabilities picked, arranged or cast before the log keep those steps, on the log-probabilities (the
+        log of a pick is the pick of the log):
         `-torch.log(probs[rows, y])` becomes `-F.log_softmax(logits, dim=-1)[rows, y]` and
         `probs.gather(1, y).log()` becomes `F.log_softmax(...).gather(1, y)`. The probabilities may be a
         variable the function assigns once (`probs = F.softmax(logits, -1)`, `p = torch.sigmoid(logits)` read

@@ -465,6 +465,27 @@ FIXED = {
         def make():
             return Scorer(), (torch.randn(4, 16), torch.rand(4))
     ''', ["return -(t * F.logsigmoid(logits) + (1 - t) * F.logsigmoid(-logits)).mean()\n"], ["torch.log"]),
+    "log2-and-log10-divide-by-the-log-of-their-base": ("GL204", '''
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Entropy(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 8)
+
+            def forward(self, x):
+                z = self.fc(x)
+                bits = torch.log2(F.softmax(z, dim=-1))
+                return bits, torch.log10(torch.sigmoid(z)).sum(-1)
+
+
+        def make():
+            return Entropy(), (torch.randn(4, 16),)
+    ''', ["import torch.nn.functional as F\nimport math\n", "bits = F.log_softmax(z, dim=-1) / math.log(2)\n",
+          "return bits, (F.logsigmoid(z) / math.log(10)).sum(-1)\n"], ["log2(", "log10("]),
     "log-methods-and-an-alias-of-functional": ("GL204", '''
         import torch as t
         import torch.nn.functional as fn

@@ -188,8 +188,9 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
     may be computed inside the log or in a variable the function assigns once (`probs = F.softmax(x, -1)`,
     deleted when nothing else reads it)."""
     node, names = site.node, site.imports
-    inside = _input_of(node, ("log",), names)
-    if inside is None or call_parts(node)[0] != "log":
+    log_name = call_parts(node)[0]
+    inside = _input_of(node, ("log", "log2", "log10"), names)
+    if inside is None:
         return "the log is not a call graphlint can rewrite"
     outer, picked = _picked(inside, names)  # picked: the node in the log's own expression
     assignments: list[cst.BaseExpression] = []
@@ -222,7 +223,25 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
     if kept and _calls_anything(x):
         return ("the probabilities are also read elsewhere and their logits are computed inside the same call; "
                 "assign the logits to a variable first")
+    if log_name != "log":  # log2(p) = log(p) / log(2), in parentheses where the call was an operand
+        math_name = "math" if "math" in names.modules else None
+        if math_name is None and "math" in names.bound:
+            return "the module binds `math` to something else, and a log2 or log10 needs math.log for its base"
+        new = cst.parse_expression(f"{code_of(atom(new))} / math.log({2 if log_name == 'log2' else 10})")
+        new = new if _stands_alone(node, site.function) else atom(new)
+        imports = imports + (() if math_name else ("import math",))
     return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports, removed=removed)
+
+
+def _stands_alone(node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
+    """Whether `node` is a whole assigned, returned or passed value, where an operation needs no parentheses."""
+    if function is None:
+        return False
+    for parent in _walk(function):
+        if isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg, cst.Element)) and \
+                getattr(parent, "value", None) is node:
+            return True
+    return False
 
 
 def _picked(value: cst.BaseExpression, imports: ImportNames) -> tuple[cst.BaseExpression, cst.BaseExpression]:
