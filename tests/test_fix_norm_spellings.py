@@ -484,7 +484,7 @@ FIXED = {
 
         def make():
             return Entropy(), (torch.randn(4, 16),)
-    ''', ["import torch.nn.functional as F\nimport math\n", "bits = F.log_softmax(z, dim=-1) / math.log(2)\n",
+    ''', ["from torch import nn\nimport math\n", "bits = F.log_softmax(z, dim=-1) / math.log(2)\n",
           "return bits, (F.logsigmoid(z) / math.log(10)).sum(-1)\n"], ["log2(", "log10("]),
     "log-methods-and-an-alias-of-functional": ("GL204", '''
         import torch as t
