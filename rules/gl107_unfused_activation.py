@@ -26,7 +26,7 @@ class UnfusedActivation(Rule):
     what = """
         Activations spelled out as formulas that have an exact library equivalent:
 
-        - `x * torch.sigmoid(x)`: `F.silu(x)`;
+        - `x * torch.sigmoid(x)` or `x / (1 + torch.exp(-x))`: `F.silu(x)`;
         - `0.5 * x * (1 + torch.erf(x / math.sqrt(2)))`, in any order of the factors, halved by `/ 2`, or with
           the cumulative distribution made first (`cdf = 0.5 * (1.0 + torch.erf(...))`, then `x * cdf`):
           `F.gelu(x)`;
@@ -63,8 +63,8 @@ class UnfusedActivation(Rule):
     fixes = """
         Safe, once proven: `--fix` replaces the formula by the library call, on the same input as written and
         with the file's own names for torch and `torch.nn.functional` (`import torch as t` gives `t.softmax`;
-        an import is added only when the file has none): `h * torch.sigmoid(h)`, `h.sigmoid() * h` and
-        `h * F.sigmoid(h)` become `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
+        an import is added only when the file has none): `h * torch.sigmoid(h)`, `h.sigmoid() * h`,
+        `h * F.sigmoid(h)` and `h / (1 + torch.exp(-h))` become `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
         `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` (or its softplus written out) becomes `F.mish(h)`, and
         `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`, also when the
         exponentials are a variable and the maximum along `dim` is subtracted first (`torch.softmax` subtracts
@@ -268,7 +268,7 @@ def _activation(node: fx.Node) -> tuple[fx.Node, str] | None:
         outer = _times(node, x)
         return (outer, "F.silu(x)") if outer is not None else None
     if name == "exp":
-        return _softmax(node, x)
+        return _swish_by_exp(node, x) or _softmax(node, x)
     if name == "tanh" and op(x) == "softplus":
         inner = arg(x, 0, "input")
         beta, threshold = arg(x, 1, "beta", 1), arg(x, 2, "threshold", 20)
@@ -283,6 +283,19 @@ def _activation(node: fx.Node) -> tuple[fx.Node, str] | None:
                 return outer, "F.gelu(x)"
             if name == "tanh" and _is_tanh_gelu_input(x, base):
                 return outer, 'F.gelu(x, approximate="tanh")'
+    return None
+
+
+def _swish_by_exp(exp: fx.Node, negated: fx.Node) -> tuple[fx.Node, str] | None:
+    """`x / (1 + exp(-x))`, SiLU with the sigmoid written out."""
+    if op(negated) != "neg" or not isinstance(negated.args[0], fx.Node):
+        return None
+    x, total = negated.args[0], _only_user(exp)
+    if total is None or op(total) != "add" or not _close(_other(total, exp), 1):
+        return None
+    quotient = _only_user(total)
+    if quotient is not None and op(quotient) in DIV and quotient.args[:2] == (x, total):
+        return quotient, "F.silu(x)"
     return None
 
 

@@ -288,6 +288,28 @@ FIXED = {
         def make():
             return Gate(), (torch.randn(2, 16),)
     ''', ["a = F.silu(h)\n", "b = F.silu(h)\n", "c = F.silu(h)\n"], ["sigmoid"]),
+    "swish-with-the-sigmoid-written-out-in-a-helper": ("GL107", '''
+        import torch as th
+        from torch import nn
+
+
+        def swish(x):
+            return x / (1 + th.exp(-x))
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16)
+                self.out = nn.Linear(16, 16)
+
+            def forward(self, x):
+                return self.out(swish(self.fc(x)))
+
+
+        def make():
+            return Net(), (th.randn(2, 16),)
+    ''', ["def swish(x):\n    return nn.functional.silu(x)\n"], ["exp("]),
     "gelu-activation-modules-as-transformers-writes-them": ("GL107", '''
         class NewGELUActivation(nn.Module):
             def forward(self, input):

@@ -64,6 +64,8 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
         return "the formula is not one expression graphlint can rewrite"
     if library == "torch.softmax(x, dim)":
         return _softmax_input(node, site)
+    if library == "F.silu(x)" and isinstance(node.operator, cst.Divide):
+        return _swish_input(node, imports)
     factors = _factors(node, function)
     if library in ("F.silu(x)", "F.mish(x)"):
         inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
@@ -85,6 +87,18 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
         x = candidates[0]
         return x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
     return "the formula's input could not be told apart from its constants"
+
+
+def _swish_input(node: cst.BinaryOperation, imports: ImportNames):
+    """x of `x / (1 + torch.exp(-x))`, or why it cannot be read."""
+    total = _bare(node.right)
+    if isinstance(total, cst.BinaryOperation) and isinstance(total.operator, cst.Add):
+        for one, other in ((total.left, total.right), (total.right, total.left)):
+            negated = _input_of(other, ("exp",), imports) if _is_number(one, 1) else None
+            if isinstance(negated, cst.UnaryOperation) and isinstance(negated.operator, cst.Minus) and \
+                    code_of(_bare(negated.expression)) == code_of(_bare(node.left)):
+                return _bare(node.left)
+    return "the formula's input is not written the same way on both sides"
 
 
 def _softplus_input(node: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression | None:
