@@ -99,6 +99,20 @@ FIXED = {
         def make():
             return RMSNorm(16), (torch.randn(2, 5, 16),)
     ''', ["x = F.rms_norm(x, (x.shape[-1],), eps=self.eps)\n", "return x * (1 + self.weight)"], ["rsqrt"]),
+    "a-norm-module-that-also-activates-keeps-its-activation": ("GL106", '''
+        class NormAct(nn.Module):
+            def __init__(self, dim=16):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(dim) + 0.1 * torch.randn(dim))
+
+            def forward(self, x):
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+                return F.gelu(self.weight * x)
+
+
+        def make():
+            return NormAct(), (torch.randn(2, 5, 16),)
+    ''', ["x = F.rms_norm(x, (x.shape[-1],), eps=1e-6)\n        return F.gelu(self.weight * x)\n"], ["rsqrt"]),
     "scale-of-shape-1-1-dim-before-the-division": ("GL106", '''
         class RMSNorm(nn.Module):
             def __init__(self, dim, eps=1e-8):

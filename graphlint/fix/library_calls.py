@@ -403,8 +403,19 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
             not isinstance(last.body[0], cst.Return):
         return f"`{function.name.value}` does more than plain statements ending in a return"
+    others = sorted({name for n in _walk(function.body) if isinstance(n, cst.Call)
+                     and (name := call_parts(n)[0]) not in _NORM_STEPS})
+    if others:
+        return f"`{function.name.value}` computes more than the norm (it calls {', '.join(others)})"
     new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
     return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
+
+
+# What a method that is only a norm calls: the statistics, the root, arithmetic and casts.
+_NORM_STEPS = frozenset({
+    "mean", "var", "var_mean", "std", "std_mean", "pow", "square", "add", "sub", "mul", "div", "rsqrt", "sqrt",
+    "reciprocal", "float", "double", "half", "bfloat16", "to", "type", "type_as",
+})
 
 
 def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Rewrite | str:
