@@ -455,6 +455,21 @@ FIXED = {
         def make():
             return Head(), (torch.randn(4, 16),)
     ''', ["return torch.softmax(logits, -1)\n"], ["e =", "exp"]),
+    "softmax-with-torch-max-and-torch-sum": ("GL107", '''
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.out = nn.Linear(16, 5)
+
+            def forward(self, x):
+                logits = self.out(x)
+                exp_x = torch.exp(logits - torch.max(logits, dim=1, keepdim=True)[0])
+                return exp_x / torch.sum(exp_x, dim=1, keepdim=True)
+
+
+        def make():
+            return Head(), (torch.randn(4, 16),)
+    ''', ["return torch.softmax(logits, dim=1)\n"], ["exp_x"]),
     # -- GL204 ------------------------------------------------------------------------------------------------
     "log-of-a-softmax-picked-at-the-targets": ("GL204", '''
         class Classifier(nn.Module):

@@ -146,14 +146,16 @@ def _softmax_input(node: cst.BinaryOperation, site: FixSite):
 
 
 def _is_max_of(node: cst.BaseExpression, x: cst.BaseExpression, dim: cst.BaseExpression, imports: ImportNames) -> bool:
-    """`x.max(dim, keepdim=True).values` / `[0]`, `x.amax(dim, keepdim=True)` or `x.max()`: constant along `dim`."""
+    """`x.max(dim, keepdim=True).values` / `[0]`, `x.amax(dim, keepdim=True)`, `torch.max(x, dim, keepdim=True)[0]`
+    or `x.max()`: constant along `dim`."""
     if isinstance(node, cst.Attribute) and node.attr.value == "values":
         node = node.value
     elif isinstance(node, cst.Subscript) and len(node.slice) == 1 and code_of(node.slice[0]).strip().rstrip(",") == "0":
         node = node.value
     name, receiver, positional, keywords = call_parts(node)
-    if name not in ("max", "amax") or receiver is None or is_namespace(receiver, imports) or \
-            code_of(receiver) != code_of(x):
+    if name in ("max", "amax") and is_namespace(receiver, imports) and positional:  # torch.max(x, dim, ...)
+        receiver, positional = positional[0], positional[1:]
+    if name not in ("max", "amax") or receiver is None or code_of(receiver) != code_of(x):
         return False
     if not positional and not keywords:
         return name == "max"
