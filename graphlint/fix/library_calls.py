@@ -85,7 +85,7 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
         candidates = [c for c, other in zip(candidates, candidates[::-1], strict=True) if _helper_of(other, c) is not None]
     if len(candidates) == 1 and len(factors) >= 2:
         x = candidates[0]
-        return x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+        return _bare(x)
     return "the formula's input could not be told apart from its constants"
 
 
@@ -137,7 +137,7 @@ def _softmax_input(node: cst.BinaryOperation, site: FixSite):
     if x is None or name != "sum" or summed is None or dim is None or not isinstance(node.operator, cst.Divide) or \
             code_of(_value_of(summed, function)) != code_of(exponentials):
         return "the exponentials are not divided by their own sum in one expression"
-    bare = x.with_changes(lpar=[], rpar=[]) if isinstance(x, cst.BinaryOperation) else x
+    bare = _bare(x)
     if _is_difference(bare) and _is_max_of(bare.right, bare.left, dim, imports):
         x = bare.left  # the maximum subtracted for stability: softmax subtracts it itself
     return x, cst.Arg(dim, keyword=cst.Name("dim") if "dim" in keywords else None,
@@ -265,7 +265,7 @@ def _picked(value: cst.BaseExpression, imports: ImportNames) -> tuple[cst.BaseEx
     `torch.gather(probs, 1, y)`; (value, value) when it picks nothing."""
     base = value
     while True:
-        bare = base.with_changes(lpar=[], rpar=[]) if base.lpar else base
+        bare = _bare(base)
         if isinstance(bare, cst.Subscript):
             base = bare.value
             continue
@@ -288,7 +288,7 @@ def _resolved(node: cst.BaseExpression, function: cst.FunctionDef | None, found:
         if value is not None:
             found.append(value)
             node = value
-    return node.with_changes(lpar=[], rpar=[]) if isinstance(node, cst.BinaryOperation) else node
+    return _bare(node)
 
 
 def _assigns(statement: cst.BaseStatement, value: cst.BaseExpression) -> bool:
@@ -447,7 +447,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         if len(plain) != 1:
             return "the normalised input could not be told apart from the factors multiplying it"
         centred = plain
-        x = plain[0].with_changes(lpar=[], rpar=[]) if isinstance(plain[0], cst.BinaryOperation) else plain[0]
+        x = _bare(plain[0])
     callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
     call = cst.parse_expression(_norm_call(callee, kind, x, None, None, code_of(eps), channel, dims))
     new = call if len(factors) == 1 else numerator.deep_replace(centred[0], call)
@@ -548,7 +548,7 @@ def _value_of(node: cst.BaseExpression, function: cst.FunctionDef | None) -> cst
     """What a variable the function assigns once holds (`xc` of `xc = x - mu`), else `node`; without parentheses."""
     if isinstance(node, cst.Name):
         node = _assigned_once(function, node.value) or node
-    return node.with_changes(lpar=[], rpar=[]) if isinstance(node, cst.BinaryOperation) else node
+    return _bare(node)
 
 
 def _same_here(x: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
