@@ -31,7 +31,8 @@ class UnfusedActivation(Rule):
           the cumulative distribution made first (`cdf = 0.5 * (1.0 + torch.erf(...))`, then `x * cdf`):
           `F.gelu(x)`;
         - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`, with the cube as
-          `torch.pow(x, 3)`, `x ** 3` or `x * x * x`, the constant as `0.7978845608`, and the same orders:
+          `torch.pow(x, 3)`, `x ** 3` or `x * x * x`, the constant as `0.7978845608` or
+          `torch.sqrt(torch.tensor(2.0 / torch.pi))`, and the same orders:
           `F.gelu(x, approximate="tanh")`;
         - `x * torch.tanh(F.softplus(x))`, also with the softplus written out as `torch.log1p(torch.exp(x))` or
           `torch.log(1 + torch.exp(x))`: `F.mish(x)`;
@@ -378,6 +379,17 @@ def _half_x_times_one_plus(core: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
     return readings
 
 
+def _constant(value) -> float | None:
+    """A number, also one made into a tensor on the way (`torch.sqrt(torch.tensor(2.0 / torch.pi))`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, fx.Node) and op(value) == "tensor" and value.args:
+        return _constant(value.args[0])
+    if isinstance(value, fx.Node) and op(value) == "sqrt" and (inside := _constant(value.args[0])) is not None:
+        return math.sqrt(inside) if inside >= 0 else None
+    return None
+
+
 def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
     """Whether `value` is sqrt(2/pi) * (x + 0.044715 * x**3), however the product is spread out: it may use
     only x, constants, products, sums and the cube of x, and both constants must appear."""
@@ -390,8 +402,8 @@ def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
             return False
         if node is x:
             continue
-        if isinstance(node, (int, float)) and not isinstance(node, bool):
-            constants.append(float(node))
+        if (constant := _constant(node)) is not None:
+            constants.append(constant)
         elif not isinstance(node, fx.Node) or op(node) not in _TANH_INNER:
             return False
         elif op(node) == "pow":

@@ -25,6 +25,12 @@ def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -
     return receiver
 
 
+def _one_line(node: cst.CSTNode) -> str:
+    """The node's code on one line, for a fix's message: `f(\n    x\n)` is `f(x)`."""
+    code = " ".join(code_of(node).split())
+    return code.replace("( ", "(").replace(" )", ")")
+
+
 def _is_number(node: cst.BaseExpression, value: float | None = None) -> bool:
     try:
         number = float(code_of(node))
@@ -51,7 +57,7 @@ def activation_call(library: str):
             callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
             new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
-        return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}",
+        return Rewrite(node, new, f"{_one_line(node)} → {code_of(new)}",
                        removed=dead_definitions(site.function, node, new), imports=imports)
 
     return fix
@@ -246,7 +252,7 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         new = cst.parse_expression(f"{code_of(atom(new))} / math.log({2 if log_name == 'log2' else 10})")
         new = new if _stands_alone(node, site.function) else atom(new)
         imports = imports + (() if math_name else ("import math",))
-    return Rewrite(node, new, f"{code_of(node)} → {code_of(new)}", imports=imports, removed=removed)
+    return Rewrite(node, new, f"{_one_line(node)} → {code_of(new)}", imports=imports, removed=removed)
 
 
 def _stands_alone(node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
