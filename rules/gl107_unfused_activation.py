@@ -12,6 +12,7 @@ from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
 _ADD = frozenset({"add"})
+_RANDOM = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")  # ops whose two calls differ
 _TANH_INNER = MUL | frozenset({"add", "pow"})
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
@@ -39,7 +40,9 @@ class UnfusedActivation(Rule):
         - `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, with or without subtracting the maximum first:
           `torch.softmax(x, dim)`.
 
-        The finding points at the outermost expression of the formula, once per line with the number of
+        The input may be one variable or the same expression written in each place (`self.fc(x) *
+        torch.sigmoid(self.fc(x))`, `(y + b) * 0.5 * (1 + torch.erf((y + b) / math.sqrt(2)))`), never two draws
+        of a random op. The finding points at the outermost expression of the formula, once per line with the number of
         layers that run it. Not flagged: formulas without an exact library form (QuickGELU, `x *
         torch.sigmoid(1.702 * x)`, which differs from GELU by up to about 0.02, and Swish with a `beta`),
         gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
@@ -280,7 +283,7 @@ def _activation(node: fx.Node) -> tuple[fx.Node, str] | None:
         return (outer, "F.mish(x)") if outer is not None else None
     if name in ("erf", "tanh"):
         for outer, base in _half_x_times_one_plus(node):
-            if name == "erf" and _scaled(x, 1 / math.sqrt(2)) is base:
+            if name == "erf" and _same_value(_scaled(x, 1 / math.sqrt(2)), base):
                 return outer, "F.gelu(x)"
             if name == "tanh" and _is_tanh_gelu_input(x, base):
                 return outer, 'F.gelu(x, approximate="tanh")'
@@ -333,7 +336,7 @@ def _only_user(node: fx.Node) -> fx.Node | None:
 def _times(node: fx.Node, x: fx.Node) -> fx.Node | None:
     """The product `x * node` (either order), or None: a gate multiplies by another tensor."""
     user = _only_user(node)
-    if user is not None and op(user) in MUL and _other(user, node) is x:
+    if user is not None and op(user) in MUL and _same_value(_other(user, node), x):
         return user
     return None
 
@@ -400,7 +403,7 @@ def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
         seen += 1
         if seen > 16:
             return False
-        if node is x:
+        if _same_value(node, x):
             continue
         if (constant := _constant(node)) is not None:
             constants.append(constant)
@@ -435,8 +438,9 @@ def _softmax(exp: fx.Node, x: fx.Node) -> tuple[fx.Node, str] | None:
 
 
 def _same_value(a, b) -> bool:
-    """The same node, or the same op on the same arguments (`torch.exp(x - m)` written twice)."""
+    """The same node, or the same op on the same arguments (`torch.exp(x - m)` or `h + self.bias` written twice);
+    never two draws of a random op."""
     if a is b:
         return True
     return (isinstance(a, fx.Node) and isinstance(b, fx.Node) and op(a) == op(b) and a.args == b.args
-            and a.kwargs == b.kwargs)
+            and a.kwargs == b.kwargs and not any(word in (op(a) or "") for word in _RANDOM))

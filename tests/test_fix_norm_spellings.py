@@ -436,6 +436,23 @@ FIXED = {
     ''', ['        return nn.functional.gelu(x, approximate="tanh")\n',
           "        return nn.functional.layer_norm(x, (x.shape[-1],), self.scale, self.shift, self.eps)\n"],
         ["tanh(", "norm_x"]),
+    "gelu-and-silu-of-an-expression-written-twice": ("GL107", '''
+        class MLP(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16, bias=False)
+                self.bias = nn.Parameter(torch.randn(16))
+                self.gate = nn.Linear(16, 16)
+
+            def forward(self, x):
+                y = self.fc(x)
+                h = (y + self.bias) * 0.5 * (1.0 + torch.erf((y + self.bias) * 0.7071067811865476))
+                return h + self.gate(x) * torch.sigmoid(self.gate(x))
+
+
+        def make():
+            return MLP(), (torch.randn(2, 16),)
+    ''', ["h = F.gelu(y + self.bias)\n", "return h + F.silu(self.gate(x))\n"], ["erf(", "sigmoid("]),
     "mish-and-swish-lambdas-with-functional-as-fn": ("GL107", '''
         import torch
         from torch import nn
@@ -660,6 +677,15 @@ LOOKALIKES = {
 
         def make():
             return nn.Sequential(nn.Linear(16, 16), Swish()), (torch.randn(2, 16),)
+    '''),
+    "two-dropouts-of-one-input-are-two-values": ("GL107", '''
+        class Noisy(nn.Module):
+            def forward(self, x):
+                return F.dropout(x, 0.5) * torch.sigmoid(F.dropout(x, 0.5))
+
+
+        def make():
+            return nn.Sequential(nn.Linear(16, 16), Noisy()), (torch.randn(2, 16),)
     '''),
     "log-of-probabilities-plus-an-epsilon": ("GL204", '''
         class Policy(nn.Module):
