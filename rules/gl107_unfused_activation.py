@@ -42,8 +42,8 @@ class UnfusedActivation(Rule):
 
         The input may be one variable or the same expression written in each place (`self.fc(x) *
         torch.sigmoid(self.fc(x))`, `(y + b) * 0.5 * (1 + torch.erf((y + b) / math.sqrt(2)))`), never two draws
-        of a random op. The finding points at the outermost expression of the formula, once per line with the number of
-        layers that run it. Not flagged: formulas without an exact library form (QuickGELU, `x *
+        of a random op. The finding points at the outermost expression of the formula, once per line with the
+        number of layers that run it. Not flagged: formulas without an exact library form (QuickGELU, `x *
         torch.sigmoid(1.702 * x)`, which differs from GELU by up to about 0.02, and Swish with a `beta`),
         gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
         inside installed libraries.
