@@ -70,8 +70,9 @@ class UnfusedNorm(Rule):
         statistic (`self.eps`, a number, or a plain name such as a function's `eps` argument). Any other norm,
         in the middle of a larger forward (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`,
         `(h - mu) / torch.sqrt(var + eps)`, a helper function, a branch), becomes `F.rms_norm(h, (h.shape[-1],),
-        eps=eps)` or `F.layer_norm(...)` in place of the normalising expression, what multiplies and adds after
-        it staying as written, and the statistics' statements go when nothing else reads them. A norm over the
+        eps=eps)` or `F.layer_norm(...)` in place of the normalising expression (also written with methods:
+        `h.sub(mean).div(torch.sqrt(var + eps))`, `torch.mul(h, torch.rsqrt(...))`), what multiplies and adds
+        after it staying as written, and the statistics' statements go when nothing else reads them. A norm over the
         channels of a channels-first tensor moves them last for the call and back:
         `F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)`. The file's own names
         for `torch.nn.functional` are used. Left alone, with the reason: a normalising step spread so that the

@@ -211,6 +211,25 @@ FIXED = {
         def make():
             return LayerNorm(16), (torch.randn(2, 5, 16),)
     ''', ["return F.layer_norm(x, (x.shape[-1],), self.gamma, None, self.eps)"], ["var ="]),
+    "norms-in-method-style-arithmetic": ("GL106", '''
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(16, 16)
+
+            def forward(self, x):
+                h = self.fc(x)
+                mean = h.mean(-1, keepdim=True)
+                var = h.var(-1, keepdim=True, unbiased=False)
+                a = h.sub(mean).div(torch.sqrt(var + 1e-5))
+                b = torch.mul(h, torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add(1e-6)))
+                return a + b
+
+
+        def make():
+            return Block(), (torch.randn(2, 5, 16),)
+    ''', ["a = F.layer_norm(h, (h.shape[-1],), eps=1e-5)\n", "b = F.rms_norm(h, (h.shape[-1],), eps=1e-6)\n"],
+        ["mean =", "var ="]),
     "convnext-channels-first-under-a-branch": ("GL106", '''
         class LayerNorm(nn.Module):
             def __init__(self, normalized_shape, eps=1e-6, data_format="channels_last"):

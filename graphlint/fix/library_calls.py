@@ -389,7 +389,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    found = _root(site.node, site.function, site.imports)
+    found = _root(_as_operation(site.node, site.imports), site.function, site.imports)
     eps = _eps(found[0], site.imports) if found is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
@@ -431,9 +431,10 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     without weight (what the code multiplies and adds after it stays, as does a factor of the numerator such as
     `self.scale * x / sqrt(...)`); the statistics' statements go when nothing else reads them."""
     node = site.node
-    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, (cst.Multiply, cst.Divide)):
+    step = _as_operation(node, site.imports)
+    if not isinstance(step, cst.BinaryOperation) or not isinstance(step.operator, (cst.Multiply, cst.Divide)):
         return "the normalising step is not one product or quotient graphlint can rewrite"
-    found = _root(node, site.function, site.imports)
+    found = _root(step, site.function, site.imports)
     if found is None:
         return "the root of the statistic is not a factor of the normalising step"
     root, numerator = found
@@ -442,10 +443,10 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         return "the epsilon could not be read from the normalising step"
     factors = _factors(numerator)
     if kind == "LayerNorm":
-        centred = [f for f in factors if _is_difference(_value_of(f, site.function))]
+        centred = [f for f in factors if _is_difference(_as_operation(_value_of(f, site.function), site.imports))]
         if len(centred) != 1:
             return "the centred input is not written as `x - mean` in the normalising step"
-        x = _value_of(centred[0], site.function).left
+        x = _bare(_as_operation(_value_of(centred[0], site.function), site.imports).left)
         if isinstance(centred[0], cst.Name) and not _same_here(x, site.function):
             return "the centred input is computed from a value that changes before the normalising step"
     else:
@@ -476,6 +477,19 @@ def _dead_around(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CS
     inside = {id(n) for part in (old, *nested) for n in names_read(part)}
     read = {n.value for n in names_read(function) if id(n) not in inside}
     return removed + tuple(s for s in nested if s.body[0].targets[0].target.value not in read)
+
+
+def _as_operation(node: cst.CSTNode, imports: ImportNames) -> cst.CSTNode:
+    """`a * b` for `a.mul(b)` or `torch.mul(a, b)` (and `div`, `sub`, `add` alike), to read method-style
+    arithmetic as the operators; any other node as it is."""
+    operators = {"mul": cst.Multiply, "div": cst.Divide, "sub": cst.Subtract, "add": cst.Add}
+    name, receiver, positional, keywords = call_parts(node)
+    if name not in operators or keywords:
+        return node
+    operands = positional if is_namespace(receiver, imports) else [receiver, *positional]
+    if len(operands) != 2:
+        return node
+    return cst.BinaryOperation(left=atom(operands[0]), operator=operators[name](), right=atom(operands[1]))
 
 
 def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames):
