@@ -344,7 +344,7 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
     meta = tensor_meta(step)
     dims = _row_dims(mean.args[0] if op(mean) == "getitem" else mean) or (-1,)
     ndim = len(meta.shape) if meta is not None else 0
-    trailing = ndim > 0 and dims == tuple(range(ndim - len(dims), ndim))
+    trailing = ndim == 0 or dims == tuple(range(ndim - len(dims), ndim))  # unknown rank: the last dimension
     channel = None if trailing else dims[0]
     shape = tuple(meta.shape[d] for d in dims) if meta is not None else ()
     return Problem(
