@@ -464,14 +464,37 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
                    imports=imports)
 
 
+def _innermost_block(function: cst.FunctionDef, node: cst.CSTNode) -> cst.IndentedBlock | None:
+    """The innermost indented block of `function` that contains `node`."""
+    found: list[cst.IndentedBlock] = []
+
+    class _Blocks(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.open: list[cst.IndentedBlock] = []
+
+        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
+            self.open.append(block)
+
+        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
+            self.open.pop()
+
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            if visited is node and self.open:
+                found.append(self.open[-1])
+            return super().on_visit(visited)
+
+    function.visit(_Blocks())
+    return found[0] if found else None
+
+
 def _dead_around(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
     """`dead_definitions`, also in the block the rewrite is in when that is nested (ConvNeXt's norm under
     `elif self.data_format == "channels_first":`), where a statement goes only when nothing else in the whole
     function reads the name it sets."""
     removed = dead_definitions(function, old, new)
-    block = next((b for b in reversed(_walk(function)) if isinstance(b, cst.IndentedBlock) and b is not function.body
-                  and any(n is old for n in _walk(b))), None) if function is not None else None
-    if block is None:
+    block = _innermost_block(function, old) if function is not None else None
+    if block is None or block is function.body:
         return removed
     nested = dead_definitions(function.with_changes(body=block), old, new)
     inside = {id(n) for part in (old, *nested) for n in names_read(part)}
