@@ -28,7 +28,19 @@ def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -
 def _one_line(node: cst.CSTNode) -> str:
     """The node's code on one line, for a fix's message: `f(\n    x\n)` is `f(x)`."""
     code = " ".join(code_of(node).split())
-    return code.replace("( ", "(").replace(" )", ")")
+    return code.replace("( ", "(").replace(", )", ")").replace(" )", ")")
+
+
+def _without_parentheses(site: FixSite, node: cst.CSTNode, new: cst.CSTNode) -> tuple[cst.CSTNode, cst.CSTNode]:
+    """(what to replace, by what): a formula a formatter wrapped in parentheses over several lines (`return (`,
+    the formula, `)`) is replaced with its parentheses when it is the statement's whole value and the call
+    needs none; else just the formula."""
+    if getattr(node, "lpar", None) and not getattr(new, "lpar", None) and isinstance(new, cst.Call) and \
+            site.function is not None:
+        for statement in _walk(site.function):
+            if isinstance(statement, (cst.Assign, cst.Return)) and statement.value is node:
+                return statement, statement.with_changes(value=new)
+    return node, new
 
 
 def _is_number(node: cst.BaseExpression, value: float | None = None) -> bool:
@@ -57,7 +69,7 @@ def activation_call(library: str):
             callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
             new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
-        return Rewrite(node, new, f"{_one_line(node)} → {code_of(new)}",
+        return Rewrite(*_without_parentheses(site, node, new), f"{_one_line(node)} → {code_of(new)}",
                        removed=dead_definitions(site.function, node, new), imports=imports)
 
     return fix
@@ -252,7 +264,8 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         new = cst.parse_expression(f"{code_of(atom(new))} / math.log({2 if log_name == 'log2' else 10})")
         new = new if _stands_alone(node, site.function) else atom(new)
         imports = imports + (() if math_name else ("import math",))
-    return Rewrite(node, new, f"{_one_line(node)} → {code_of(new)}", imports=imports, removed=removed)
+    return Rewrite(*_without_parentheses(site, node, new), f"{_one_line(node)} → {code_of(new)}", imports=imports,
+                   removed=removed)
 
 
 def _stands_alone(node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
@@ -356,20 +369,62 @@ def library_norm(kind: str, channel: int | None = None, dims: int = 1, flat: fro
 
 
 def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None, bias: str | None, eps: str,
-               channel: int | None = None, dims: int = 1) -> str:
-    """The library call on `x`; over a channel dimension, the channels moved last and back again."""
+               channel: int | None = None, dims: int = 1, line: tuple[str, str] | None = None) -> str:
+    """The library call on `x`; over a channel dimension, the channels moved last and back again. `line` is
+    (what precedes the call on its line, with indentation; what follows it), to lay a long call out."""
     name, sized = code_of(atom(x)), code_of(atom(_uncast(x)))
     if channel is not None:
         shape, moved = f"({sized}.shape[{channel}],)", f"{name}.movedim({channel}, -1)"
     else:
         shape, moved = (f"({sized}.shape[-1],)" if dims == 1 else f"{sized}.shape[-{dims}:]"), code_of(x)
     if weight is None and bias is None:
-        call = f"{callee}({moved}, {shape}, eps={eps})"
+        parts = [moved, shape, f"eps={eps}"]
     elif kind == "RMSNorm":
-        call = f"{callee}({moved}, {shape}, {weight or 'None'}, {eps})"
+        parts = [moved, shape, weight or "None", eps]
     else:
-        call = f"{callee}({moved}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
-    return call if channel is None else f"{call}.movedim(-1, {channel})"
+        parts = [moved, shape, weight or "None", bias or "None", eps]
+    if channel is None:
+        return f"{callee}({_arguments(callee, parts, line)})"
+    back = f".movedim(-1, {channel})"
+    whole = f"{callee}({', '.join(parts)}){back}"
+    if line is None or len(line[0]) + len(whole) <= _LINE_LENGTH or (line[1].strip() and not line[1].strip().startswith("#")):
+        return whole
+    indent = line[0][: len(line[0]) - len(line[0].lstrip())]
+    if len(line[0]) + len(whole) - len(f"-1, {channel})") <= _LINE_LENGTH:  # as ruff splits the last call first
+        return f"{callee}({', '.join(parts)}).movedim(\n{indent}    -1, {channel}\n{indent})"
+    return f"{callee}({_arguments(callee, parts, (line[0], back))}){back}"
+
+
+_LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
+
+
+def _arguments(callee: str, parts: list[str], line: tuple[str, str] | None) -> str:
+    """A call's arguments as a formatter writes them when the call ends its line: on that line when it fits,
+    else on one indented line of their own, else one a line with a trailing comma."""
+    inside = ", ".join(parts)
+    if line is None:
+        return inside
+    before, after = line
+    indent = before[: len(before) - len(before.lstrip())]
+    code_after = after.strip() and not after.strip().startswith(("#", "."))  # a call ending its line, or a chain's
+    if code_after or len(before) + len(callee) + len(inside) + 2 + len(after.split("#")[0].rstrip()) <= _LINE_LENGTH:
+        return inside
+    if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
+        return f"\n{indent}    {inside}\n{indent}"
+    return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+
+
+def _line_of(site: FixSite, node: cst.CSTNode) -> tuple[str, str] | None:
+    """(what precedes `node` on its line, indentation included; what follows it there) when `node` is the whole
+    value of a statement on one line of the function, else None."""
+    if site.function is None:
+        return None
+    for statement in _walk(site.function):
+        if isinstance(statement, (cst.Assign, cst.Return)) and statement.value is node:
+            before, _, after = code_of(statement).partition(code_of(node))
+            if "\n" not in before:
+                return site.indent + before, after.split("\n")[0]
+    return None
 
 
 def _uncast(x: cst.BaseExpression) -> cst.BaseExpression:
@@ -403,7 +458,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
         return "the norm's learned scale or shift is not a parameter of the normalised shape that multiplies or adds"
     callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
     call = _norm_call(callee, kind, cst.Name(x), scale[0] if scale else None, shift[0] if shift else None,
-                      code_of(eps), dims=dims)
+                      code_of(eps), dims=dims, line=(site.indent + "return ", ""))
     statements = list(function.body.body)
     if statements and _is_docstring(statements[0]):
         statements = statements[1:]
@@ -416,7 +471,8 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if others:
         return f"`{function.name.value}` computes more than the norm (it calls {', '.join(others)})"
     new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
-    return Rewrite(last.body[0], new, f"{kind} by hand → {call}", removed=tuple(statements[:-1]), imports=imports)
+    return Rewrite(last.body[0], new, f"{kind} by hand → {_one_line(new.value)}", removed=tuple(statements[:-1]),
+                   imports=imports)
 
 
 # What a method that is only a norm calls: the statistics, the root, arithmetic and casts.
@@ -456,11 +512,12 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         centred = plain
         x = _bare(plain[0])
     callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
-    call = cst.parse_expression(_norm_call(callee, kind, x, None, None, code_of(eps), channel, dims))
+    line = _line_of(site, node) if len(factors) == 1 else None
+    call = cst.parse_expression(_norm_call(callee, kind, x, None, None, code_of(eps), channel, dims, line))
     new = call if len(factors) == 1 else numerator.deep_replace(centred[0], call)
     if new is not call:
         new = new.with_changes(lpar=list(node.lpar), rpar=list(node.rpar))
-    return Rewrite(node, new, f"{kind} by hand → {code_of(call)}", removed=_dead_around(site.function, node, new),
+    return Rewrite(node, new, f"{kind} by hand → {_one_line(call)}", removed=_dead_around(site.function, node, new),
                    imports=imports)
 
 
