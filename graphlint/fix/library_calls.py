@@ -387,12 +387,13 @@ def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None
         return f"{callee}({_arguments(callee, parts, line)})"
     back = f".movedim(-1, {channel})"
     whole = f"{callee}({', '.join(parts)}){back}"
-    if line is None or len(line[0]) + len(whole) <= _LINE_LENGTH or (line[1].strip() and not line[1].strip().startswith("#")):
+    if line is None or len(line[0]) + len(whole) + len(line[1].rstrip()) <= _LINE_LENGTH or \
+            (line[1].strip() and not line[1].strip().startswith("#")):
         return whole
     indent = line[0][: len(line[0]) - len(line[0].lstrip())]
-    if len(line[0]) + len(whole) - len(f"-1, {channel})") <= _LINE_LENGTH:  # as ruff splits the last call first
+    if len(line[0]) + len(whole) - len(f"-1, {channel})") <= _LINE_LENGTH:  # ruff splits the last call first
         return f"{callee}({', '.join(parts)}).movedim(\n{indent}    -1, {channel}\n{indent})"
-    return f"{callee}({_arguments(callee, parts, (line[0], back))}){back}"
+    return f"{callee}({_arguments(callee, parts, (line[0], back + line[1]))}){back}"
 
 
 _LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
@@ -407,7 +408,7 @@ def _arguments(callee: str, parts: list[str], line: tuple[str, str] | None) -> s
     before, after = line
     indent = before[: len(before) - len(before.lstrip())]
     code_after = after.strip() and not after.strip().startswith(("#", "."))  # a call ending its line, or a chain's
-    if code_after or len(before) + len(callee) + len(inside) + 2 + len(after.split("#")[0].rstrip()) <= _LINE_LENGTH:
+    if code_after or len(before) + len(callee) + len(inside) + 2 + len(after.rstrip()) <= _LINE_LENGTH:
         return inside
     if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
         return f"\n{indent}    {inside}\n{indent}"
@@ -415,16 +416,23 @@ def _arguments(callee: str, parts: list[str], line: tuple[str, str] | None) -> s
 
 
 def _line_of(site: FixSite, node: cst.CSTNode) -> tuple[str, str] | None:
-    """(what precedes `node` on its line, indentation included; what follows it there) when `node` is the whole
-    value of a statement on one line of the function, else None."""
+    """(what precedes `node` on its line, indentation included; what follows it there, a trailing comment
+    included) when `node` is the whole value of a statement on one line of the function, else None."""
     if site.function is None:
         return None
-    for statement in _walk(site.function):
-        if isinstance(statement, (cst.Assign, cst.Return)) and statement.value is node:
-            before, _, after = code_of(statement).partition(code_of(node))
+    for line in _walk(site.function):
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and \
+                isinstance(line.body[0], (cst.Assign, cst.Return)) and line.body[0].value is node:
+            before, _, after = code_of(line.body[0]).partition(code_of(node))
             if "\n" not in before:
-                return site.indent + before, after.split("\n")[0]
+                return site.indent + before, after.split("\n")[0] + _comment(line)
     return None
+
+
+def _comment(line: cst.SimpleStatementLine) -> str:
+    """The trailing comment of a statement's line, as a formatter counts it, or ""."""
+    comment = line.trailing_whitespace.comment
+    return f"  {comment.value}" if comment is not None else ""
 
 
 def _uncast(x: cst.BaseExpression) -> cst.BaseExpression:
@@ -456,9 +464,6 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
         return "the norm's learned scale and shift could not be told apart"
     if any(w.removeprefix("self.") not in flat for w in scale + shift):
         return "the norm's learned scale or shift is not a parameter of the normalised shape that multiplies or adds"
-    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
-    call = _norm_call(callee, kind, cst.Name(x), scale[0] if scale else None, shift[0] if shift else None,
-                      code_of(eps), dims=dims, line=(site.indent + "return ", ""))
     statements = list(function.body.body)
     if statements and _is_docstring(statements[0]):
         statements = statements[1:]
@@ -470,6 +475,9 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
                      and (name := call_parts(n)[0]) not in _NORM_STEPS})
     if others:
         return f"`{function.name.value}` computes more than the norm (it calls {', '.join(others)})"
+    callee, imports = site.imports.functional_call("rms_norm" if kind == "RMSNorm" else "layer_norm")
+    call = _norm_call(callee, kind, cst.Name(x), scale[0] if scale else None, shift[0] if shift else None,
+                      code_of(eps), dims=dims, line=(site.indent + "return ", _comment(last)))
     new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
     return Rewrite(last.body[0], new, f"{kind} by hand → {_one_line(new.value)}", removed=tuple(statements[:-1]),
                    imports=imports)
