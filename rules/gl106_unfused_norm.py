@@ -75,7 +75,8 @@ class UnfusedNorm(Rule):
         after it staying as written, and the statistics' statements go when nothing else reads them. A norm over the
         channels of a channels-first tensor moves them last for the call and back:
         `F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)`. The file's own names
-        for `torch.nn.functional` are used. Left alone, with the reason: a normalising step spread so that the
+        for `torch.nn.functional` are used, and a call too long for its line is laid out as ruff and black lay
+        it out. Left alone, with the reason: a normalising step spread so that the
         centred input or the root cannot be read back from the source. `F.rms_norm` needs torch 2.4; on older
         torch the proof fails and nothing is written.
     """
@@ -212,7 +213,9 @@ class UnfusedNorm(Rule):
                         self.bias = nn.Parameter(torch.zeros(dim))
 
                     def forward(self, x):
-                        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # expect: GL106
+                        return F.layer_norm(
+                            x, (x.shape[-1],), self.weight, self.bias, self.eps
+                        )  # expect: GL106
 
 
                 class Encoder(nn.Module):
@@ -278,7 +281,9 @@ class UnfusedNorm(Rule):
                         self.eps = eps
 
                     def forward(self, x):
-                        x = F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)  # expect: GL106
+                        x = F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(
+                            -1, 1
+                        )  # expect: GL106
                         return self.weight[:, None, None] * x + self.bias[:, None, None]
 
 
