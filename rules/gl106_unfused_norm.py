@@ -58,26 +58,24 @@ class UnfusedNorm(Rule):
         self.norm = nn.LayerNorm(dim, eps=eps)        # or F.layer_norm(x, (dim,), weight, bias, eps)
     """
     fixes = """
-        Safe, once proven: `--fix` replaces the body of a method that is only the norm (a norm module's
-        `forward(self, x)`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between
-        `.float()` and `.type_as(x)`, which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight,
-        self.eps)` or `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module,
-        its parameters and so every checkpoint; the float32 up-cast inside goes (the library kernels
-        accumulate in float32). The scale and shift are the module's attributes that multiply and add,
-        whatever their names (`self.g`, `self.gamma`, `self.scale`), taken into the call only when the
-        capture saw them as parameters of exactly the normalised shape: a gain of shape `(1, 1, dim)` or one
-        used as `(1 + self.weight)` stays a product after the call. The epsilon is what the root adds to the
-        statistic (`self.eps`, a number, or a plain name such as a function's `eps` argument). Any other norm,
-        in the middle of a larger forward (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`,
-        `(h - mu) / torch.sqrt(var + eps)`, a helper function, a branch), becomes `F.rms_norm(h, (h.shape[-1],),
-        eps=eps)` or `F.layer_norm(...)` in place of the normalising expression (also written with methods:
-        `h.sub(mean).div(torch.sqrt(var + eps))`, `torch.mul(h, torch.rsqrt(...))`), what multiplies and adds
-        after it staying as written, and the statistics' statements go when nothing else reads them. A norm over the
-        channels of a channels-first tensor moves them last for the call and back:
-        `F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(-1, 1)`. The file's own names
-        for `torch.nn.functional` are used, and a call too long for its line is laid out as ruff and black lay
-        it out. Left alone, with the reason: a normalising step spread so that the
-        centred input or the root cannot be read back from the source. `F.rms_norm` needs torch 2.4; on older
+        Safe, once proven: `--fix` replaces the body of a method that is only the norm (a norm module's `forward(self,
+        x)`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between `.float()` and `.type_as(x)`,
+        which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)` or `F.layer_norm(x,
+        (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module, its parameters and so every checkpoint;
+        the float32 up-cast inside goes (the library kernels accumulate in float32). The scale and shift are the
+        module's attributes that multiply and add, whatever their names (`self.g`, `self.gamma`, `self.scale`), taken
+        into the call only when the capture saw them as parameters of exactly the normalised shape: a gain of shape `(1,
+        1, dim)` or one used as `(1 + self.weight)` stays a product after the call. The epsilon is what the root adds to
+        the statistic (`self.eps`, a number, or a plain name such as a function's `eps` argument). Any other norm, in
+        the middle of a larger forward (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`, `(h - mu) /
+        torch.sqrt(var + eps)`, a helper function, a branch), becomes `F.rms_norm(h, (h.shape[-1],), eps=eps)` or
+        `F.layer_norm(...)` in place of the normalising expression (also written with methods:
+        `h.sub(mean).div(torch.sqrt(var + eps))`, `torch.mul(h, torch.rsqrt(...))`), what multiplies and adds after it
+        staying as written, and the statistics' statements go when nothing else reads them. A norm over the channels of
+        a channels-first tensor moves them last for the call and back: `F.layer_norm(x.movedim(1, -1), (x.shape[1],),
+        eps=self.eps).movedim(-1, 1)`. The file's own names for `torch.nn.functional` are used, and a call too long for
+        its line is laid out as ruff and black lay it out. Left alone, with the reason: a normalising step spread so
+        that the centred input or the root cannot be read back from the source. `F.rms_norm` needs torch 2.4; on older
         torch the proof fails and nothing is written.
     """
     bad_examples = (
