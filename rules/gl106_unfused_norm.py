@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import fx
 
-from graphlint.ops import DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
+from graphlint.capture import facts
+from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import library_norm
 from graphlint.rule import Example, Problem, Rule
@@ -18,23 +19,27 @@ class UnfusedNorm(Rule):
     precision = "high"
     summary = "LayerNorm or RMSNorm written out by hand; F.layer_norm and F.rms_norm run it as one kernel."
     what = """
-        A normalisation over the last dimension spelled out step by step, with or without a float32 up-cast:
+        A normalisation over the last dimensions, or over the channels of a channels-first tensor (ConvNeXt's
+        `u = x.mean(1, keepdim=True)`), spelled out step by step, with or without a float32 up-cast:
 
         - LayerNorm: the mean, the centred input `x - mean`, the biased variance (`(x - mean).pow(2).mean(-1,
           keepdim=True)`, `x.var(-1, keepdim=True, unbiased=False)` or `correction=0`, `torch.var_mean(x, -1,
           keepdim=True, correction=0)`, the square of a biased `std` or of `torch.std_mean`'s), `+ eps`, and
           the root: `rsqrt`, `** -0.5`, `1 / sqrt(...)` or `sqrt(...).reciprocal()` times the centred input, or
-          the centred input divided by `sqrt`;
-        - RMSNorm: the mean of squares (`x.pow(2)`, `x ** 2`, `x * x`, `x.square()`), `+ eps`, and the same
-          roots, with `x`;
+          the centred input divided by `sqrt` or `** 0.5`;
+        - RMSNorm: the mean of squares (`x.pow(2)`, `x ** 2`, `x * x`, `x.square()`), `+ eps` (or `.add(eps)`),
+          and the same roots, with `x`;
 
-        followed or not by a learned scale and shift. It is reported once per line with the number of layers
+        followed or not by a learned scale and shift, also when the scale multiplies the input before the
+        division (`self.scale * x / torch.sqrt(...)`). It is reported once per line with the number of layers
         that run it. The finding points at the normalising step (the product or division); the mean is a
         related location. Not flagged: `nn.LayerNorm`, `nn.RMSNorm` and their functional forms,
         `F.normalize` and `x / x.norm(dim=-1, keepdim=True)` (L2 normalisation), standardising by constants
         or by the unbiased standard deviation (the default of `var`, `std`, `var_mean` and `std_mean`), epsilon
-        added to the standard deviation rather than the variance (not the library's formula), statistics over
-        the batch dimension, and normalisations inside installed libraries (`transformers`' own `LlamaRMSNorm`).
+        added to the standard deviation rather than the variance (`(x - mu) / (sigma + eps)`, as the Annotated
+        Transformer writes it: not the library's formula, and rewriting it would change the numbers),
+        statistics over the batch dimension, and normalisations inside installed libraries (`transformers`' own
+        `LlamaRMSNorm`).
     """
     why = """
         Written out, a norm is five to eight kernels, each reading and writing the whole activation, and
@@ -53,19 +58,25 @@ class UnfusedNorm(Rule):
         self.norm = nn.LayerNorm(dim, eps=eps)        # or F.layer_norm(x, (dim,), weight, bias, eps)
     """
     fixes = """
-        Safe, once proven: `--fix` replaces the body of a method that is only the norm (a norm module's
-        `forward(self, x)`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between
-        `.float()` and `.type_as(x)`, which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight,
-        self.eps)` or `F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module,
-        its parameters and so every checkpoint; the float32 up-cast inside goes (the library kernels
-        accumulate in float32). The scale and shift are the module's attributes that multiply and add; the
-        epsilon is what the root adds to the statistic. A norm in the middle of a larger forward
-        (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`, `(h - mu) / torch.sqrt(var + eps)`) becomes
-        `F.rms_norm(h, (h.shape[-1],), eps=eps)` or `F.layer_norm(...)` in place of that expression, what
-        multiplies and adds after it staying as written, and the statistics' statements go when nothing else
-        reads them. The file's own names for `torch.nn.functional` are used. Left alone, with the reason: a
-        helper with more than one input, compound statements, and scales or shifts that cannot be told apart.
-        `F.rms_norm` needs torch 2.4; on older torch the proof fails and nothing is written.
+        Safe, once proven: `--fix` replaces the body of a method that is only the norm (a norm module's `forward(self,
+        x)`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between `.float()` and `.type_as(x)`,
+        which stay) with one call: `F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)` or `F.layer_norm(x,
+        (x.shape[-1],), self.weight, self.bias, self.eps)`, keeping the module, its parameters and so every checkpoint;
+        the float32 up-cast inside goes (the library kernels accumulate in float32). The scale and shift are the
+        module's attributes that multiply and add, whatever their names (`self.g`, `self.gamma`, `self.scale`), taken
+        into the call only when the capture saw them as parameters of exactly the normalised shape: a gain of shape `(1,
+        1, dim)` or one used as `(1 + self.weight)` stays a product after the call. The epsilon is what the root adds to
+        the statistic (`self.eps`, a number, or a plain name such as a function's `eps` argument). Any other norm, in
+        the middle of a larger forward (`h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)`, `(h - mu) /
+        torch.sqrt(var + eps)`, a helper function, a branch), becomes `F.rms_norm(h, (h.shape[-1],), eps=eps)` or
+        `F.layer_norm(...)` in place of the normalising expression (also written with methods:
+        `h.sub(mean).div(torch.sqrt(var + eps))`, `torch.mul(h, torch.rsqrt(...))`), what multiplies and adds after it
+        staying as written, and the statistics' statements go when nothing else reads them. A norm over the channels of
+        a channels-first tensor moves them last for the call and back: `F.layer_norm(x.movedim(1, -1), (x.shape[1],),
+        eps=self.eps).movedim(-1, 1)`. The file's own names for `torch.nn.functional` are used, and a call too long for
+        its line is laid out as ruff and black lay it out. Left alone, with the reason: a normalising step spread so
+        that the centred input or the root cannot be read back from the source. `F.rms_norm` needs torch 2.4; on older
+        torch the proof fails and nothing is written.
     """
     bad_examples = (
         Example(
@@ -200,7 +211,9 @@ class UnfusedNorm(Rule):
                         self.bias = nn.Parameter(torch.zeros(dim))
 
                     def forward(self, x):
-                        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)  # expect: GL106
+                        return F.layer_norm(
+                            x, (x.shape[-1],), self.weight, self.bias, self.eps
+                        )  # expect: GL106
 
 
                 class Encoder(nn.Module):
@@ -217,10 +230,79 @@ class UnfusedNorm(Rule):
                     return Encoder(), (torch.randn(4, 16),)
             ''',
         ),
+        Example(
+            title="ConvNeXt's LayerNorm over the channels of an image",
+            source='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class LayerNorm2d(nn.Module):
+                    def __init__(self, channels, eps=1e-6):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(channels))
+                        self.bias = nn.Parameter(torch.zeros(channels))
+                        self.eps = eps
+
+                    def forward(self, x):
+                        u = x.mean(1, keepdim=True)
+                        s = (x - u).pow(2).mean(1, keepdim=True)
+                        x = (x - u) / torch.sqrt(s + self.eps)  # expect: GL106
+                        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+                class Stem(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+                        self.norm = LayerNorm2d(8)
+
+                    def forward(self, x):
+                        return self.norm(self.conv(x))
+
+
+                def make():
+                    return Stem(), (torch.randn(2, 3, 16, 16),)
+            ''',
+            fixed='''
+                import torch
+                from torch import nn
+                import torch.nn.functional as F
+
+
+                class LayerNorm2d(nn.Module):
+                    def __init__(self, channels, eps=1e-6):
+                        super().__init__()
+                        self.weight = nn.Parameter(torch.ones(channels))
+                        self.bias = nn.Parameter(torch.zeros(channels))
+                        self.eps = eps
+
+                    def forward(self, x):
+                        x = F.layer_norm(x.movedim(1, -1), (x.shape[1],), eps=self.eps).movedim(
+                            -1, 1
+                        )  # expect: GL106
+                        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+                class Stem(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+                        self.norm = LayerNorm2d(8)
+
+                    def forward(self, x):
+                        return self.norm(self.conv(x))
+
+
+                def make():
+                    return Stem(), (torch.randn(2, 3, 16, 16),)
+            ''',
+        ),
     )
     good_examples = (
         Example(
-            title="the library norms, L2 normalisation, constant standardisation and batch statistics",
+            title="the library norms, L2 normalisation, constant standardisation, batch statistics and eps on the std",
             source='''
                 import torch
                 from torch import nn
@@ -241,7 +323,9 @@ class UnfusedNorm(Rule):
                         unit = F.normalize(h, dim=-1) + h / h.norm(dim=-1, keepdim=True)
                         mean = h.mean(0, keepdim=True)
                         whitened = (h - mean) / torch.sqrt(((h - mean) ** 2).mean(0, keepdim=True) + 1e-5)
-                        return unit + whitened
+                        mu = h.mean(-1, keepdim=True)
+                        standardised = (h - mu) / (h.std(-1, keepdim=True) + 1e-6)  # eps on the std: another formula
+                        return unit + whitened + standardised
 
 
                 def make():
@@ -260,19 +344,47 @@ class UnfusedNorm(Rule):
 
 def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
     library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
+    meta = tensor_meta(step)
+    dims = _row_dims(mean.args[0] if op(mean) == "getitem" else mean) or (-1,)
+    ndim = len(meta.shape) if meta is not None else 0
+    trailing = ndim == 0 or dims == tuple(range(ndim - len(dims), ndim))  # unknown rank: the last dimension
+    channel = None if trailing else dims[0]
+    shape = tuple(meta.shape[d] for d in dims) if meta is not None else ()
     return Problem(
         node=step,
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=library_norm(kind),
+        fix=library_norm(kind, channel, len(dims), _flat_parameters(step, shape)),
     )
 
 
+def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
+    """The attribute names of the parameters of exactly the normalised shape that scale or shift the normalised
+    value right after the step (or inside its numerator): those the library call can take as weight and bias."""
+    found: set[str] = set()
+    node, seen = step, 0
+    values = [a for a in step.args if isinstance(a, fx.Node) and op(a) in MUL]
+    while isinstance(node, fx.Node) and seen < 6:
+        values.append(node)
+        users = list(node.users)
+        if len(users) != 1 or op(users[0]) not in MUL | CAST | frozenset({"add"}):
+            break
+        node, seen = users[0], seen + 1
+    for value in values:
+        for operand in value.args:
+            operand = strip_casts(operand)
+            meta = tensor_meta(operand)
+            if isinstance(operand, fx.Node) and operand.op == "get_attr" and facts(operand).is_parameter and \
+                    meta is not None and tuple(meta.shape) == shape:
+                found.add(str(operand.target).rsplit(".", 1)[-1])
+    return frozenset(found)
+
+
 def _is_root(node: fx.Node) -> bool:
-    """`rsqrt(s)`, `sqrt(s)` or `s ** -0.5`: the root of the statistic plus epsilon."""
+    """`rsqrt(s)`, `sqrt(s)`, `s ** -0.5` or `s ** 0.5`: the root of the statistic plus epsilon."""
     name = op(node)
-    return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") == -0.5)
+    return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") in (-0.5, 0.5))
 
 
 def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
@@ -304,21 +416,31 @@ def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
         return None
     if dims is None:
         return None
-    for step, other in _normalising_steps(root):
-        if kind == "RMSNorm" and strip_casts(other) is base:
-            return step, anchor, kind
-        if kind == "LayerNorm":
-            mean = _centring_mean(other, dims)
-            x = base if centred is None else arg(centred, 0, "input")
-            if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
-                return step, mean, kind
+    for step, numerator in _normalising_steps(root):
+        for other in _factors(numerator):
+            if kind == "RMSNorm" and other is base:
+                return step, anchor, kind
+            if kind == "LayerNorm":
+                mean = _centring_mean(other, dims)
+                x = base if centred is None else arg(centred, 0, "input")
+                if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
+                    return step, mean, kind
     return None
+
+
+def _factors(numerator) -> list:
+    """What a normalising step may normalise: its numerator, or a factor of it (`self.scale * x / sqrt(...)`)."""
+    numerator = strip_casts(numerator)
+    found = [numerator]
+    if isinstance(numerator, fx.Node) and op(numerator) in MUL and len(numerator.args) == 2:
+        found += [strip_casts(a) for a in numerator.args]
+    return found
 
 
 def _normalising_steps(root: fx.Node):
     """(step, what it normalises) for each use of the root: `y * rsqrt(...)` (either order), `y / sqrt(...)`,
     and `y * (1 / sqrt(...))` or `y * sqrt(...).reciprocal()`."""
-    inverse = op(root) != "sqrt"
+    inverse = op(root) == "rsqrt" or (op(root) == "pow" and arg(root, 1, "exponent") == -0.5)
     for step in root.users:
         if not inverse and (op(step) == "reciprocal" or (op(step) == "rdiv" and step.args[1:2] in ((1,), (1.0,)))):
             for outer in step.users:
@@ -373,9 +495,11 @@ def _row_dims(stat: fx.Node) -> tuple[int, ...] | None:
         return None
     ndim = len(meta.shape)
     dims = tuple(sorted(d % ndim for d in (dim if isinstance(dim, (list, tuple)) else (dim,)) if isinstance(d, int)))
-    if ndim < 2 or not dims or dims != tuple(range(ndim - len(dims), ndim)) or 0 in dims:
+    if ndim < 2 or not dims or 0 in dims:
         return None
-    return dims
+    if dims == tuple(range(ndim - len(dims), ndim)) or (len(dims) == 1 and ndim >= 3):
+        return dims  # trailing dimensions, or the channels of a channels-first tensor (ConvNeXt's LayerNorm)
+    return None
 
 
 def _biased(var: fx.Node) -> bool:

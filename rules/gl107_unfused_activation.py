@@ -12,6 +12,7 @@ from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
 _ADD = frozenset({"add"})
+_RANDOM = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")  # ops whose two calls differ
 _TANH_INNER = MUL | frozenset({"add", "pow"})
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 
@@ -26,17 +27,25 @@ class UnfusedActivation(Rule):
     what = """
         Activations spelled out as formulas that have an exact library equivalent:
 
-        - `x * torch.sigmoid(x)`: `F.silu(x)`;
-        - `0.5 * x * (1 + torch.erf(x / math.sqrt(2)))`: `F.gelu(x)`;
-        - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`:
+        - `x * torch.sigmoid(x)` or `x / (1 + torch.exp(-x))`: `F.silu(x)`;
+        - `0.5 * x * (1 + torch.erf(x / math.sqrt(2)))`, in any order of the factors, halved by `/ 2`, or with
+          the cumulative distribution made first (`cdf = 0.5 * (1.0 + torch.erf(...))`, then `x * cdf`):
+          `F.gelu(x)`;
+        - `0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))`, with the cube as
+          `torch.pow(x, 3)`, `x ** 3` or `x * x * x`, the constant as `0.7978845608` or
+          `torch.sqrt(torch.tensor(2.0 / torch.pi))`, and the same orders:
           `F.gelu(x, approximate="tanh")`;
-        - `x * torch.tanh(F.softplus(x))`: `F.mish(x)`;
+        - `x * torch.tanh(F.softplus(x))`, also with the softplus written out as `torch.log1p(torch.exp(x))` or
+          `torch.log(1 + torch.exp(x))`: `F.mish(x)`;
         - `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, with or without subtracting the maximum first:
           `torch.softmax(x, dim)`.
 
-        The finding points at the outermost expression of the formula, once per line with the number of
-        layers that run it. Not flagged: formulas without an exact library form (`x * torch.sigmoid(1.702 *
-        x)`), gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
+        The input may be one variable or the same expression written in each place (`self.fc(x) *
+        torch.sigmoid(self.fc(x))`, `(y + b) * 0.5 * (1 + torch.erf((y + b) / math.sqrt(2)))`), never two draws
+        of a random op. The finding points at the outermost expression of the formula, once per line with the
+        number of layers that run it. Not flagged: formulas without an exact library form (QuickGELU, `x *
+        torch.sigmoid(1.702 * x)`, which differs from GELU by up to about 0.02, and Swish with a `beta`),
+        gates such as `a * torch.sigmoid(b)` and gated units such as SwiGLU (`F.silu(a) * b`), and code
         inside installed libraries.
     """
     why = """
@@ -58,12 +67,15 @@ class UnfusedActivation(Rule):
     fixes = """
         Safe, once proven: `--fix` replaces the formula by the library call, on the same input as written and
         with the file's own names for torch and `torch.nn.functional` (`import torch as t` gives `t.softmax`;
-        an import is added only when the file has none): `h * torch.sigmoid(h)`
-        becomes `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
-        `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` becomes `F.mish(h)`, and
-        `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`; a helper variable
-        that only fed the formula (`inner = ...`) is deleted. Left alone, with the reason: formulas whose input
-        is spelled differently in its two places, and a softmax spread over several statements.
+        an import is added only when the file has none): `h * torch.sigmoid(h)`, `h.sigmoid() * h`,
+        `h * F.sigmoid(h)` and `h / (1 + torch.exp(-h))` become `F.silu(h)`, the erf and tanh GELU formulas become `F.gelu(h)` and
+        `F.gelu(h, approximate="tanh")`, `h * torch.tanh(F.softplus(h))` (or its softplus written out) becomes `F.mish(h)`, and
+        `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)` becomes `torch.softmax(x, dim)`, also when the
+        exponentials are a variable and the maximum along `dim` is subtracted first (`torch.softmax` subtracts
+        it itself); a helper variable that only fed the formula (`inner = ...`, `cdf = ...`, `e = ...`) is
+        deleted. A formula in a helper function, an activation module's `forward` or a lambda is rewritten
+        there, once, whatever calls it. Left alone, with the reason: formulas whose input is spelled
+        differently in its two places, and exponentials not divided by their own sum.
     """
     bad_examples = (
         Example(
@@ -185,8 +197,7 @@ class UnfusedActivation(Rule):
                         h = self.fc(x)
                         h = nn.functional.gelu(h)  # expect: GL107
                         logits = self.out(h)
-                        e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
-                        return e / e.sum(dim=-1, keepdim=True)  # expect: GL107
+                        return torch.softmax(logits, dim=-1)  # expect: GL107
 
 
                 def make():
@@ -261,18 +272,48 @@ def _activation(node: fx.Node) -> tuple[fx.Node, str] | None:
         outer = _times(node, x)
         return (outer, "F.silu(x)") if outer is not None else None
     if name == "exp":
-        return _softmax(node, x)
+        return _swish_by_exp(node, x) or _softmax(node, x)
     if name == "tanh" and op(x) == "softplus":
         inner = arg(x, 0, "input")
         beta, threshold = arg(x, 1, "beta", 1), arg(x, 2, "threshold", 20)
         outer = _times(node, inner) if beta == 1 and threshold == 20 else None
         return (outer, "F.mish(x)") if outer is not None else None
+    if name == "tanh" and (inner := _softplus_by_hand(x)) is not None:
+        outer = _times(node, inner)
+        return (outer, "F.mish(x)") if outer is not None else None
     if name in ("erf", "tanh"):
         for outer, base in _half_x_times_one_plus(node):
-            if name == "erf" and _scaled(x, 1 / math.sqrt(2)) is base:
+            if name == "erf" and _same_value(_scaled(x, 1 / math.sqrt(2)), base):
                 return outer, "F.gelu(x)"
             if name == "tanh" and _is_tanh_gelu_input(x, base):
                 return outer, 'F.gelu(x, approximate="tanh")'
+    return None
+
+
+def _swish_by_exp(exp: fx.Node, negated: fx.Node) -> tuple[fx.Node, str] | None:
+    """`x / (1 + exp(-x))`, SiLU with the sigmoid written out."""
+    if op(negated) != "neg" or not isinstance(negated.args[0], fx.Node):
+        return None
+    x, total = negated.args[0], _only_user(exp)
+    if total is None or op(total) != "add" or not _close(_other(total, exp), 1):
+        return None
+    quotient = _only_user(total)
+    if quotient is not None and op(quotient) in DIV and quotient.args[:2] == (x, total):
+        return quotient, "F.silu(x)"
+    return None
+
+
+def _softplus_by_hand(node: fx.Node) -> fx.Node | None:
+    """x of `torch.log1p(torch.exp(x))` or `torch.log(1 + torch.exp(x))`, softplus written out; None otherwise."""
+    exp = arg(node, 0, "input")
+    if op(node) == "log":  # of 1 + exp(x), in either order
+        total, exp = exp, None
+        if isinstance(total, fx.Node) and op(total) == "add" and len(total.args) == 2:
+            exp = next((a for a in total.args if isinstance(a, fx.Node) and _close(_other(total, a), 1)), None)
+    elif op(node) != "log1p":
+        return None
+    if isinstance(exp, fx.Node) and op(exp) == "exp" and isinstance(arg(exp, 0, "input"), fx.Node):
+        return arg(exp, 0, "input")
     return None
 
 
@@ -295,7 +336,7 @@ def _only_user(node: fx.Node) -> fx.Node | None:
 def _times(node: fx.Node, x: fx.Node) -> fx.Node | None:
     """The product `x * node` (either order), or None: a gate multiplies by another tensor."""
     user = _only_user(node)
-    if user is not None and op(user) in MUL and _other(user, node) is x:
+    if user is not None and op(user) in MUL and _same_value(_other(user, node), x):
         return user
     return None
 
@@ -315,12 +356,19 @@ def _scaled(node: fx.Node, factor: float) -> fx.Node | None:
 
 
 def _half_x_times_one_plus(core: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
-    """(outermost node, x) for each reading of `0.5 * x * (1 + core)` in its usual spellings."""
+    """(outermost node, x) for each reading of `0.5 * x * (1 + core)` in its usual spellings, also with the
+    cumulative distribution made first (`cdf = 0.5 * (1.0 + core)`, then `x * cdf`)."""
     one_plus = _only_user(core)
     if one_plus is None or op(one_plus) not in _ADD or not _close(_other(one_plus, core), 1):
         return []
     product = _only_user(one_plus)
-    if product is None or op(product) not in MUL:
+    if product is None or op(product) not in MUL | DIV:
+        return []
+    if _scaled(product, 0.5) is one_plus:  # cdf = 0.5 * (1 + core), then x * cdf
+        outer = _only_user(product)
+        x = _other(outer, product) if outer is not None and op(outer) in MUL else None
+        return [(outer, x)] if isinstance(x, fx.Node) else []
+    if op(product) not in MUL:
         return []
     factor = _other(product, one_plus)
     if not isinstance(factor, fx.Node):
@@ -334,6 +382,17 @@ def _half_x_times_one_plus(core: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
     return readings
 
 
+def _constant(value) -> float | None:
+    """A number, also one made into a tensor on the way (`torch.sqrt(torch.tensor(2.0 / torch.pi))`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, fx.Node) and op(value) == "tensor" and value.args:
+        return _constant(value.args[0])
+    if isinstance(value, fx.Node) and op(value) == "sqrt" and (inside := _constant(value.args[0])) is not None:
+        return math.sqrt(inside) if inside >= 0 else None
+    return None
+
+
 def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
     """Whether `value` is sqrt(2/pi) * (x + 0.044715 * x**3), however the product is spread out: it may use
     only x, constants, products, sums and the cube of x, and both constants must appear."""
@@ -344,10 +403,10 @@ def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
         seen += 1
         if seen > 16:
             return False
-        if node is x:
+        if _same_value(node, x):
             continue
-        if isinstance(node, (int, float)) and not isinstance(node, bool):
-            constants.append(float(node))
+        if (constant := _constant(node)) is not None:
+            constants.append(constant)
         elif not isinstance(node, fx.Node) or op(node) not in _TANH_INNER:
             return False
         elif op(node) == "pow":
@@ -379,8 +438,9 @@ def _softmax(exp: fx.Node, x: fx.Node) -> tuple[fx.Node, str] | None:
 
 
 def _same_value(a, b) -> bool:
-    """The same node, or the same op on the same arguments (`torch.exp(x - m)` written twice)."""
+    """The same node, or the same op on the same arguments (`torch.exp(x - m)` or `h + self.bias` written twice);
+    never two draws of a random op."""
     if a is b:
         return True
     return (isinstance(a, fx.Node) and isinstance(b, fx.Node) and op(a) == op(b) and a.args == b.args
-            and a.kwargs == b.kwargs)
+            and a.kwargs == b.kwargs and not any(word in (op(a) or "") for word in _RANDOM))

@@ -31,7 +31,9 @@ class UnstableLogSoftmax(Rule):
 
         The finding points at the `log` call; the softmax or sigmoid is a related location. Not flagged:
         `F.log_softmax`, `F.logsigmoid`, `F.cross_entropy`, `F.binary_cross_entropy_with_logits`, and a log
-        whose input is clamped or has a constant added first (`torch.log(p + 1e-9)`: imprecise, but finite),
+        whose input is clamped or has a constant added first (`torch.log(p + 1e-9)`, `torch.log(p.clamp(min=
+        1e-8))`): finite, so not the failure this rule is about, and not equal to `log_softmax` (the epsilon
+        caps the log at about -20.7 and changes every value a little), so no rewrite could keep the numbers;
         and code inside installed libraries.
     """
     why = """
@@ -53,16 +55,23 @@ class UnstableLogSoftmax(Rule):
         loss = F.nll_loss(log_probs, y)
     """
     fixes = """
-        Safe, once proven: `--fix` rewrites a log taken directly of the probabilities, with the file's own names
-        for `torch.nn.functional` (`fn.log_softmax` after `import torch.nn.functional as fn`, `nn.functional.`
-        after `from torch import nn`; an import is added only when the file has none): `torch.log(F.softmax(x, dim=-1))` and
-        `F.softmax(x, -1).log()` become `F.log_softmax(x, dim=-1)`, `torch.log(torch.sigmoid(x))` becomes
-        `F.logsigmoid(x)` and `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`; the same when the
-        probabilities are a variable the function assigns once (`probs = F.softmax(logits, -1)` then
-        `torch.log(probs)`), whose statement goes when nothing else reads it. Left alone, with the
-        reason: probabilities made in another statement or picked from before the log (`probs[rows, y].log()`),
-        where the log-probabilities have to be made where the logits are; a loss is usually better written
-        as `F.cross_entropy` there.
+        Safe, once proven: `--fix` rewrites the log with the file's own names for `torch.nn.functional`
+        (`fn.log_softmax` after `import torch.nn.functional as fn`, `nn.functional.` after `from torch import
+        nn`; an import is added only when the file has none): `torch.log(F.softmax(x, dim=-1))`,
+        `F.softmax(x, -1).log()` and `x.softmax(-1).log()` become `F.log_softmax(x, ...)` with the softmax's own
+        arguments (`dtype=` included), `torch.log(torch.sigmoid(x))` becomes `F.logsigmoid(x)` and
+        `torch.log(1 - torch.sigmoid(x))` becomes `F.logsigmoid(-x)`; a `log2` or `log10` becomes the same
+        divided by `math.log(2)` or `math.log(10)` (adding `import math` when the module has none).
+        Probabilities picked, arranged or cast before the log keep those steps, on the log-probabilities (the
+        log of a pick is the pick of the log):
+        `-torch.log(probs[rows, y])` becomes `-F.log_softmax(logits, dim=-1)[rows, y]` and
+        `probs.gather(1, y).log()` becomes `F.log_softmax(...).gather(1, y)`. The probabilities may be a
+        variable the function assigns once (`probs = F.softmax(logits, -1)`, `p = torch.sigmoid(logits)` read
+        as `torch.log(1 - p)`), whose statement goes when nothing else reads it. Left alone, with the reason:
+        probabilities made in another function (a model that returns them to its loss), where the
+        log-probabilities have to be made where the logits are (a loss is usually better written as
+        `F.cross_entropy` there), and probabilities still read elsewhere whose logits are computed inside the
+        softmax call (rewriting would compute the logits twice; assign them to a variable first).
     """
     bad_examples = (
         Example(
@@ -174,7 +183,7 @@ class UnstableLogSoftmax(Rule):
             ''',
         ),
         Example(
-            title="probabilities for sampling and a clamped log for an entropy bonus",
+            title="probabilities for sampling, a clamped log for an entropy bonus and a log with an epsilon",
             source='''
                 import torch
                 from torch import nn
@@ -189,7 +198,8 @@ class UnstableLogSoftmax(Rule):
                     def forward(self, x):
                         probs = F.softmax(self.fc(x), dim=-1)
                         entropy = -(probs * torch.log(probs.clamp_min(1e-8))).sum(-1)
-                        return probs, entropy
+                        smoothed = torch.log(probs + 1e-9)  # finite, and not equal to log_softmax: left alone
+                        return probs, entropy, smoothed
 
 
                 def make():

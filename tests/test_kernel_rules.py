@@ -87,14 +87,18 @@ def test_gl105_points_at_the_argument_of_nn_sequential_and_relates_the_norm(tmp_
 def test_gl106_hand_written_norms_equal_the_library_kernels(example, tmp_path):
     module = _load(write(tmp_path, "model.py", example.code))
     model, _, _ = _made(module)
-    norms = [m for m in model.modules() if type(m).__module__ == module.__name__ and type(m).__name__.endswith("Norm")]
+    norms = [m for m in model.modules() if type(m).__module__ == module.__name__ and "Norm" in type(m).__name__]
     assert norms
     for norm in norms:
-        x = torch.randn(3, 5, norm.weight.shape[0]) * 4 + 2
+        channels_first = type(norm).__name__.endswith("2d")  # normalises dim 1 of an image batch
+        x = (torch.randn(3, norm.weight.shape[0], 5, 5) if channels_first else torch.randn(3, 5, norm.weight.shape[0])) * 4 + 2
         with torch.no_grad():
             norm.weight.uniform_(0.5, 1.5)
             if type(norm).__name__ == "RMSNorm":
                 expected = F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+            elif channels_first:
+                norm.bias.uniform_(-1, 1)
+                expected = F.layer_norm(x.movedim(1, -1), norm.weight.shape, norm.weight, norm.bias, norm.eps).movedim(-1, 1)
             else:
                 norm.bias.uniform_(-1, 1)
                 expected = F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, norm.eps)
