@@ -366,7 +366,13 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(ATTENTION))
 def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, case):
-    source, expected, absent = ATTENTION[case]
+    fixed = _proven_attention_fix(tmp_path, *ATTENTION[case])
+    assert "softmax" not in fixed.split("def forward", 1)[1].split("def make", 1)[0]
+
+
+def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[str, ...]) -> str:
+    """The model's one GL101 finding gets a safe fix that the proof applies; the fixed file contains `expected`
+    (calls joined on one line) and none of `absent` before `make`, and keeps no doubled blank lines."""
     path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
@@ -375,9 +381,10 @@ def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, ca
     assert plan.refused == [] and plan.applied == [finding]
     fixed = plan.texts[str(path)]
     assert expected in _one_line(fixed), fixed
-    body = fixed.split("def forward", 1)[1].split("def make", 1)[0]
+    body = fixed.split("def make", 1)[0].split("\n\n\n", 1)[1]
     assert not [fragment for fragment in absent if fragment in body], body
-    assert "\n\n\n\n" not in fixed and "softmax" not in body
+    assert "\n\n\n\n" not in fixed and "softmax(" not in body
+    return fixed
 
 
 GUARDS_AND_LAYOUTS = {
@@ -574,18 +581,7 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(GUARDS_AND_LAYOUTS))
 def test_guards_that_prepare_the_mask_and_permuted_probabilities_are_rewritten_and_proven(tmp_path, case):
-    source, expected, absent = GUARDS_AND_LAYOUTS[case]
-    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
-    report = lint_file(path, device="cpu")
-    [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
-    plan = _plan(tmp_path, report)
-    assert plan.refused == [] and plan.applied == [finding]
-    fixed = plan.texts[str(path)]
-    assert expected in _one_line(fixed), fixed
-    body = fixed.split("def make", 1)[0].split("\n\n\n", 1)[1]
-    assert not [fragment for fragment in absent if fragment in body], body
-    assert "softmax(" not in body
+    _proven_attention_fix(tmp_path, *GUARDS_AND_LAYOUTS[case])
 
 
 @pytest.mark.parametrize("guard, body, reason", [

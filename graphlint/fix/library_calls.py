@@ -12,6 +12,7 @@ import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
                                    names_read)
+from graphlint.fix.source import all_nodes
 from graphlint.results import UNSAFE
 
 
@@ -37,7 +38,7 @@ def _without_parentheses(site: FixSite, node: cst.CSTNode, new: cst.CSTNode) -> 
     needs none; else just the formula."""
     if getattr(node, "lpar", None) and not getattr(new, "lpar", None) and isinstance(new, cst.Call) and \
             site.function is not None:
-        for statement in _walk(site.function):
+        for statement in all_nodes(site.function):
             if isinstance(statement, (cst.Assign, cst.Return)) and statement.value is node:
                 return statement, statement.with_changes(value=new)
     return node, new
@@ -184,7 +185,7 @@ def _is_max_of(node: cst.BaseExpression, x: cst.BaseExpression, dim: cst.BaseExp
 
 def _calls(node: cst.CSTNode, names: tuple[str, ...]) -> bool:
     """Whether `node` calls one of `names` anywhere inside."""
-    return any(call_parts(n)[0] in names for n in _walk(node) if isinstance(n, cst.Call))
+    return any(call_parts(n)[0] in names for n in all_nodes(node) if isinstance(n, cst.Call))
 
 
 def _factors(node: cst.BaseExpression, function: cst.FunctionDef | None = None) -> list[cst.BaseExpression]:
@@ -272,7 +273,7 @@ def _stands_alone(node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
     """Whether `node` is a whole assigned, returned or passed value, where an operation needs no parentheses."""
     if function is None:
         return False
-    for parent in _walk(function):
+    for parent in all_nodes(function):
         if isinstance(parent, (cst.Assign, cst.AnnAssign, cst.Return, cst.Arg, cst.Element)) and \
                 getattr(parent, "value", None) is node:
             return True
@@ -316,7 +317,7 @@ def _assigns(statement: cst.BaseStatement, value: cst.BaseExpression) -> bool:
 
 
 def _calls_anything(node: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Call) for n in _walk(node))
+    return any(isinstance(n, cst.Call) for n in all_nodes(node))
 
 
 def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpression | None:
@@ -420,7 +421,7 @@ def _line_of(site: FixSite, node: cst.CSTNode) -> tuple[str, str] | None:
     included) when `node` is the whole value of a statement on one line of the function, else None."""
     if site.function is None:
         return None
-    for line in _walk(site.function):
+    for line in all_nodes(site.function):
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and \
                 isinstance(line.body[0], (cst.Assign, cst.Return)) and line.body[0].value is node:
             before, _, after = code_of(line.body[0]).partition(code_of(node))
@@ -471,7 +472,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in statements) or \
             not isinstance(last.body[0], cst.Return):
         return f"`{function.name.value}` does more than plain statements ending in a return"
-    others = sorted({name for n in _walk(function.body) if isinstance(n, cst.Call)
+    others = sorted({name for n in all_nodes(function.body) if isinstance(n, cst.Call)
                      and (name := call_parts(n)[0]) not in _NORM_STEPS})
     if others:
         return f"`{function.name.value}` computes more than the norm (it calls {', '.join(others)})"
@@ -669,19 +670,7 @@ def _never_assigned(function: cst.FunctionDef | None, name: str) -> bool:
     if function is None:
         return False
     return not any(isinstance(n, cst.AssignTarget) and name in {m.value for m in names_read(n.target)}
-                   for n in _walk(function.body))
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            found.append(visited)
-            return True
-
-    node.visit(_All())
-    return found
+                   for n in all_nodes(function.body))
 
 
 def _is_difference(node: cst.BaseExpression) -> bool:
