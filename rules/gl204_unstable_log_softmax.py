@@ -67,11 +67,13 @@ class UnstableLogSoftmax(Rule):
         `-torch.log(probs[rows, y])` becomes `-F.log_softmax(logits, dim=-1)[rows, y]` and
         `probs.gather(1, y).log()` becomes `F.log_softmax(...).gather(1, y)`. The probabilities may be a
         variable the function assigns once (`probs = F.softmax(logits, -1)`, `p = torch.sigmoid(logits)` read
-        as `torch.log(1 - p)`), whose statement goes when nothing else reads it. Left alone, with the reason:
-        probabilities made in another function (a model that returns them to its loss), where the
+        as `torch.log(1 - p)`), whose statement goes when nothing else reads it. When something else still
+        reads them and their logits are computed inside the softmax call (`p = F.softmax(self.head(x), -1)`),
+        the logits get a name of their own first (`logits = self.head(x)`), read by both the softmax and the
+        log-softmax, so the layer runs once and a dropout inside it draws one mask. Left alone, with the
+        reason: probabilities made in another function (a model that returns them to its loss), where the
         log-probabilities have to be made where the logits are (a loss is usually better written as
-        `F.cross_entropy` there), and probabilities still read elsewhere whose logits are computed inside the
-        softmax call (rewriting would compute the logits twice; assign them to a variable first).
+        `F.cross_entropy` there).
     """
     bad_examples = (
         Example(

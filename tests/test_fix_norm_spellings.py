@@ -751,26 +751,37 @@ def test_the_lookalikes_really_compute_something_else_than_the_library_op():
     assert not torch.allclose(torch.log(F.softmax(logits, -1) + 1e-9), F.log_softmax(logits, -1), atol=1.0)
 
 
-def test_probabilities_read_elsewhere_with_logits_made_inside_the_call_are_refused_with_the_reason(tmp_path):
-    source = '''
+@pytest.mark.proof
+@pytest.mark.parametrize("made, read", [
+    ("probs = F.softmax(self.fc(self.drop(x)), dim=-1)", "return probs, torch.log(probs)"),
+    ("probs = torch.sigmoid(self.fc(self.drop(x)))", "return probs, torch.log(1 - probs)"),
+])
+def test_probabilities_read_elsewhere_get_their_logits_named_once_and_read_by_both(tmp_path, made, read):
+    # With the logits written twice, the layer would run twice and the dropout would draw two masks.
+    source = f'''
         class Policy(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.fc = nn.Linear(16, 6)
+                self.drop = nn.Dropout(0.2)
 
             def forward(self, x):
-                probs = F.softmax(self.fc(x), dim=-1)
-                return probs, torch.log(probs)
+                {made}
+                {read}
 
 
         def make():
             return Policy(), (torch.randn(4, 16),)
     '''
-    report = lint_file(_model(tmp_path, source), device="meta")
+    path = _model(tmp_path, source)
+    report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL204")
-    assert finding.fix is None
-    assert finding.no_fix == ("the probabilities are also read elsewhere and their logits are computed inside the "
-                              "same call; assign the logits to a variable first")
+    assert finding.fix is not None, finding.no_fix
+    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert "        logits = self.fc(self.drop(x))\n        probs = " in fixed, fixed
+    assert fixed.count("self.fc(") == 1 and ("F.log_softmax(logits, dim=-1)" in fixed or "F.logsigmoid(-logits)" in fixed)
 
 
 def test_a_norm_that_reads_a_statistic_later_keeps_that_statistic(tmp_path):

@@ -12,7 +12,7 @@ import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
                                    names_read)
-from graphlint.fix.source import all_nodes
+from graphlint.fix.source import all_nodes, inside
 from graphlint.results import UNSAFE
 
 
@@ -239,25 +239,32 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         x = positional[0] if is_namespace(receiver, names) and positional else receiver
         if x is None:
             return "the softmax's arguments could not be read"
-        rest = [a for a in source.args if a.value is not x]
-        arguments = ", ".join([code_of(x)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
-        callee, imports = names.functional_call("log_softmax")
-        log_form = cst.parse_expression(f"{callee}({arguments})")
     elif name == "sigmoid":
         x = _input_of(source, ("sigmoid",), names)
-        callee, imports = names.functional_call("logsigmoid")
-        log_form = cst.parse_expression(f"{callee}({'-' + code_of(atom(x)) if complement else code_of(x)})")
     else:
         return ("the probabilities are made in another function or statement graphlint cannot read back; take "
                 "the log of the logits with F.log_softmax / F.logsigmoid where they are made")
+    logits = _logits_variable(site, node, source, x, assignments)
+    if isinstance(logits, str):
+        return logits
+    inserted = ()
+    if logits is not None:  # the probabilities stay for their other readers: their logits get a name both read
+        statement, variable = logits
+        inserted, x_read = ((statement, f"{variable} = {code_of(x)}"),), cst.Name(variable)
+    else:
+        x_read = x
+    if name == "softmax":
+        rest = [a for a in source.args if a.value is not x]
+        arguments = ", ".join([code_of(x_read)] + [code_of(a).strip().rstrip(",").strip() for a in rest])
+        callee, imports = names.functional_call("log_softmax")
+        log_form = cst.parse_expression(f"{callee}({arguments})")
+    else:
+        callee, imports = names.functional_call("logsigmoid")
+        log_form = cst.parse_expression(f"{callee}({'-' + code_of(atom(x_read)) if complement else code_of(x_read)})")
     if complement:  # 1 - picks(sigmoid(x)) is picks(sigmoid(-x))
         log_form = inner.deep_replace(made, log_form) if inner is not made else log_form
     new = outer.deep_replace(picked, log_form) if outer is not picked else log_form
-    removed = dead_definitions(site.function, node, new)
-    kept = [value for value in assignments if not any(_assigns(s, value) for s in removed)]
-    if kept and _calls_anything(x):
-        return ("the probabilities are also read elsewhere and their logits are computed inside the same call; "
-                "assign the logits to a variable first")
+    removed = () if inserted else dead_definitions(site.function, node, new)
     if log_name != "log":  # log2(p) = log(p) / log(2), in parentheses where the call was an operand
         math_name = "math" if "math" in names.modules else None
         if math_name is None and "math" in names.bound:
@@ -266,7 +273,7 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         new = new if _stands_alone(node, site.function) else atom(new)
         imports = imports + (() if math_name else ("import math",))
     return Rewrite(*_without_parentheses(site, node, new), f"{_one_line(node)} → {code_of(new)}", imports=imports,
-                   removed=removed)
+                   removed=removed, inserted=inserted, also=((x, x_read),) if inserted else ())
 
 
 def _stands_alone(node: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
@@ -314,6 +321,37 @@ def _resolved(node: cst.BaseExpression, function: cst.FunctionDef | None, found:
 def _assigns(statement: cst.BaseStatement, value: cst.BaseExpression) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and any(
         isinstance(small, cst.Assign) and small.value is value for small in statement.body)
+
+
+def _logits_variable(site: FixSite, log: cst.CSTNode, made: cst.BaseExpression, x: cst.BaseExpression,
+                     assignments: list[cst.BaseExpression]) -> tuple[cst.BaseStatement, str] | None | str:
+    """When the probabilities stay (something else reads them) and their logits are computed inside the softmax
+    call (`p = F.softmax(self.head(x), -1)`), the statement that makes them and a free name for the logits, so
+    that `logits = self.head(x)` is computed once and read by both; None when the logits can be read twice as
+    they are; a reason when no such statement can be written."""
+    if not assignments or not _calls_anything(x):
+        return None
+    others = [n for value in assignments for n in names_read(site.function)
+              if _assigns_name(site.function, value, n) and not inside(n, log)]
+    if not others:
+        return None
+    statement = next((s for s in all_nodes(site.function) if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+                      and isinstance(s.body[0], cst.Assign) and s.body[0].value is made), None)
+    if statement is None:
+        return ("the probabilities are also read elsewhere and their logits are computed inside the same call; "
+                "assign the logits to a variable first")
+    bound = set(ImportNames.of(site.module).bound) | {n.value for n in all_nodes(site.function) if isinstance(n, cst.Name)}
+    variable = next(v for v in ("logits", "logits_", *(f"logits{i}" for i in range(2, 99))) if v not in bound)
+    return statement, variable
+
+
+def _assigns_name(function: cst.FunctionDef, value: cst.BaseExpression, name: cst.Name) -> bool:
+    """`name` reads the variable that `value` is assigned to, somewhere other than the log being rewritten."""
+    for node in all_nodes(function):
+        if isinstance(node, cst.Assign) and node.value is value and len(node.targets) == 1 and \
+                isinstance(node.targets[0].target, cst.Name) and node.targets[0].target is not name:
+            return node.targets[0].target.value == name.value
+    return False
 
 
 def _calls_anything(node: cst.CSTNode) -> bool:

@@ -64,6 +64,8 @@ class Rewrite:
     imports: tuple[str, ...] = ()  # import statements the new code needs that the module lacks
     also: tuple[tuple[cst.CSTNode, cst.CSTNode], ...] = ()  # further (old, new) replacements elsewhere
     applicability: str = "safe"  # results.SAFE, UNSAFE or DISPLAY_ONLY, declared by the fixer
+    # New statements, each the code of one line put before a statement and indented like it: `logits = f(x)`.
+    inserted: tuple[tuple[cst.BaseStatement, str], ...] = ()
 
 
 # A rule's fix: a Rewrite, or a one-line reason why this occurrence is left alone.

@@ -120,6 +120,11 @@ class SourceSpans:
             for first, last in deleted_lines(lines, statements):  # whole lines, with their line ends
                 end = (last + 1, 1) if last < len(lines) else (last, len(lines[last - 1]) + 1)
                 edits.append(Edit(path, first, 1, *end, ""))
+        for statement, code in answer.inserted:
+            path, in_file = where(statement)
+            line = in_file.positions[statement].start.line
+            text = in_file.lines[line - 1]
+            edits.append(Edit(path, line, 1, line, 1, f"{text[: len(text) - len(text.lstrip())]}{code}\n"))
         imports_in = where(answer.old)[0]
         edits += _import_edits(files[imports_in], imports_in, answer.imports)
         return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
