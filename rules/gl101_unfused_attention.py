@@ -370,8 +370,8 @@ def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
             return False
         head_dim = meta.shape[parts[0].index(shared[0])]
     value = 1.0
-    for node in [*steps, *(o for o in operands if isinstance(o, fx.Node) and op(o) in SCALE and
-                          facts(o).stack[-1:] == facts(scores).stack[-1:])]:
+    # A scale on q or k just before the product counts too (`q = q * self.scale`): the fix folds it into `scale=`.
+    for node in [*steps, *(o for o in operands if isinstance(o, fx.Node) and op(o) in SCALE)]:
         if op(node) not in SCALE:
             continue
         numbers = [a for a in node.args[:2] if isinstance(a, (int, float)) and not isinstance(a, bool)]

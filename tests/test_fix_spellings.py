@@ -564,6 +564,31 @@ def make():
     pad[:, :, 5] = True
     return Attention(), (*(torch.randn(2, 6, 8) for _ in range(3)), pad)
 """, "return F.scaled_dot_product_attention(q, k, v, attn_mask=~pad)", ("scores", "permute")),
+    "a-query-scaled-on-its-own-line-in-the-unfused-branch": ("""
+class Attention(nn.Module):
+    def __init__(self, head_dim=8):
+        super().__init__()
+        self.scale = head_dim ** -0.5
+        self.fused_attn = False
+        self.attn_drop = nn.Dropout(0.1)
+
+    def forward(self, q, k, v):
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        else:
+            q = q * self.scale
+            attn = q @ k.transpose(-2, -1)
+            attn = attn.softmax(dim=-1)
+            attn = self.attn_drop(attn)
+            x = attn @ v
+        return x
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+""", "        else:\n            x = F.scaled_dot_product_attention("
+     "q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)",
+        ("q = q * self.scale", "attn.softmax", "scale=")),
     "probabilities-transposed-into-a-values-einsum": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v):
@@ -1154,3 +1179,21 @@ def make():
     exec(compile(fixed, str(path), "exec"), namespace)  # the unsafe fix compiles and runs
     model, inputs = namespace["make"]()
     assert model(*inputs).shape == (2, 2, 6, 8)
+
+
+def test_a_query_scaled_on_its_own_line_and_read_again_keeps_its_line(tmp_path):
+    source = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        q = q * 0.5
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return attn @ v, q
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+'''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    fixed = _rewritten(finding)
+    assert "q = q * 0.5" in fixed and "F.scaled_dot_product_attention(q, k, v, scale=1.0), q" in _one_line(fixed)

@@ -159,6 +159,7 @@ class _Rewriter:
         self._scores(scores, statement)
         self._probabilities(self.softmax, self.softmax_statement)
         self._inline_setup()
+        self._fold_prescaled()
         self._check_matches_the_graph()
         self._check_names()
         self._check_inputs_unchanged()
@@ -898,6 +899,36 @@ class _Rewriter:
                 raise _Refused(f"`{name}` is reassigned before it reaches the values product")
             return statement, reads[0]  # the first read; any other is checked with the chain's names
         raise _Refused(f"the probabilities `{name}` never reach a product with the values in this block")
+
+    def _fold_prescaled(self) -> None:
+        """`q = q * self.scale` on its own line before the scores, with nothing else reading the scaled `q`: the
+        factor moves into `scale=` and the statement goes (the fused call scales the scores itself)."""
+        chain = self.chain
+        if self.scopes or chain.values_statement is None:
+            return
+        body = list(self.block)
+        first = min((body.index(s) for s in chain.consumed if s in body), default=None)
+        for part in ("q", "k"):
+            name = getattr(chain, part)
+            if not isinstance(name, cst.Name) or first is None:
+                continue
+            try:
+                statement = self._definition(name.value, body[first])
+            except _Refused:
+                continue
+            value = redefinition(statement, name.value)
+            if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, (cst.Multiply, cst.Divide)):
+                continue
+            tensor, factor = (_split_scale(value) if isinstance(value.operator, cst.Multiply) else (value.left, value.right))
+            if not isinstance(tensor, cst.Name) or tensor.value != name.value or not _scalar_like(factor):
+                continue
+            later = body[body.index(statement) + 1:]
+            reads = [n for s in later if s not in chain.consumed for n in names_read(s) if n.value == name.value]
+            if any(not inside(n, chain.values_product) for n in reads):  # the scaled `q` is read elsewhere too
+                continue
+            (chain.factors if isinstance(value.operator, cst.Multiply) else chain.divisors).append(factor)
+            self.reads.append(({n.value for n in names_read(factor)}, statement))
+            chain.consumed.append(statement)
 
     def _check_matches_the_graph(self) -> None:
         """The products the source's chain leads to are the ones the rule matched in the graph: the rewrite is
