@@ -81,7 +81,8 @@ class UnfusedAttention(Rule):
         `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `k.transpose(2, 3)` of a 4-d key, a key variable
         transposed once, `baddbmm`/`addmm`, and `einsum` in any layout, with `q`, `k`, `v` and the result
         transposed or permuted into place) gives `q` and `k`; every `* s` or `/ d` on the scores, `q` or `k`
-        (also under a reshape, also written `scores *= s`) becomes `scale=`, left out when it is the default
+        (also under a reshape, also written `scores *= s`, or `q = q * self.scale` on a line of its own when
+        nothing else reads the scaled `q`) becomes `scale=`, left out when it is the default
         (1/sqrt of the query's or key's own size, or an attribute or variable that can hold nothing but an
         inverse square root and held the default in the graph), `scale=1.0` when there was none; `+ mask`
         (`scores += bias`) and a `baddbmm` bias with `beta=1` become `attn_mask=`, `masked_fill(c, -inf)` (also
