@@ -1197,3 +1197,38 @@ def make():
     [finding] = findings_of(report, "GL101")
     fixed = _rewritten(finding)
     assert "q = q * 0.5" in fixed and "F.scaled_dot_product_attention(q, k, v, scale=1.0), q" in _one_line(fixed)
+
+
+@pytest.mark.proof
+def test_a_softmax_helper_called_from_two_functions_gets_one_fix_rewriting_both_calls(tmp_path):
+    source = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def _softmax(self, x):
+        return F.softmax(x.float(), dim=-1).type_as(x)
+
+    def self_attention(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) * 0.5
+        return self._softmax(scores) @ v
+
+    def cross_attention(self, q, memory):
+        scores = q @ memory.transpose(-2, -1) * 0.25
+        probs = self._softmax(scores)
+        return probs @ memory
+
+    def forward(self, q, k, v, memory):
+        return self.self_attention(q, k, v) + self.cross_attention(q, memory)
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(4))
+'''
+    path = _model(tmp_path, source)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")  # both run the helper's softmax line
+    assert finding.occurrences == 2 and finding.fix is not None, finding.no_fix
+    plan = _plan(tmp_path, report)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    assert "return F.scaled_dot_product_attention(q, k, v, scale=0.5)" in fixed
+    assert "return F.scaled_dot_product_attention(q, memory, memory, scale=0.25)" in fixed
+    assert "self._softmax(" not in fixed and "def _softmax" in fixed  # the helper stays

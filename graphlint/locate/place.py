@@ -63,12 +63,13 @@ class _Group:
         return " ".join(said.render() for said in self.said.values())
 
     def fix(self) -> Fix | str | None:
-        """The fix all the problems here agree on, or why there is none; None when none offers one."""
+        """The fix all the problems here agree on, or why there is none; None when none offers one. Rewrites
+        of different places (a helper called from two functions, each rewritten at its call) become one fix."""
         answers = list(dict.fromkeys(self.fixes.values()))
         if len(answers) <= 1:
             return answers[0] if answers else None
         refusal = next((answer for answer in answers if isinstance(answer, str)), None)
-        return refusal or "the occurrences at this location need different rewrites"
+        return refusal or _together(answers) or "the occurrences at this location need different rewrites"
 
 
 class Locator:
@@ -164,6 +165,19 @@ class Locator:
             if site is not None and self.project.is_first_party(site.frame.file):
                 found.append((name, site))
         return tuple(found)
+
+
+def _together(fixes: list[Fix]) -> Fix | None:
+    """One fix made of several whose edits touch different text (an edit they share is made once), of one
+    applicability; None when two of them would change the same text differently."""
+    if len({f.applicability for f in fixes}) != 1:
+        return None
+    edits = sorted({e for f in fixes for e in f.edits}, key=lambda e: (e.path, e.line, e.column, e.end_line, e.end_column))
+    for before, after in zip(edits, edits[1:], strict=False):
+        if before.path == after.path and (after.line, after.column) < (before.end_line, before.end_column):
+            return None
+    messages = " ".join(dict.fromkeys(f.message for f in fixes))
+    return Fix(messages, tuple(edits), fixes[0].applicability)
 
 
 def _fixer_key(fixer) -> object:
