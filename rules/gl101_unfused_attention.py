@@ -84,7 +84,8 @@ class UnfusedAttention(Rule):
         (also under a reshape, also written `scores *= s`, or `q = q * self.scale` on a line of its own when
         nothing else reads the scaled `q`) becomes `scale=`, left out when it is the default
         (1/sqrt of the query's or key's own size, or an attribute or variable that can hold nothing but an
-        inverse square root and held the default in the graph), `scale=1.0` when there was none; `+ mask`
+        inverse square root of something named as the head dimension, such as `head_dim ** -0.5`, and held the
+        default in the graph), `scale=1.0` when there was none; `+ mask`
         (`scores += bias`) and a `baddbmm` bias with `beta=1` become `attn_mask=`, `masked_fill(c, -inf)` (also
         in place, `sim.masked_fill_(c, v)`, with the fill in a variable or `torch.full`) becomes `attn_mask=` the
         negation of `c`, `torch.where(c, scores, -inf)` becomes `attn_mask=c`, and a mask made from `tril`/`triu`
@@ -98,11 +99,15 @@ class UnfusedAttention(Rule):
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
         transposed. `scores.device` and `scores.dtype` read to build a bias become the query's.
 
+        A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes a boolean mask like `-inf`: they differ only
+        on a row whose every key is masked, which the original spreads evenly and the fused call does not.
+
         The chain may run through the project's helpers, in the same file or another one: scores or a mask made
         by a method or function (`self._scores(q, k)`, `apply_mask(s, mask)`), or probabilities made by one
         (`probs = ops.attention_probs(q, k, scale, bias)`), are read as if written at the call, with the helper's
         parameters standing for what the call passes; the fused call goes where the values product is, and the
-        helper is left as it is (other callers may use it).
+        helper is left as it is (other callers may use it). A helper whose other names (a module constant, an
+        import) would mean something else at the call, or that the caller's file lacks, is left alone.
 
         For `transformers` models built with `from_config` or `from_pretrained`, the fix is
         `attn_implementation="sdpa"` on that call.

@@ -1232,3 +1232,51 @@ def make():
     assert "return F.scaled_dot_product_attention(q, k, v, scale=0.5)" in fixed
     assert "return F.scaled_dot_product_attention(q, memory, memory, scale=0.25)" in fixed
     assert "self._softmax(" not in fixed and "def _softmax" in fixed  # the helper stays
+
+
+@pytest.mark.parametrize("caller_binds, helper_file, reason", [
+    # The helper's constant, read where the caller has a parameter of the same name.
+    ("bias_scale=5.0", False,
+     "`bias_scale` in `scores` is its module's, but the caller binds its own; the fused call there would read the caller's"),
+    # The helper's constant, in a file the caller's file does not share it with.
+    ("", True, "`bias_scale` is a name of `scores`'s module, which the fused call in the caller's file could not read "
+               "as the helper does"),
+])
+def test_a_helper_reading_its_own_modules_names_is_not_pasted_where_they_mean_something_else(
+        tmp_path, caller_binds, helper_file, reason):
+    helper = '''
+bias_scale = 0.3
+
+
+def scores(q, k, m=None):
+    s = q @ k.transpose(-2, -1) * 0.25
+    if m is not None:
+        s = s + m * bias_scale
+    return s
+'''
+    if helper_file:
+        write(tmp_path, "attn_helpers.py", "import torch\n" + helper)
+    model = f'''
+{"from attn_helpers import scores" if helper_file else helper}
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None{", " + caller_binds if caller_binds else ""}):
+        return scores(q, k, mask).softmax(-1) @ v
+
+
+def make():
+    return Attention(), tuple(torch.randn(2, 2, 6, 8) for _ in range(3))
+'''
+    report = lint_file(_model(tmp_path, ATTENTION_HEADER + model), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is None and finding.no_fix == reason
+
+
+def test_a_root_of_the_model_width_that_equals_the_head_dim_here_keeps_its_scale(tmp_path):
+    # With one head the width is the head dim, so the graph saw the default; with two it would not be.
+    source = SCALE_ATTRIBUTE.replace("self.heads, self.scale = heads, {scale}", "self.heads, self.scale = heads, dim ** -0.5")
+    source = source.replace("return Attention(), ", "return Attention(heads=1), ")
+    report = lint_file(_model(tmp_path, source), device="meta")
+    [finding] = findings_of(report, "GL101")
+    assert "F.scaled_dot_product_attention(q, k, v, scale=self.scale)" in _one_line(_rewritten(finding))

@@ -27,6 +27,7 @@ mistake here is refused, never written.
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 
@@ -34,13 +35,15 @@ import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
                                    names_read)
-from graphlint.fix.source import (all_nodes, assigned_names, binding_names, block_of, bound_arguments, calls_function,
-                                  calls_in, class_of, deletes, functions_in, indent_of, inside, is_target, keeps_a_tensor,
-                                  local_assignments, mutated_in_place, path_to, plain_assignment, plain_name_assignment,
-                                  presence_test, redefinition, root_name, self_assignments, statements_of, substituted)
+from graphlint.fix.source import (all_nodes, all_parameters, assigned_names, binding_names, block_of, bound_arguments,
+                                  calls_function, calls_in, class_of, deletes, functions_in, import_bindings,
+                                  indent_of, inside, is_target, keeps_a_tensor, local_assignments, mutated_in_place,
+                                  path_to, plain_assignment, plain_name_assignment, presence_test, redefinition,
+                                  root_name, self_assignments, statements_of, substituted)
 from graphlint.ops import CAST, MATMUL_LIKE
 from graphlint.results import UNSAFE
 
+_BUILTINS = frozenset(dir(builtins))
 _LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
 # The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
 # changes only the layout; the two-operand products (`baddbmm`, `addmm` and `einsum` are read on their own).
@@ -63,6 +66,7 @@ class _Inlined:
     args: dict[str, cst.BaseExpression]  # parameter → the caller's expression (a default when not passed)
     call_statement: cst.BaseStatement  # the caller's statement that calls it
     block: tuple  # the helper's statements
+    module: cst.Module  # the file the helper is in: its other names are that module's globals
 
 
 @dataclass
@@ -205,7 +209,7 @@ class _Rewriter:
         module = values[0].module
         block, statement = self._block_of(caller, call)
         self.start = (self._softmax_input(self.softmax), self.softmax_statement)
-        self.scopes = [_Inlined(helper, args, statement, tuple(body))]
+        self.scopes = [_Inlined(helper, args, statement, tuple(body), self.module)]
         self.function, self.module, self.softmax = caller, module, call
         self.classdef = class_of(module, caller)
         self.block, self.softmax_statement = block, statement
@@ -396,15 +400,15 @@ class _Rewriter:
         module_alias = receiver is not None and code_of(receiver) in ImportNames.of(self.module).modules
         if name is None or (receiver is not None and code_of(receiver) != "self" and not module_alias):
             return None
+        here = self.scopes[-1].module if self.scopes else self.module
         if receiver is not None and not module_alias:
-            owner = class_of(self.module, self.scopes[-1].function) if self.scopes else self.classdef
-            classes = [owner] if owner is not None else []
-            found = [f for c in classes for f in functions_in(c) if f.name.value == name]
+            owner = class_of(here, self.scopes[-1].function) if self.scopes else self.classdef
+            found = [(here, f) for f in functions_in(owner) if f.name.value == name] if owner is not None else []
         else:
-            found = [f for m in self.modules if m is not None for f in functions_in(m) if f.name.value == name]
+            found = [(m, f) for m in self.modules if m is not None for f in functions_in(m) if f.name.value == name]
         if len(found) != 1:
             return None
-        function = found[0]
+        module, function = found[0]
         body = statements_of(function)
         last = body[-1] if body else None
         if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], cst.Return) \
@@ -413,7 +417,7 @@ class _Rewriter:
         args = bound_arguments(function, call)
         if args is None:
             raise _Refused(f"the call of `{name}` passes arguments graphlint cannot match to its parameters")
-        return _Inlined(function, args, statement, tuple(body))
+        return _Inlined(function, args, statement, tuple(body), module)
 
     def _parameter(self, name: str, statement: cst.BaseStatement) -> bool:
         """`name` is a parameter of the helper the walk is in, not reassigned before `statement`."""
@@ -427,16 +431,40 @@ class _Rewriter:
         helper's parameters replaced by what its caller passed."""
         if node is None:
             return None
-        for scope in reversed(self.scopes):
+        for depth in range(len(self.scopes) - 1, -1, -1):
+            scope = self.scopes[depth]
             local = set().union(*(assigned_names(s) for s in scope.block)) if scope.block else set()
             read = {n.value for n in names_read(node)}
             inner = sorted(read & local)
             if inner:
                 raise _Refused(f"`{inner[0]}` is computed inside `{scope.function.name.value}`, where the fused call "
                                "cannot read it")
+            # What else the helper reads is its module's (a parameter's default too): it must mean the same there.
+            defaults = {p.name.value for p in all_parameters(scope.function) if p.default is not None and
+                        scope.args.get(p.name.value) is p.default}
+            free = (read - set(scope.args)) | {n.value for name in read & defaults
+                                               for n in names_read(scope.args[name])}
+            outer = self.scopes[depth - 1] if depth else None
+            self._same_names(scope, free, outer.function if outer else self.function, outer.module if outer else self.module)
             node = substituted(node, {name: value for name, value in scope.args.items() if name in read})
         self.reads.append(({n.value for n in names_read(node)}, self.at))
         return node
+
+    @staticmethod
+    def _same_names(scope: _Inlined, names: set[str], caller: cst.FunctionDef, module: cst.Module) -> None:
+        """The helper's own module-level names (constants, imports) mean the same in the caller: not bound by
+        the caller itself, and the caller's file the helper's or binding them by the same import."""
+        shadowed = assigned_names(caller) | {p.name.value for p in all_parameters(caller)}
+        for name in sorted(names):
+            if name in shadowed and name != "self":
+                raise _Refused(f"`{name}` in `{scope.function.name.value}` is its module's, but the caller binds "
+                               "its own; the fused call there would read the caller's")
+            if module is scope.module or name in _BUILTINS or name == "self":
+                continue
+            theirs, ours = import_bindings(scope.module), import_bindings(module)
+            if name not in theirs or theirs[name] != ours.get(name):
+                raise _Refused(f"`{name}` is a name of `{scope.function.name.value}`'s module, which the fused call in "
+                               "the caller's file could not read as the helper does")
 
     def _fill(self, node: cst.BaseExpression) -> cst.BaseExpression:
         """A fill value as written where it is made: `max_neg_value = -torch.finfo(sim.dtype).max` for the
@@ -1137,9 +1165,15 @@ class _Rewriter:
         if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in all_nodes(factor)):
             return False
         text = _compact(factor)
-        if chain.factors:
-            return bool(re.search(r"\*\*\(?-0\.5\)?$", text) or re.match(r"1(\.0)?/\(?(math\.)?sqrt\(", text))
-        return bool(re.match(r"(math\.)?sqrt\(", text) or re.search(r"\*\*\(?0\.5\)?$", text))
+        power = re.fullmatch(r"\(?(.+?)\)?\*\*\(?(-?)0\.5\)?", text)
+        sqrt = re.fullmatch(r"(1(?:\.0)?/)?\(?(?:math\.)?sqrt\((.+)\)\)?", text)
+        if chain.factors:  # `d ** -0.5`, `1 / math.sqrt(d)`
+            root = power.group(1) if power and power.group(2) else sqrt.group(2) if sqrt and sqrt.group(1) else None
+        else:  # `/ math.sqrt(d)`, `/ d ** 0.5`
+            root = power.group(1) if power and not power.group(2) else sqrt.group(2) if sqrt and not sqrt.group(1) else None
+        # One configuration shows only that the numbers agreed: what is under the root must also be named as the
+        # head dimension (`head_dim`, `dim // heads`, `d_k`), not the model width that equals it with one head.
+        return root is not None and _names_a_head_dim(root)
 
     def _layout(self, callee: str, parts: list[str]) -> str:
         """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
@@ -1180,6 +1214,14 @@ def _summand(node: cst.BaseExpression) -> str:
                                    isinstance(node.operator, (cst.BitOr, cst.BitAnd, cst.BitXor, cst.LeftShift, cst.RightShift))):
         return code_of(atom(node))
     return code_of(node)
+
+
+# How code names the size of one attention head; the model width (`dim`, `d_model`) is not among them.
+_HEAD_DIM = re.compile(r"head|(?<![a-z])d_?k(?![a-z])|d_?kv|key_?dim|kdim|qk_?dim|key_value_proj_dim|(?<![a-z])hs(?![a-z])")
+
+
+def _names_a_head_dim(text: str) -> bool:
+    return bool(_HEAD_DIM.search(text.lower()))
 
 
 def _is_number(node: cst.BaseExpression, values: tuple[float, ...]) -> bool:

@@ -45,6 +45,39 @@ def statements_of(function: cst.FunctionDef) -> list[cst.BaseStatement]:
     return body
 
 
+def all_parameters(function: cst.FunctionDef) -> list[cst.Param]:
+    """Every named parameter of a function, `*args` and `**kwargs` included."""
+    params = function.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return found
+
+
+def import_bindings(module: cst.Module) -> dict[str, str]:
+    """Each name a module's imports bind → what it is bound to (`np` → `numpy`, `F` → `torch.nn.functional`,
+    `sqrt` → `math.sqrt`)."""
+    found: dict[str, str] = {}
+
+    class _Imports(cst.CSTVisitor):
+        def visit_Import(self, node: cst.Import) -> None:
+            for alias in node.names:
+                dotted = code_of(alias.name)
+                if alias.asname is not None:
+                    found[code_of(alias.asname.name)] = dotted
+                else:
+                    found[dotted.split(".")[0]] = dotted.split(".")[0]
+
+        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+            if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+                return
+            for alias in node.names:
+                name = code_of(alias.name)
+                found[code_of(alias.asname.name) if alias.asname is not None else name] = f"{code_of(node.module)}.{name}"
+
+    module.visit(_Imports())
+    return found
+
+
 def parameters(function: cst.FunctionDef) -> list[str]:
     params = function.params
     return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
