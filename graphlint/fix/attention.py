@@ -901,7 +901,7 @@ class _Rewriter:
                             for s in statement.body.body[:-1]) and \
                         redefinition(statement.body.body[-1], name) is not None:
                     return statement
-                raise _Refused(f"`{name}` is assigned in a statement that does more than compute it")
+                raise _Refused(f"`{name}` is {_how_assigned(statement, name)}, which the rewrite cannot follow")
         if name in self.names.namespaces:
             raise _Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
         function = self.scopes[-1].function if self.scopes else self.function
@@ -1036,7 +1036,9 @@ class _Rewriter:
                 returned = None if index < after or id(node) in bound else self._returned_or_stored(node)
                 if returned is None:
                     what = "scores" if name in chain.scores_names else "probabilities"
-                    raise _Refused(f"`{name}` is used outside the attention; the fused call does not give the "
+                    use = next((s for s in self.block if inside(node, s)), None)
+                    shown = f" (`{_one_line(use)}`)" if use is not None and len(_one_line(use)) <= 60 else ""
+                    raise _Refused(f"`{name}` is used outside the attention{shown}; the fused call does not give the "
                                    f"{what} back")
                 chain.elsewhere.append(returned)
 
@@ -1214,6 +1216,22 @@ def _summand(node: cst.BaseExpression) -> str:
                                    isinstance(node.operator, (cst.BitOr, cst.BitAnd, cst.BitXor, cst.LeftShift, cst.RightShift))):
         return code_of(atom(node))
     return code_of(node)
+
+
+def _how_assigned(statement: cst.CSTNode, name: str) -> str:
+    """What kind of statement sets `name`, in the user's terms, for a refusal."""
+    if isinstance(statement, cst.If):
+        return "assigned in an `if` with an `else`" if statement.orelse is not None else \
+            f"assigned under `if {code_of(statement.test)}:` among other statements"
+    if isinstance(statement, (cst.For, cst.While)):
+        return "changed in a loop"
+    if mutated_in_place(statement, name):
+        return "changed in place in a way the fused call cannot express"
+    return "assigned in a statement that does more than compute it"
+
+
+def _one_line(node: cst.CSTNode) -> str:
+    return " ".join(code_of(node).split())
 
 
 # How code names the size of one attention head; the model width (`dim`, `d_model`) is not among them.
