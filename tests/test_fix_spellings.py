@@ -366,13 +366,14 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(ATTENTION))
 def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, case):
-    fixed = _proven_attention_fix(tmp_path, *ATTENTION[case])
+    _, fixed = _proven_attention_fix(tmp_path, *ATTENTION[case])
     assert "softmax" not in fixed.split("def forward", 1)[1].split("def make", 1)[0]
 
 
-def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[str, ...]) -> str:
+def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[str, ...], only_forward=False):
     """The model's one GL101 finding gets a safe fix that the proof applies; the fixed file contains `expected`
-    (calls joined on one line) and none of `absent` before `make`, and keeps no doubled blank lines."""
+    (calls joined on one line) and none of `absent` before `make` (in `forward` only, with `only_forward`),
+    and keeps no doubled blank lines. Returns the plan and the fixed text."""
     path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
@@ -381,10 +382,10 @@ def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[st
     assert plan.refused == [] and plan.applied == [finding]
     fixed = plan.texts[str(path)]
     assert expected in _one_line(fixed), fixed
-    body = fixed.split("def make", 1)[0].split("\n\n\n", 1)[1]
+    body = fixed.split("def make", 1)[0].split("def forward" if only_forward else "\n\n\n", 1)[1]
     assert not [fragment for fragment in absent if fragment in body], body
-    assert "\n\n\n\n" not in fixed and "softmax(" not in body
-    return fixed
+    assert "\n\n\n\n" not in fixed and (only_forward or "softmax(" not in body)
+    return plan, fixed
 
 
 GUARDS_AND_LAYOUTS = {
@@ -1046,18 +1047,8 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(THROUGH_HELPERS))
 def test_chains_through_helpers_are_rewritten_where_the_values_product_is_and_proven(tmp_path, case):
-    source, expected, absent = THROUGH_HELPERS[case]
     helpers = write(tmp_path, "attn_ops.py", HELPER_MODULE.lstrip("\n"))
-    path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
-    report = lint_file(path, device="cpu")
-    [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
-    plan = _plan(tmp_path, report)
-    assert plan.refused == [] and plan.applied == [finding]
-    fixed = plan.texts[str(path)]
-    assert expected in _one_line(fixed), fixed
-    forward = fixed.split("def forward", 1)[1].split("def make", 1)[0]
-    assert not [fragment for fragment in absent if fragment in forward], forward
+    plan, _ = _proven_attention_fix(tmp_path, *THROUGH_HELPERS[case], only_forward=True)
     assert str(helpers) not in plan.texts  # the helpers stay as they are: other callers may need them
 
 
