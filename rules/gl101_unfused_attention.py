@@ -94,8 +94,9 @@ class UnfusedAttention(Rule):
         mask stay in it, or are written into `attn_mask=` when they only made the mask or the fill. A scale after
         a -inf fill is kept (it leaves -inf as it is), and one after an additive mask scales the mask too
         (`attn_mask=mask / 4`). Dropout on the probabilities becomes `dropout_p=p if self.training else 0.0`
-        (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped (the fused
-        kernels accumulate in float32). Probabilities transposed on their way to a product with the values on
+        (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped, also one
+        under a flag (`if self.upcast_softmax: scores = scores.float()`), since the fused kernels accumulate in
+        float32. Probabilities transposed on their way to a product with the values on
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
         transposed. `scores.device` and `scores.dtype` read to build a bias become the query's.
 

@@ -590,6 +590,25 @@ def make():
 """, "        else:\n            x = F.scaled_dot_product_attention("
      "q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)",
         ("q = q * self.scale", "attn.softmax", "scale=")),
+    "an-upcast-under-a-flag-and-a-baddbmm-bias": ("""
+class Attention(nn.Module):
+    def __init__(self, upcast_softmax=True):
+        super().__init__()
+        self.upcast_softmax = upcast_softmax
+        self.scale = 0.5
+
+    def forward(self, q, k, v, mask):
+        scores = torch.baddbmm(mask, q, k.transpose(-1, -2), beta=1, alpha=self.scale)
+        if self.upcast_softmax:
+            scores = scores.float()
+        probs = scores.softmax(dim=-1)
+        probs = probs.to(q.dtype)
+        return torch.bmm(probs, v)
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 6, 8) for _ in range(3)), torch.randn(2, 6, 6))
+""", "return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)", ("upcast_softmax:", "probs")),
     "probabilities-transposed-into-a-values-einsum": ("""
 class Attention(nn.Module):
     def forward(self, q, k, v):

@@ -296,6 +296,10 @@ class _Rewriter:
                     chain.names.add(node.value)
                     chain.scores_names.add(node.value)
                 statement = assigned
+                upcast = _upcast_only(assigned, node.value)
+                if upcast is not None:  # `if self.upcast: s = s.float()`: the fused kernels accumulate in float32
+                    node = upcast
+                    continue
                 if isinstance(assigned, cst.If):
                     self.guarded = assigned
                     if chain.mask is None:
@@ -1216,6 +1220,18 @@ def _summand(node: cst.BaseExpression) -> str:
                                    isinstance(node.operator, (cst.BitOr, cst.BitAnd, cst.BitXor, cst.LeftShift, cst.RightShift))):
         return code_of(atom(node))
     return code_of(node)
+
+
+def _upcast_only(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it); None otherwise."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock) \
+            or len(statement.body.body) != 1:
+        return None
+    value = redefinition(statement.body.body[0], name)
+    cast, receiver, _, _ = call_parts(value)
+    if cast in _CASTS and isinstance(receiver, cst.Name) and receiver.value == name:
+        return receiver
+    return None
 
 
 def _how_assigned(statement: cst.CSTNode, name: str) -> str:
