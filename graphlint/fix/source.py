@@ -78,11 +78,6 @@ def import_bindings(module: cst.Module) -> dict[str, str]:
     return found
 
 
-def parameters(function: cst.FunctionDef) -> list[str]:
-    params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
-
-
 def calls_in(node: cst.CSTNode) -> list[cst.Call]:
     found: list[cst.Call] = []
 
