@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
-                                   names_read)
+                                   laid_out, names_read, one_line)
 from graphlint.fix.source import (all_nodes, all_parameters, assigned_names, binding_names, block_of, bound_arguments,
                                   calls_function, calls_in, class_of, deletes, functions_in, import_bindings,
                                   indent_of, inside, is_target, keeps_a_tensor, local_assignments, mutated_in_place,
@@ -44,7 +44,6 @@ from graphlint.ops import CAST, MATMUL_LIKE
 from graphlint.results import UNSAFE
 
 _BUILTINS = frozenset(dir(builtins))
-_LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
 # The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
 # changes only the layout; the two-operand products (`baddbmm`, `addmm` and `einsum` are read on their own).
 _CASTS = CAST | {"contiguous"}
@@ -1041,7 +1040,7 @@ class _Rewriter:
                 if returned is None:
                     what = "scores" if name in chain.scores_names else "probabilities"
                     use = next((s for s in self.block if inside(node, s)), None)
-                    shown = f" (`{_one_line(use)}`)" if use is not None and len(_one_line(use)) <= 60 else ""
+                    shown = f" (`{one_line(use)}`)" if use is not None and len(one_line(use)) <= 60 else ""
                     raise _Refused(f"`{name}` is used outside the attention{shown}; the fused call does not give the "
                                    f"{what} back")
                 chain.elsewhere.append(returned)
@@ -1189,11 +1188,7 @@ class _Rewriter:
         product = code_of(self.chain.values_product)
         before, _, after = statement.partition(product)
         line = len(indent) + len(before.split("\n")[-1]) + len(callee) + len(inside) + 2 + len(after.split("\n")[0])
-        if line <= _LINE_LENGTH:
-            return inside
-        if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
-            return f"\n{indent}    {inside}\n{indent}"
-        return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+        return laid_out(parts, indent, line)
 
     def _local_definitions(self) -> dict[str, str]:
         """What each variable assigned exactly once in the function is set to, without spaces."""
@@ -1244,10 +1239,6 @@ def _how_assigned(statement: cst.CSTNode, name: str) -> str:
     if mutated_in_place(statement, name):
         return "changed in place in a way the fused call cannot express"
     return "assigned in a statement that does more than compute it"
-
-
-def _one_line(node: cst.CSTNode) -> str:
-    return " ".join(code_of(node).split())
 
 
 # How code names the size of one attention head; the model width (`dim`, `d_model`) is not among them.

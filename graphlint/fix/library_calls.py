@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions, is_namespace,
-                                   names_read)
+from graphlint.fix.rewrite import (LINE_LENGTH, FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
+                                   is_namespace, laid_out, names_read, one_line)
 from graphlint.fix.source import all_nodes, inside
 from graphlint.results import UNSAFE
 
@@ -24,12 +24,6 @@ def _input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -
     if is_namespace(receiver, imports):
         return positional[0] if positional else None
     return receiver
-
-
-def _one_line(node: cst.CSTNode) -> str:
-    """The node's code on one line, for a fix's message: `f(\n    x\n)` is `f(x)`."""
-    code = " ".join(code_of(node).split())
-    return code.replace("( ", "(").replace(", )", ")").replace(" )", ")")
 
 
 def _without_parentheses(site: FixSite, node: cst.CSTNode, new: cst.CSTNode) -> tuple[cst.CSTNode, cst.CSTNode]:
@@ -70,7 +64,7 @@ def activation_call(library: str):
             callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
             extra = ', approximate="tanh"' if "tanh" in library else ""
             new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
-        return Rewrite(*_without_parentheses(site, node, new), f"{_one_line(node)} → {code_of(new)}",
+        return Rewrite(*_without_parentheses(site, node, new), f"{one_line(node)} → {code_of(new)}",
                        removed=dead_definitions(site.function, node, new), imports=imports)
 
     return fix
@@ -272,7 +266,7 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         new = cst.parse_expression(f"{code_of(atom(new))} / math.log({2 if log_name == 'log2' else 10})")
         new = new if _stands_alone(node, site.function) else atom(new)
         imports = imports + (() if math_name else ("import math",))
-    return Rewrite(*_without_parentheses(site, node, new), f"{_one_line(node)} → {code_of(new)}", imports=imports,
+    return Rewrite(*_without_parentheses(site, node, new), f"{one_line(node)} → {code_of(new)}", imports=imports,
                    removed=removed, inserted=inserted, also=((x, x_read),) if inserted else ())
 
 
@@ -426,16 +420,13 @@ def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None
         return f"{callee}({_arguments(callee, parts, line)})"
     back = f".movedim(-1, {channel})"
     whole = f"{callee}({', '.join(parts)}){back}"
-    if line is None or len(line[0]) + len(whole) + len(line[1].rstrip()) <= _LINE_LENGTH or \
+    if line is None or len(line[0]) + len(whole) + len(line[1].rstrip()) <= LINE_LENGTH or \
             (line[1].strip() and not line[1].strip().startswith("#")):
         return whole
     indent = line[0][: len(line[0]) - len(line[0].lstrip())]
-    if len(line[0]) + len(whole) - len(f"-1, {channel})") <= _LINE_LENGTH:  # ruff splits the last call first
+    if len(line[0]) + len(whole) - len(f"-1, {channel})") <= LINE_LENGTH:  # ruff splits the last call first
         return f"{callee}({', '.join(parts)}).movedim(\n{indent}    -1, {channel}\n{indent})"
     return f"{callee}({_arguments(callee, parts, (line[0], back + line[1]))}){back}"
-
-
-_LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
 
 
 def _arguments(callee: str, parts: list[str], line: tuple[str, str] | None) -> str:
@@ -447,11 +438,9 @@ def _arguments(callee: str, parts: list[str], line: tuple[str, str] | None) -> s
     before, after = line
     indent = before[: len(before) - len(before.lstrip())]
     code_after = after.strip() and not after.strip().startswith(("#", "."))  # a call ending its line, or a chain's
-    if code_after or len(before) + len(callee) + len(inside) + 2 + len(after.rstrip()) <= _LINE_LENGTH:
+    if code_after:
         return inside
-    if len(indent) + 4 + len(inside) <= _LINE_LENGTH:
-        return f"\n{indent}    {inside}\n{indent}"
-    return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+    return laid_out(parts, indent, len(before) + len(callee) + len(inside) + 2 + len(after.rstrip()))
 
 
 def _line_of(site: FixSite, node: cst.CSTNode) -> tuple[str, str] | None:
@@ -518,7 +507,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     call = _norm_call(callee, kind, cst.Name(x), scale[0] if scale else None, shift[0] if shift else None,
                       code_of(eps), dims=dims, line=(site.indent + "return ", _comment(last)))
     new = cst.Return(value=cst.parse_expression(call), whitespace_after_return=cst.SimpleWhitespace(" "))
-    return Rewrite(last.body[0], new, f"{kind} by hand → {_one_line(new.value)}", removed=tuple(statements[:-1]),
+    return Rewrite(last.body[0], new, f"{kind} by hand → {one_line(new.value)}", removed=tuple(statements[:-1]),
                    imports=imports)
 
 
@@ -564,7 +553,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     new = call if len(factors) == 1 else numerator.deep_replace(centred[0], call)
     if new is not call:
         new = new.with_changes(lpar=list(node.lpar), rpar=list(node.rpar))
-    return Rewrite(node, new, f"{kind} by hand → {_one_line(call)}", removed=_dead_around(site.function, node, new),
+    return Rewrite(node, new, f"{kind} by hand → {one_line(call)}", removed=_dead_around(site.function, node, new),
                    imports=imports)
 
 

@@ -90,6 +90,26 @@ def atom(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
+LINE_LENGTH = 88  # as ruff and black format by default: a longer call is split as they would split it
+
+
+def laid_out(parts: list[str], indent: str, whole_line: int) -> str:
+    """A call's arguments as a formatter writes them, given how long the line would be with the call on it:
+    on that line when it fits, else on one indented line of their own, else one a line with a trailing comma."""
+    inside = ", ".join(parts)
+    if whole_line <= LINE_LENGTH:
+        return inside
+    if len(indent) + 4 + len(inside) <= LINE_LENGTH:
+        return f"\n{indent}    {inside}\n{indent}"
+    return "\n" + "".join(f"{indent}    {part},\n" for part in parts) + indent
+
+
+def one_line(node: cst.CSTNode) -> str:
+    """A node's code on one line, for a fix's message: `f(\n    x\n)` is `f(x)`."""
+    code = " ".join(code_of(node).split())
+    return code.replace("( ", "(").replace(", )", ")").replace(" )", ")")
+
+
 def call_parts(node: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None, list[cst.BaseExpression], dict]:
     """(the called name, its receiver or None, positional arguments, keyword arguments) of a call;
     (None, None, [], {}) for anything else."""
