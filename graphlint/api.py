@@ -61,9 +61,10 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
     if capture is None:
         capture = _capture_in_place(model, *inputs)
     rules = select(project.config, load_rules())
-    findings, errors = run_rules(rules, capture, Locator(project))
+    locator = Locator(project)
+    findings, errors = run_rules(rules, capture, locator)
     result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=notes + capture.notes,
-                          device=capture.device)
+                          failures=locator.failures, device=capture.device)
     return finish([result], project, project.config, tuple(RuleInfo.of(r) for r in rules))
 
 

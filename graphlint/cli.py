@@ -270,6 +270,7 @@ def _proven(session: Session, report: Report, unsafe: bool) -> list:
     if not fixable(report):
         return []
     plan = session.fixes(report, unsafe)
+    _tell_failures(plan, report)
     for finding, reason in plan.refused:
         project = session.project
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
@@ -280,6 +281,7 @@ def _proven(session: Session, report: Report, unsafe: bool) -> list:
 
 def _diff(session: Session, report: Report, unsafe: bool) -> int:
     plan = session.fixes(report, unsafe)
+    _tell_failures(plan, report)
     _tell_refused(plan, session.project, unsafe)
     diffs = plan.diffs(session.project)
     sys.stdout.buffer.write(diffs.encode("utf-8"))
@@ -294,12 +296,23 @@ def _diff(session: Session, report: Report, unsafe: bool) -> int:
 def _fix(session: Session, report: Report, unsafe: bool) -> Report:
     """Write the fixes; the report of what is left."""
     plan = session.fixes(report, unsafe)
+    _tell_failures(plan, report)
     _tell_refused(plan, session.project, unsafe)
     written = plan.write()
     count = len(plan.applied)
     print(f"graphlint: fixed {count} finding{'' if count == 1 else 's'} in {len(written)} "
           f"file{'' if len(written) == 1 else 's'}", file=sys.stderr)
     return session.without(report, plan.applied)
+
+
+def _tell_failures(plan, report: Report) -> None:
+    """The note that names graphlint for a failure of its own while proving fixes, unless the run said it."""
+    from graphlint.report.text import culprit_note
+
+    if not any(result.failures for result in report.results):
+        note = culprit_note(plan.failures)
+        if note:
+            print(note, file=sys.stderr)
 
 
 def _tell_refused(plan, project: Project, unsafe: bool) -> None:

@@ -40,15 +40,18 @@ def rule_by_id(rule_id: str) -> type[Rule] | None:
 def run_rules(
     rules: tuple[type[Rule], ...], capture: Capture, locator: Locator, debug: bool = False
 ) -> tuple[list[Finding], list[TargetError]]:
-    """Every rule over one capture. A rule that crashes is reported as a tool error; the others still run."""
+    """Every rule over one capture. A rule whose detection crashes is reported as a tool error; the others still
+    run. What fails after detection (spans, fixes) costs no finding: the locator keeps it in `failures`."""
     findings: list[Finding] = []
     errors: list[TargetError] = []
     for rule in rules:
         try:
-            findings.extend(locator.place(rule, rule().check(capture), capture))
+            problems = list(rule().check(capture))
         except Exception as error:
             if debug:
                 traceback.print_exc()
             errors.append(TargetError(capture.target, f"internal error in rule {rule.id} ({one_line(error)}); "
                                                       "please report it with the output of --debug"))
+            continue
+        findings.extend(locator.place(rule, problems, capture))
     return sorted(findings, key=Finding.sort_key), errors

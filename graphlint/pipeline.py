@@ -42,8 +42,10 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
     result, capture = capture_one(text, base, locator, device, debug, after=after)
     if capture is not None:
         reached("rules")
+        failed_before = len(locator.failures)
         result.findings, errors = run_rules(rules, capture, locator, debug)
         result.errors.extend(errors)
+        result.failures.extend(locator.failures[failed_before:])
     return result
 
 

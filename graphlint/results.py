@@ -154,6 +154,9 @@ class TargetResult:
     findings: list[Finding] = field(default_factory=list)
     errors: list[TargetError] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # graphlint's own failures after detection (a fix it could not build, a span it could not find): the
+    # findings are all there; the run names graphlint as the culprit once
+    failures: list[str] = field(default_factory=list)
     device: str | None = None  # where the capture ran: meta, cpu or cuda
     files: tuple[str, ...] = ()  # the project's own source files the capture ran
     inputs: tuple[str, ...] = ()  # the files the result depends on (ran or imported), tracked by content
@@ -236,6 +239,7 @@ def from_wire(data: dict) -> TargetResult:
         "findings": [_finding(f) for f in data["findings"]],
         "errors": [TargetError(**e) for e in data["errors"]],
         "notes": list(data["notes"]),
+        "failures": list(data.get("failures", ())),
         "files": tuple(data["files"]),
         "inputs": tuple(data["inputs"]),
         "libraries": dict(data["libraries"]),

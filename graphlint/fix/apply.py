@@ -31,6 +31,7 @@ class FixPlan:
     applied: list[Finding] = field(default_factory=list)
     refused: list[tuple[Finding, str]] = field(default_factory=list)
     notes: list[tuple[Finding, str]] = field(default_factory=list)  # how an applied fix was proven, when unusual
+    failures: list[str] = field(default_factory=list)  # graphlint's own failures while proving or applying
     texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
 
     def diffs(self, project: Project) -> str:
@@ -51,12 +52,12 @@ class FixPlan:
         return written
 
 
-def _prove(result, fixes, project, base, original, parent) -> Verdict:
+def _prove(result, fixes, project, base, original, parent, failures: list[str]) -> Verdict:
     try:
         return prove(result, fixes, project, base, original, parent)
-    except Exception as error:  # a bug in graphlint: the fix is refused and the run goes on
-        return Verdict(False, f"internal error in graphlint while proving the fix ({one_line(error)}); please "
-                              "report it")
+    except Exception as error:  # a bug in graphlint: the fix is refused, the finding stays, the run goes on
+        failures.append(f"proving a fix for {result.target}: {one_line(error)}")
+        return Verdict(False, f"graphlint could not prove this fix: {one_line(error)}; please report it with --debug")
 
 
 def fixable(report: Report) -> list[Finding]:
@@ -72,6 +73,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
     default a new one)."""
     candidates = fixable(report)
     made: list[WarmParent] = []
+    failures: list[str] = []
 
     def warm() -> WarmParent:
         if not made:
@@ -81,7 +83,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
         return made[0]
 
     def proved(result, fixes, original) -> Verdict:
-        return _prove(result, fixes, project, base, original, (parent or warm)())
+        return _prove(result, fixes, project, base, original, (parent or warm)(), failures)
 
     failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
                                   if f.fix.applicability == UNSAFE}
@@ -112,17 +114,23 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
         if len(passed) > 1 and not proved(result, passed, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
-    plan = FixPlan()
+    plan = FixPlan(failures=failures)
     plan.notes = [(f, note) for f, note in notes.items() if f not in failed]
     for finding in candidates:
         if finding in failed:
             plan.refused.append((finding, failed[finding]))
         if finding not in failed or unsafe:
             plan.applied.append(finding)
-    texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])
-    if isinstance(texts, str):  # the unsafe fixes of several targets collide: keep only the proven ones
-        plan.applied = [f for f in plan.applied if f not in failed]
+    try:
         texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])
+        if isinstance(texts, str):  # the unsafe fixes of several targets collide: keep only the proven ones
+            plan.applied = [f for f in plan.applied if f not in failed]
+            texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])
+    except Exception as error:  # a bug in graphlint: nothing is written, every finding stays in the report
+        failures.append(f"applying the fixes: {one_line(error)}")
+        reason = f"graphlint could not apply this fix: {one_line(error)}; please report it with --debug"
+        plan.refused = [(f, failed.get(f, reason)) for f in candidates]
+        plan.applied, texts = [], {}
     plan.texts = texts if isinstance(texts, dict) else {}
     return plan
 

@@ -5,18 +5,26 @@ become one finding that says "12 occurrences" and names the module paths. The me
 with different messages at one location each keep their sentence in the finding's message (in the order the
 forward ran them, each with its own count), and when they offer different fixes the finding has none and
 says why.
+
+Detection stands alone: a failure of graphlint's own code while finding a span, a related site or a role, or
+while building a fix, never costs the finding. The finding keeps its line (the whole line when the exact span
+could not be found) and says, in `no_fix`, that graphlint failed there; `Locator.failures` lists what failed,
+for the run to name graphlint, once, as the culprit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from collections.abc import Iterable
 
 from graphlint.capture import Capture, facts
 from graphlint.capture.frames import Frame
+from graphlint.errors import one_line
 from graphlint.files import library_name
 from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
@@ -72,13 +80,26 @@ class _Group:
         return refusal or _together(answers) or "the occurrences at this location need different rewrites"
 
 
-class Locator:
-    """Places problems for one run; source files are parsed once and shared across targets."""
+def fix_failed(error: BaseException) -> str:
+    """A finding's `no_fix` when graphlint's own code failed while building its fix."""
+    return f"graphlint could not build this fix: {one_line(error)}; please report it with --debug"
 
-    def __init__(self, project: Project) -> None:
+
+class Locator:
+    """Places problems for one run; source files are parsed once and shared across targets. `failures` names
+    each place where graphlint's own code failed after detection (the findings are kept regardless)."""
+
+    def __init__(self, project: Project, debug: bool = False) -> None:
         self.project = project
+        self.debug = debug
+        self.failures: list[str] = []
         self._spans: SourceSpans | None = None
         self._library_spans = LineSpans()
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        if self.debug:
+            traceback.print_exception(error)
+        self.failures.append(f"{what}: {one_line(error)}")
 
     @property
     def spans(self) -> SourceSpans:
@@ -94,51 +115,63 @@ class Locator:
         """The span finder if this run made one: the files it parsed can serve the policy stage too."""
         return self._spans
 
-    def location(self, site: Site) -> Location:
+    def location(self, site: Site, rule_id: str = "") -> Location:
         file = site.frame.file
         first_party = self.project.is_first_party(file)
         # Library files are never parsed: users do not edit them, and they can be thousands of lines long.
-        span = self.spans.span(site) if first_party else self._library_spans.span(site.frame)
+        if first_party:
+            try:
+                span = self.spans.span(site)
+            except Exception as error:  # graphlint's bug: the finding keeps its line, without the exact span
+                self._failed(f"finding the exact span of a {rule_id or 'finding'} at "
+                             f"{os.path.basename(file)}:{site.frame.line}", error)
+                span = self._library_spans.span(site.frame)
+        else:
+            span = self._library_spans.span(site.frame)
         line, column, end_line, end_column = span
         return Location(file, line, column, end_line, end_column, first_party=first_party)
 
     def place(self, rule: type[Rule], problems: Iterable[Problem], capture: Capture) -> list[Finding]:
+        """The problems as findings, one per location. Never raises for graphlint's own failures after
+        detection: see the module docstring."""
+        problems = list(problems)
+        try:
+            return self._place(rule, problems, capture)
+        except Exception as error:  # a bug in the merge itself: each problem alone, at its plain line
+            self._failed(f"placing the {rule.id} findings", error)
+            return self._bare(rule, problems, capture)
+
+    def _sites(self, problem: Problem, capture: Capture, rule_id: str):
+        """(primary site, library site or None); the innermost frame of the node when placing it failed."""
+        try:
+            if problem.node is not None:
+                return node_sites(problem.node, self.project, capture.factory, problem.at_build_site)
+            return stack_sites(problem.stack, self.project, capture.factory)
+        except Exception as error:
+            self._failed(f"placing a {rule_id} finding", error)
+            stack = (problem.node.meta.get("stack") or ()) if problem.node is not None else problem.stack
+            return stack_sites(tuple(stack), self.project, capture.factory)
+
+    def _place(self, rule: type[Rule], problems: list[Problem], capture: Capture) -> list[Finding]:
         groups: dict[Location, _Group] = {}
         order = {node: index for index, node in enumerate(capture.forward.nodes)}
         # In the order the forward ran them, so that repeats read "layers.0 … layers.11".
         for problem in sorted(problems, key=lambda p: order.get(p.node, len(order))):
-            if problem.node is not None:
-                primary, library = node_sites(problem.node, self.project, capture.factory, problem.at_build_site)
-            else:
-                primary, library = stack_sites(problem.stack, self.project, capture.factory)
+            primary, library = self._sites(problem, capture, rule.id)
             if primary is None:
                 continue  # nothing of the user's and no factory: there is no line to show it on
-            location = self.location(primary)
+            location = self.location(primary, rule.id)
             group = groups.setdefault(location, _Group())
             said = group.said.setdefault(problem.own_message, _Said(problem))
             said.count += 1
             said.paths.append(problem.where)
             said.parameters.update(dict.fromkeys(problem.parameters))
             if problem.fix is not None and location.first_party:
-                roles = self._role_sites(problem, capture)
-                key = (_fixer_key(problem.fix), roles)  # layers that ran the same lines share one fix
-                if key not in group.fixes:
-                    group.fixes[key] = self.spans.fix(primary, problem.fix, roles)
-            if library is not None:
-                what = (facts(problem.node).op or "op") if problem.node is not None else "built"
-                group.related.setdefault(self.location(library), f"{what} in {library_name(library.frame.file)}")
-            for node, label in problem.related:
-                if isinstance(node, Frame):  # a line no node stands for, such as torch's own
-                    group.related.setdefault(self.location(Site(node)), label)
-                    continue
-                related, related_library = node_sites(node, self.project, capture.factory)
-                if related is None:
-                    continue
-                where = self.location(related)
-                if where == location and related_library is not None:
-                    where = self.location(related_library)  # all in a library: show the library line
-                if where != location:
-                    group.related.setdefault(where, label)
+                self._add_fix(group, rule, problem, primary, capture)
+            try:
+                self._add_related(group, location, problem, library, capture, rule.id)
+            except Exception as error:  # the finding stands without its related locations
+                self._failed(f"locating a site related to a {rule.id} finding", error)
         findings = []
         for location, group in groups.items():
             fix = group.fix()
@@ -155,6 +188,63 @@ class Locator:
                 no_fix=fix if isinstance(fix, str) else "",
             ))
         return findings
+
+    def _add_fix(self, group: _Group, rule: type[Rule], problem: Problem, primary: Site, capture: Capture) -> None:
+        """The problem's fix at its site, once per fixer and roles; a failure becomes the finding's `no_fix`."""
+        try:
+            roles = self._role_sites(problem, capture)
+            key = (_fixer_key(problem.fix), roles)  # layers that ran the same lines share one fix
+            if key not in group.fixes:
+                group.fixes[key] = self.spans.fix(primary, problem.fix, roles)
+        except Exception as error:
+            self._failed(f"building the {rule.id} fix at {os.path.basename(primary.frame.file)}:{primary.frame.line}",
+                         error)
+            group.fixes[("failed", id(problem))] = fix_failed(error)
+
+    def _add_related(self, group: _Group, location: Location, problem: Problem, library: Site | None,
+                     capture: Capture, rule_id: str) -> None:
+        if library is not None:
+            what = (facts(problem.node).op or "op") if problem.node is not None else "built"
+            group.related.setdefault(self.location(library, rule_id), f"{what} in {library_name(library.frame.file)}")
+        for node, label in problem.related:
+            if isinstance(node, Frame):  # a line no node stands for, such as torch's own
+                group.related.setdefault(self.location(Site(node), rule_id), label)
+                continue
+            related, related_library = node_sites(node, self.project, capture.factory)
+            if related is None:
+                continue
+            where = self.location(related, rule_id)
+            if where == location and related_library is not None:
+                where = self.location(related_library, rule_id)  # all in a library: show the library line
+            if where != location:
+                group.related.setdefault(where, label)
+
+    def _bare(self, rule: type[Rule], problems: list[Problem], capture: Capture) -> list[Finding]:
+        """Each problem as its own finding at its plain line, with no fix: what is left when merging failed."""
+        findings = {}
+        for problem in problems:
+            try:
+                primary, _ = self._sites(problem, capture, rule.id)
+                if primary is None:
+                    continue
+                file = primary.frame.file
+                line, column, end_line, end_column = self._library_spans.span(primary.frame)
+                location = Location(file, line, column, end_line, end_column,
+                                    first_party=self.project.is_first_party(file))
+                message = fill(problem.own_message, {"where": problem.where, "occurrences": "", "count": 1,
+                                                     "parameters": describe_parameters(list(problem.parameters))})
+            except Exception as error:
+                self._failed(f"placing a {rule.id} finding", error)
+                continue
+            key = (location, message)
+            if key in findings:
+                findings[key] = dataclasses.replace(findings[key], occurrences=findings[key].occurrences + 1)
+                continue
+            findings[key] = Finding(rule_id=rule.id, rule_name=rule.name, severity=rule.severity, message=message,
+                                    location=location, targets=(capture.target,),
+                                    no_fix=fix_failed(RuntimeError("the findings could not be merged"))
+                                    if problem.fix is not None else "")
+        return list(findings.values())
 
     def _role_sites(self, problem: Problem, capture: Capture) -> tuple[tuple[str, Site], ...]:
         """Each node the rule matched, at the line of the user's code it ran at; nodes in no file of the

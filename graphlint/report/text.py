@@ -42,12 +42,25 @@ def summary(report: Report) -> str:
 
 
 def diagnostics(report: Report) -> list[str]:
-    """Errors and notes, one line each, for stderr: `graphlint: error: TARGET: what went wrong; what to do`."""
+    """Errors and notes, one line each, for stderr: `graphlint: error: TARGET: what went wrong; what to do`;
+    then, once, the note that names graphlint when its own code failed after detection."""
     lines = []
     for result in report.results:
         lines += [single_line(f"graphlint: note: {result.target}: {note}") for note in result.notes]
         lines += [single_line(f"graphlint: error: {error.target}: {error.message}") for error in result.errors]
-    return lines
+    culprit = culprit_note([failure for result in report.results for failure in result.failures])
+    return lines + ([culprit] if culprit else [])
+
+
+def culprit_note(failures: list[str]) -> str | None:
+    """One line that names graphlint as the culprit of these failures of its own code, None for none."""
+    unique = list(dict.fromkeys(failures))
+    if not unique:
+        return None
+    more = f", and {len(unique) - 1} more" if len(unique) > 1 else ""
+    return single_line(f"graphlint: note: graphlint's own code failed after detection ({unique[0]}{more}); no "
+                       "finding was lost, but these lack the fix or the exact span graphlint could not make; "
+                       "this is a bug in graphlint, please report it with the output of --debug")
 
 
 def _s(count: int) -> str:

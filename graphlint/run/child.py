@@ -66,7 +66,7 @@ def _lint(job: LintJob) -> TargetResult:
         from graphlint.pipeline import lint_target
 
     rules = tuple(rule for rule in load_rules() if rule.id in set(job.rules))
-    return lint_target(job.target, Path(job.base), Locator(job.project()), rules, job.device, job.debug,
+    return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
                        job.vary)
 
 
