@@ -52,7 +52,7 @@ def test_json_has_the_documented_shape(tmp_path):
     document = json.loads(FORMATS["json"](report))
     assert document["version"] == 1
     assert document["tool"]["name"] == "graphlint"
-    assert set(document) == {"version", "tool", "findings", "errors", "notes", "summary"}
+    assert set(document) == {"version", "tool", "findings", "errors", "notes", "internal_failures", "summary"}
     finding = document["findings"][0]
     assert set(finding) == {"rule", "name", "severity", "message", "location", "related", "occurrences", "targets",
                             "fingerprint", "suppressed", "fix", "no_fix"}

@@ -161,3 +161,46 @@ def test_the_command_reports_the_finding_and_names_graphlint_once(project_dir):
     diff = run_graphlint("check", "model.py:make", "--no-cache", "--diff", cwd=project_dir, env=env)
     assert diff.returncode == 0 and diff.stdout == ""  # no fix to show: nothing would change
     assert "GL101" in diff.stderr or "0 fixes" in diff.stderr
+
+
+def test_a_helper_that_masks_with_where_keeps_its_finding_and_gets_a_reason(project_dir):
+    """An attention helper in another file that masks with `torch.where(mask, scores, finfo.min)` and whose
+    scores are read again once made GL101's fixer fail (a name shadowing a function); the finding now gets
+    the fixer's own reason for refusing."""
+    write(project_dir, "attn_ops.py", '''
+        import torch
+
+
+        def attention(q, k, v, mask):
+            scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            return probs @ v, scores.amax(dim=-1)
+    ''')
+    path = write(project_dir, "model.py", '''
+        import torch
+        from torch import nn
+
+        import attn_ops
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = nn.Linear(16, 48)
+
+            def forward(self, x, mask):
+                q, k, v = self.qkv(x).chunk(3, dim=-1)
+                out, top = attn_ops.attention(q, k, v, mask)
+                return out + top.unsqueeze(-1)
+
+
+        def make():
+            mask = torch.ones(8, 8, dtype=torch.bool).tril()
+            return Block(), (torch.randn(2, 8, 16), mask)
+    ''')
+    report = lint_file(path)
+    [finding] = findings_of(report, "GL101")
+    assert finding.location.path.endswith("attn_ops.py")
+    assert finding.no_fix.startswith("`scores` is used outside the attention"), finding.no_fix
+    assert report.results[0].failures == []

@@ -1018,21 +1018,21 @@ class _Rewriter:
         values product (weights returned or stored for visualisation) are kept for an unsafe fix that puts
         None there; any other use leaves the chain alone."""
         chain = self.chain
-        inside = set()
+        read_inside = set()
         for statement in chain.consumed:
-            inside.update(id(n) for n in names_read(statement))
+            read_inside.update(id(n) for n in names_read(statement))
         if chain.values_product is not None:
-            inside.update(id(n) for n in names_read(chain.values_product))
+            read_inside.update(id(n) for n in names_read(chain.values_product))
         everywhere = names_read(self.function)
         product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
         after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
         bound = {id(n) for n in binding_names(self.function)}
         for name in chain.names:
             for index, node in enumerate(everywhere):
-                if node.value != name or id(node) in inside:
+                if node.value != name or id(node) in read_inside:
                     continue
                 if index >= after and self._detached_again(node):
-                    inside.update(id(n) for n in names_read(chain.consumed[-1]))
+                    read_inside.update(id(n) for n in names_read(chain.consumed[-1]))
                     continue
                 if name in chain.scores_names and id(node) not in bound and self._metadata(node):
                     continue

@@ -39,6 +39,8 @@ def render_json(report: Report) -> str:
         ],
         "errors": [{"target": e.target, "message": e.message} for e in report.errors],
         "notes": [{"target": r.target, "message": n} for r in report.results for n in r.notes],
+        # graphlint's own bugs after detection: every finding is above, some without a fix or exact span
+        "internal_failures": [{"target": r.target, "message": f} for r in report.results for f in r.failures],
         "summary": _summary(report),
     }
     return writable(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
