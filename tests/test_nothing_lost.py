@@ -6,12 +6,13 @@ that offers a fix, and the report is compared with the one the same example give
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import pytest
 
 import graphlint.fix.apply
-from conftest import findings_of, lint_file, run_graphlint, write
+from conftest import findings_of, lint_file, run_graphlint, validate_sarif, write
 from graphlint.engine import load_rules
 from graphlint.locate import place
 from graphlint.locate.spans import SourceSpans
@@ -157,6 +158,16 @@ def test_the_command_reports_the_finding_and_names_graphlint_once(project_dir):
     notes = [line for line in faulty.stderr.splitlines() if "graphlint's own code failed" in line]
     assert len(notes) == 1 and "this is a bug in graphlint" in notes[0] and "--debug" in notes[0]
     assert "Traceback" not in faulty.stderr and "error:" not in faulty.stderr
+
+    sarif = run_graphlint("check", "model.py:make", "--no-cache", "--format", "sarif", cwd=project_dir, env=env)
+    log = json.loads(sarif.stdout)
+    validate_sarif(log)
+    [run] = log["runs"]
+    assert [r["ruleId"] for r in run["results"]] == ["GL101"] and sarif.returncode == 1
+    [invocation] = run["invocations"]
+    assert invocation["executionSuccessful"] is True
+    assert any("graphlint's own code failed" in n["message"]["text"]
+               for n in invocation["toolExecutionNotifications"])
 
     diff = run_graphlint("check", "model.py:make", "--no-cache", "--diff", cwd=project_dir, env=env)
     assert diff.returncode == 0 and diff.stdout == ""  # no fix to show: nothing would change

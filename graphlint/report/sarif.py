@@ -47,6 +47,10 @@ def build_log(report: Report) -> sarif.SarifLog:
     ] + [
         sarif.Notification(level="note", message=sarif.Message(text=f"{r.target}: {note}"))
         for r in report.results for note in r.notes
+    ] + [  # graphlint's own bugs after detection: a warning about the tool, not about the user's code
+        sarif.Notification(level="warning", message=sarif.Message(
+            text=f"{r.target}: graphlint's own code failed after detection ({failure}); please report it"))
+        for r in report.results for failure in r.failures
     ]
     run = sarif.Run(
         tool=sarif.Tool(driver=sarif.ToolComponent(
