@@ -12,7 +12,7 @@ import torch
 
 from graphlint.capture import Capture, capture_model, inputs_to_meta
 from graphlint.capture.frames import Frame
-from graphlint.capture.isolation import preserved_global_state
+from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.engine import load_rules, run_rules
 from graphlint.errors import TargetFailure
 from graphlint.locate.place import Locator
@@ -57,6 +57,7 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
                 notes.append(f"captured on a full copy of the model: the forward needs real values "
                              f"({type(error).__name__} on the meta device)")
                 with preserved_global_state():
+                    seed_everything()  # the same draws as a factory target's capture
                     capture = capture_model(copied, *inputs[:3], target=target, factory=factory)
     if capture is None:
         capture = _capture_in_place(model, *inputs)
@@ -77,6 +78,7 @@ def _capture_meta_copy(model, args, kwargs, loss, target, factory) -> Capture:
     copied = copy.deepcopy(model, memo)
     args, kwargs = inputs_to_meta(args, kwargs)
     with preserved_global_state(), torch.device("meta"):
+        seed_everything()
         return capture_model(copied, args, kwargs, loss, target=target, device="meta", factory=factory)
 
 
@@ -85,6 +87,7 @@ def _capture_in_place(model, args, kwargs, loss, target, factory) -> Capture:
     grads = {name: p.grad for name, p in model.named_parameters()}
     try:
         with preserved_global_state():
+            seed_everything()
             return capture_model(model, args, kwargs, loss, target=target, factory=factory)
     finally:
         with torch.no_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from functools import partial
@@ -46,7 +47,10 @@ class UnfusedAttention(Rule):
 
         Not flagged: `F.scaled_dot_product_attention`, `nn.MultiheadAttention`, a softmax that is not between
         two products of activations (classifier heads, gating and mixture-of-experts weights computed against
-        a weight matrix), a softmax over another dimension, and linear attention without a softmax.
+        a weight matrix), a softmax over another dimension, linear attention without a softmax, and attention
+        whose scores get a bias computed from the scores themselves (a contextual position bias such as CoPE,
+        `sim = sim + self.cope(q, sim)`), which the fused call cannot compute. When some configurations of one
+        line add such a bias and others do not, the finding counts only the others, and offers no fix.
     """
     why = """
         Written by hand, attention runs as several kernels and materialises the full
@@ -315,11 +319,27 @@ class UnfusedAttention(Rule):
     )
 
     def check(self, capture):
+        order = {node: index for index, node in enumerate(capture.forward.nodes)}
+        found, read_scores = [], {}
         for node in capture.ops:
             if op(node) in SOFTMAX and _over_last_dim(node):
                 chain = _attention_chain(node)
-                if chain is not None:
-                    yield self._problem(node, *chain)
+                if chain is None:
+                    continue
+                bias = _bias_from_scores(chain[0], order)
+                if bias is not None:  # the fused call cannot compute a bias from its own scores
+                    read_scores.setdefault(_line(node), bias)
+                    continue
+                found.append((node, chain))
+        for node, chain in found:
+            problem = self._problem(node, *chain)
+            bias = read_scores.get(_line(node))
+            if bias is not None:  # other configurations of this code add a bias made from the scores
+                problem = dataclasses.replace(
+                    problem, fix=partial(_refuse, f"other configurations of this code add a bias computed from the "
+                                                  f"scores ({op(bias)} at line {_line(bias)[1]}), which the fused "
+                                                  "call cannot compute"))
+            yield problem
 
     def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> Problem:
         scores, values = before[0], after[-1]
@@ -391,6 +411,36 @@ def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:
         else:
             return False
     return math.isclose(value, head_dim ** -0.5, rel_tol=1e-6)
+
+
+def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.Node | None:
+    """A step between the scores and the softmax that adds something computed from the scores themselves (a
+    contextual position bias: `sim = sim + self.cope(q, sim)`), or None. Only nodes recorded after the scores
+    product can depend on it, so the walk back stops at it."""
+    chain = set(before)
+    first = order.get(before[0], 0)
+    for step, came_from in zip(before[1:], before, strict=False):
+        pending = [n for n in step.all_input_nodes if n is not came_from and n not in chain]
+        seen = set(pending)
+        while pending:
+            node = pending.pop()
+            if node in chain:
+                return step
+            for source in node.all_input_nodes:
+                if source not in seen and order.get(source, -1) >= first:
+                    seen.add(source)
+                    pending.append(source)
+    return None
+
+
+def _line(node: fx.Node) -> tuple[str, int]:
+    stack = facts(node).stack
+    return (stack[-1].file, stack[-1].line) if stack else ("", 0)
+
+
+def _refuse(reason: str, site) -> str:
+    """A fixer that declines with a reason the rule knows and the source does not show."""
+    return reason
 
 
 def _meta(node):

@@ -27,6 +27,9 @@ class UnusedParameter(Rule):
         The finding points at the line that built the parameters (the `nn.Linear(...)` call, or the
         `self.w = nn.Parameter(...)` assignment) and names them, grouped by module. When the captured forward
         branched on a tensor value, the message says so: a branch this capture did not take may use them.
+        So it does when the forward drew from Python's or NumPy's random numbers (`random.randrange(5)` steps):
+        every capture draws the same (graphlint seeds torch, `random` and NumPy alike), so the finding is
+        repeatable, but another draw may use them.
     """
     why = """
         Unused parameters cost memory for weights, gradients and optimizer state, and they make
@@ -112,6 +115,10 @@ class UnusedParameter(Rule):
 
 def _branch_note(capture) -> str:
     branch = next((n for n in capture.ops if op(n) == "bool" and leaves_torch(n) and facts(n).stack), None)
+    if branch is None and capture.python_draws:
+        drawn = " and ".join(f"`{name}`" for name in capture.python_draws)
+        return (f" in this capture (the forward draws from {drawn}, and another draw may use them: "
+                "check that some draw does)")
     if branch is None:
         return ""
     frame = facts(branch).stack[-1]

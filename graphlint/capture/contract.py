@@ -52,6 +52,9 @@ class Capture:
     notes: list[str] = field(default_factory=list)
     # Debugging modes (anomaly detection, profilers) the target's code switched on before or during the forward.
     debug_switches: tuple[DebugSwitch, ...] = ()
+    # Generators outside torch the forward drew from (`random`, `numpy.random`): what it ran may hold for this
+    # draw only (a number of steps from `random.randrange`), though every capture draws the same.
+    python_draws: tuple[str, ...] = ()
     # What compiling the model with torch.compile showed (graphlint.capture.compile); None when not asked for.
     compiled: CompileAnalysis | None = None
     # Answers to questions several rules ask (graphlint.flow), computed once per capture; read-only once made.

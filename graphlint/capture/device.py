@@ -15,7 +15,7 @@ import torch
 from graphlint.capture.contract import Capture
 from graphlint.capture.debug import DebugSwitchWatch
 from graphlint.capture.frames import Frame, StackRecorder
-from graphlint.capture.isolation import preserved_global_state
+from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.capture.modules import BuildSiteRecorder
 from graphlint.capture.session import ForwardFailure, capture_model, model_tensors
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
@@ -68,8 +68,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
     with preserved_global_state():
-        if device != "meta":
-            torch.manual_seed(0)  # the same inputs and dropout masks on every run
+        seed_everything()  # the same inputs, dropout masks and Python draws on every run
         stacks = StackRecorder()
         build_sites = BuildSiteRecorder(stacks)
         stacks.boundary = sys._getframe()

@@ -1,12 +1,15 @@
 """Global state a capture may change, saved before and restored after, so one target cannot affect the next:
 torch's default dtype and device, grad and anomaly modes, global flags (deterministic algorithms, matmul
 precision, cuDNN and TF32 switches, threads), every random state (torch's CPU and CUDA generators, Python's,
-NumPy's), and `sys.path`.
+NumPy's), and `sys.path`. Every capture also starts from the same seeds (`seed_everything`), so a run is
+repeatable even where the forward draws from Python's or NumPy's generators (`random.randrange` choosing a
+number of steps), and `python_draws` tells whether it did: a verdict may then hold for this draw only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import random
 import sys
 
@@ -95,3 +98,34 @@ def preserved_global_state():
         for write, value in randoms:
             write(value)
         sys.path[:] = path
+
+
+SEED = 0
+
+
+def seed_everything(seed: int = SEED) -> None:
+    """Seed torch's, Python's and NumPy's generators; NumPy is imported for it when installed, since a factory
+    that imports it later would otherwise draw from a generator seeded by the operating system."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is None and importlib.util.find_spec("numpy") is not None:
+        import numpy
+    if numpy is not None:
+        numpy.random.seed(seed)
+
+
+def python_states() -> dict[str, object]:
+    """The states of the generators Python code draws from outside torch: Python's, and NumPy's if loaded."""
+    states = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, position, has_gauss, gauss = numpy.random.get_state()
+        states["numpy.random"] = (kind, keys.tobytes(), position, has_gauss, gauss)
+    return states
+
+
+def python_draws(before: dict[str, object]) -> tuple[str, ...]:
+    """Which of those generators were drawn from since `before` (a `python_states()`)."""
+    after = python_states()
+    return tuple(name for name, state in after.items() if name in before and before[name] != state)

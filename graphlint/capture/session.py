@@ -16,6 +16,7 @@ import torch
 from graphlint.capture.autograd import AutogradGraph, SavedTensorRecorder, run_backward, walk_autograd_graph
 from graphlint.capture.contract import Capture, ParameterInfo
 from graphlint.capture.debug import DebugSwitchWatch, debug_modes_off
+from graphlint.capture.isolation import python_draws, python_states
 from graphlint.capture.forward import ForwardRecorder, kept_tensors, recorded_ops, storage_key
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.loss import choose_loss
@@ -49,6 +50,7 @@ def capture_model(
     recorder.add_inputs(args, kwargs)
     stacks.boundary = sys._getframe()  # frames from here outwards (graphlint, the CLI, pytest) are not the user's
     debug = debug or DebugSwitchWatch()
+    generators = python_states()
     try:
         reached("forward")
         with torch.enable_grad(), debug, saved, tracker, recorder:
@@ -63,6 +65,7 @@ def capture_model(
         if raised_by_graphlint(error):
             raise  # graphlint's own bug: reported as one, never as the user's forward failing
         raise ForwardFailure(f"the forward raised {one_line(error)}{raised_at(error)}", recorder.failed_op) from error
+    drawn = python_draws(generators)
     ops = recorded_ops(recorder.graph)
     autograd = AutogradGraph()
     if loss is not None:
@@ -91,6 +94,7 @@ def capture_model(
         factory=factory,
         notes=notes,
         debug_switches=tuple(debug.switches),
+        python_draws=drawn,
     )
 
 

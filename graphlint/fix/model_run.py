@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
 from graphlint.errors import one_line
 from graphlint.target import TargetSpec, load_factory, normalize_factory_result
@@ -68,7 +69,7 @@ def _double(value: Any) -> Any:
 def _run(target: str, base: Path, record: dict | None, in_double: bool = True) -> dict:
     spec = TargetSpec.parse(target, base)
     sys.path.insert(0, str(spec.import_folder))
-    torch.manual_seed(0)
+    seed_everything(0)  # both sides build, and draw in Python, alike
     made = normalize_factory_result(load_factory(spec).factory())
     model = made.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -77,7 +78,7 @@ def _run(target: str, base: Path, record: dict | None, in_double: bool = True) -
         _load_strictly(model, record["state"])
         args, kwargs = record["args"], record["kwargs"]
     model = (model.double() if in_double else model).eval()
-    torch.manual_seed(1)
+    seed_everything(1)
     with _LowestPrecision() as precision:
         output = model(*_double(args), **_double(kwargs)) if in_double else model(*args, **kwargs)
     outputs = [t.detach().clone() for t in floating_tensors(output)]

@@ -44,15 +44,24 @@ class _Said:
     count: int = 0
     paths: list[str] = field(default_factory=list)
     parameters: dict[str, None] = field(default_factory=dict)  # ordered set
+    drawn: tuple[str, ...] = ()  # generators the forward drew from: the count holds for this draw
 
     def render(self) -> str:
         return fill(self.first.message, {
             **self.first.facts,
             "where": describe_where(self.paths),
-            "occurrences": f" ({self.count} occurrences)" if self.count > 1 else "",
+            "occurrences": self._occurrences(),
             "count": self.count,
             "parameters": describe_parameters(list(self.parameters)),
         })
+
+    def _occurrences(self) -> str:
+        if self.count <= 1:
+            return ""
+        if not self.drawn:
+            return f" ({self.count} occurrences)"
+        return (f" ({self.count} occurrences on this capture's draw: the forward draws from "
+                f"{' and '.join(f'`{name}`' for name in self.drawn)}, so the count may differ from step to step)")
 
 
 @dataclass
@@ -162,7 +171,7 @@ class Locator:
                 continue  # nothing of the user's and no factory: there is no line to show it on
             location = self.location(primary, rule.id)
             group = groups.setdefault(location, _Group())
-            said = group.said.setdefault(problem.own_message, _Said(problem))
+            said = group.said.setdefault(problem.own_message, _Said(problem, drawn=capture.python_draws))
             said.count += 1
             said.paths.append(problem.where)
             said.parameters.update(dict.fromkeys(problem.parameters))
