@@ -104,5 +104,9 @@ def _class_definition(model: torch.nn.Module) -> Frame | None:
         file = inspect.getsourcefile(type(model))
         _, line = inspect.getsourcelines(type(model))
     except (TypeError, OSError):
-        return None
+        # A class whose module is not in sys.modules (loaded from a path, exec'd): its forward's code says where.
+        code = getattr(getattr(type(model), "forward", None), "__code__", None)
+        if code is None or code.co_filename.startswith("<") or not os.path.isfile(code.co_filename):
+            return None
+        return Frame(os.path.abspath(code.co_filename), code.co_firstlineno, type(model).__name__)
     return Frame(os.path.abspath(file), line, type(model).__name__) if file else None
