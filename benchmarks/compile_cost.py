@@ -1,20 +1,31 @@
-"""The cost of the torch.compile rules (GL301, GL302) per target, warm: `graphlint check` of one target with the
-default rules against the same check with GL3xx added, in the same run, from one warm parent (torch, the rules
-and dynamo imported and warmed up once, as `graphlint check` does), interleaved and repeated; medians.
+"""The cost of the torch.compile rules (GL301, GL302) per target: `graphlint check` of one target with the default
+rules, with GL301 added, and with GL301 and GL302 (GL3) added, in the same run, from one warm parent (torch, the
+rules and dynamo imported and warmed up once, as `graphlint check` does), interleaved and repeated; medians.
+Each is measured cold (no result cache) and warm: with the result cache, after a one-line edit of the target's
+file outside the model (a comment appended), which today misses the cache as any edit of the file does.
 
-    python benchmarks/compile_cost.py --repeat 5
+    python benchmarks/compile_cost.py --repeat 3
+    python benchmarks/compile_cost.py --repeat 3 --only vit,resnet
 
-Targets: the GPT-2-small shape of benchmarks/models.py (12 x 768, batch 2, sequence 128) and a transformers
-Llama (16 layers x 2048, 32 heads, 4 key-value heads, batch 2, sequence 128), both on the meta device.
+Targets, all on the meta device:
+- gpt2: the GPT-2-small shape of benchmarks/models.py (12 x 768, batch 2, sequence 128), hand-written attention;
+- llama: a transformers Llama (16 layers x 2048, 32 heads, 4 key-value heads, batch 2, sequence 128);
+- vit: a ViT-B/16 shape in plain PyTorch (12 x 768, 224 x 224 images, batch 2), fused attention;
+- resnet: a ResNet-50 shape in plain PyTorch (bottleneck blocks 3-4-6-3, 224 x 224 images, batch 2).
+
+The issue's bar: GL301 and GL302 join the default selection when GL3 costs at most 1.3x a plain check on all four.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -30,45 +41,174 @@ def llama():
     return AutoModelForCausalLM.from_config(config), (), {"input_ids": torch.randint(0, 32000, (2, 128))}
 '''
 
+VISION = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, image=224, patch=16, dim=768, depth=12, heads=12, classes=1000):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        x = torch.cat((self.cls.expand(x.shape[0], -1, -1), x), dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c_in, width, stride):
+        super().__init__()
+        c_out = 4 * width
+        self.conv1 = nn.Conv2d(c_in, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, c_out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c_out)
+        self.down = None
+        if stride != 1 or c_in != c_out:
+            self.down = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet(nn.Module):
+    def __init__(self, layers=(3, 4, 6, 3), classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, stride=2, padding=1))
+        blocks, c_in = [], 64
+        for stage, count in enumerate(layers):
+            width = 64 * 2 ** stage
+            for index in range(count):
+                blocks.append(Bottleneck(c_in, width, 2 if index == 0 and stage > 0 else 1))
+                c_in = 4 * width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, images):
+        return self.head(self.blocks(self.stem(images)).mean(dim=(2, 3)))
+
+
+def vit():
+    return ViT(), (torch.randn(2, 3, 224, 224),)
+
+
+def resnet():
+    return ResNet(), (torch.randn(2, 3, 224, 224),)
+
+
+def unrelated_helper():
+    """Outside the model: the edit between warm runs changes the file, not the model."""
+    return None
+'''
+
+CONFIGS = ("check", "+ GL301", "+ GL3")
+
+
+def _targets(folder: Path) -> dict[str, str]:
+    shutil.copyfile(HERE / "models.py", folder / "models.py")
+    (folder / "llama.py").write_text(LLAMA, encoding="utf-8")
+    (folder / "vision.py").write_text(VISION, encoding="utf-8")
+    return {"gpt2": f"{folder / 'models.py'}:gpt2_small", "llama": f"{folder / 'llama.py'}:llama",
+            "vit": f"{folder / 'vision.py'}:vit", "resnet": f"{folder / 'vision.py'}:resnet"}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default="gpt2,llama,vit,resnet", help="comma-separated target names")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache measurements")
     options = parser.parse_args()
 
     from graphlint.config import Config
     from graphlint.project import Project
-    from graphlint.session import Options, check
     from graphlint.run.parent import WarmParent
+    from graphlint.session import Options, check
 
     folder = Path(tempfile.mkdtemp(prefix="graphlint-compile-cost-"))
-    (folder / "llama.py").write_text(LLAMA, encoding="utf-8")
-    targets = {"GPT-2-small shape": f"{HERE / 'models.py'}:gpt2_small", "transformers Llama": f"{folder / 'llama.py'}:llama"}
-    project = Project(root=folder, first_party_folders=[folder, HERE])
+    targets = {name: text for name, text in _targets(folder).items() if name in options.only.split(",")}
+    project = Project(root=folder, first_party_folders=[folder])
     parent = WarmParent()
-    configs = {"check": Config(), "+ GL301": Config(extend_select=("GL301",)), "+ GL301, GL302": Config(extend_select=("GL3",))}
+    configs = {"check": Config(), "+ GL301": Config(extend_select=("GL301",)), "+ GL3": Config(extend_select=("GL3",))}
+    cache = folder / ".cache"
 
-    def seconds(target: str, config: Config) -> float:
+    def seconds(target: str, config: Config, warm: bool) -> float:
+        if warm:  # a one-line edit outside the model: the file changed, the model did not
+            path = Path(target.rsplit(":", 1)[0])
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write(f"# edited {time.perf_counter()}\n")
         start = time.perf_counter()
-        report = check([target], project, config, Options(), parent=parent)
+        report = check([target], project, config, Options(cache=cache if warm else None), parent=parent)
         elapsed = time.perf_counter() - start
         if report.errors:
             sys.exit(f"{target}: {report.errors[0].message}")
         return elapsed
 
-    for target in targets.values():  # warm-up: the parent imports the libraries and dynamo once
-        seconds(target, configs["+ GL301, GL302"])
-    print(f"medians of {options.repeat}, seconds per target (extra over the check's, and the ratio)")
+    for target in targets.values():  # warm-up: the parent imports the libraries and dynamo once; fills the cache
+        seconds(target, configs["+ GL3"], warm=False)
+        for config in configs.values():
+            check([target], project, config, Options(cache=cache), parent=parent)
+    print(f"graphlint compile cost, {date.today()}, {platform.machine()} with {_cores()} cores, Python "
+          f"{platform.python_version()}; medians of {options.repeat} (seconds per target, ratio to the check)")
+    modes = (False,) if options.no_warm else (False, True)
     for name, target in targets.items():
-        times: dict[str, list[float]] = {label: [] for label in configs}
-        for _ in range(options.repeat):
-            for label, config in configs.items():
-                times[label].append(seconds(target, config))
-        base = statistics.median(times["check"])
-        shown = [f"check {base:.2f}"] + [f"{label} {m:.2f} (+{m - base:.2f}, {m / base:.2f}x)"
-                                          for label, m in ((label, statistics.median(t)) for label, t in times.items())
-                                          if label != "check"]
-        print(f"{name}: " + "; ".join(shown))
+        for warm in modes:
+            times: dict[str, list[float]] = {label: [] for label in configs}
+            for _ in range(options.repeat):
+                for label, config in configs.items():
+                    times[label].append(seconds(target, config, warm))
+            medians = {label: statistics.median(values) for label, values in times.items()}
+            base = medians["check"]
+            shown = "; ".join(f"{label} {m:.2f} s ({m / base:.2f}x)" for label, m in medians.items())
+            print(f"{name} ({'warm cache, one-line edit' if warm else 'cold'}): {shown}")
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 if __name__ == "__main__":
