@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from graphlint.capture import Capture, capture_target
-from graphlint.capture.isolation import seed_everything
+from graphlint.capture.isolation import seed_everything, torch_defaults
 from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, failure_where, one_line
 from graphlint.libraries import loaded_libraries
@@ -57,6 +57,7 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     result = TargetResult(target=text)
     try:
         reached("import")
+        torch_defaults()  # before the user's module, which may set its own
         seed_everything()  # a module that draws at import time draws the same on every run
         spec = TargetSpec.parse(text, base)
         if spec.file is not None:

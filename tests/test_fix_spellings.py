@@ -636,8 +636,6 @@ def test_guards_that_prepare_the_mask_and_permuted_probabilities_are_rewritten_a
     ("if mask is not None:",
      "scores = scores.masked_fill(mask == 0, -1e9)\n        if scale_mask:\n            scores = scores + mask",
      "the scores are masked twice; the fused call takes one mask"),
-    ("if mask is not None:", "bias = scores.mean(-1, keepdim=True)\n            scores = scores + mask * bias",
-     "the mask is computed from `scores`, which the fused call does not make"),
 ])
 def test_a_guard_whose_setup_cannot_move_into_the_call_is_left_alone_with_the_reason(tmp_path, guard, body, reason):
     source = ATTENTION_HEADER + f'''
@@ -655,6 +653,25 @@ def make():
     report = lint_file(_model(tmp_path, source), device="meta")
     [finding] = findings_of(report, "GL101")
     assert finding.fix is None and finding.no_fix == reason
+
+
+def test_a_mask_computed_from_the_scores_is_not_fusable_attention(tmp_path):
+    """A bias made from the scores themselves is something the fused call cannot compute: no finding at all."""
+    source = ATTENTION_HEADER + '''
+class Attention(nn.Module):
+    def forward(self, q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1)
+        if mask is not None:
+            bias = scores.mean(-1, keepdim=True)
+            scores = scores + mask * bias
+        return F.softmax(scores, dim=-1) @ v
+
+
+def make():
+    return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.zeros(6, 6))
+'''
+    report = lint_file(_model(tmp_path, source), device="meta")
+    assert report.errors == [] and findings_of(report, "GL101") == []
 
 
 RETURNS_WEIGHTS = ATTENTION_HEADER + '''

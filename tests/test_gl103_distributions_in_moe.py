@@ -4,6 +4,7 @@ that sends the capture to the CPU."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import findings_of, line_of, lint_file, write
@@ -114,3 +115,16 @@ def test_the_validation_really_reads_values_on_the_host_in_plain_pytorch():
     finally:
         torch.Tensor.__bool__ = original
     assert validated > 0 and reads == []
+
+
+@pytest.mark.compile
+def test_the_torch_compile_rules_do_not_switch_the_validation_off(tmp_path):
+    """The first torch.compile in a process switches torch.distributions' argument checks off for the whole
+    process; graphlint's warm parent compiles once for GL301/GL302, and its children must still see the checks."""
+    path = write(tmp_path, "moe.py", MOE)
+    report = lint_file(path, extend_select=("GL3",))
+    assert report.errors == []
+    messages = [f.message for f in findings_of(report, "GL103")]
+    assert any(m.startswith("torch's Normal.__init__()") for m in messages)
+    assert any(m.startswith("torch's Normal.cdf()") for m in messages)
+    assert torch.distributions.Distribution._validate_args is __debug__  # and this process keeps its own

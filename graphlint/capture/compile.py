@@ -407,6 +407,9 @@ def _grown(args, kwargs, dim: int, extra: int):
 def warm_up() -> None:
     """Compile a small model once, so that a warm parent has dynamo's lazily imported machinery loaded and its
     children do not each pay for it (several seconds against under one for the analysis itself)."""
-    with torch.device("meta"):
+    from graphlint.capture.isolation import preserved_global_state
+
+    # Preserved: dynamo's first compilation changes process-wide switches (distributions' argument checks).
+    with preserved_global_state(), torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
         analyse_compile(model, [("warm-up", (torch.ones(2, 4),), {}), ("warm-up, batch 3", (torch.ones(3, 4),), {})])

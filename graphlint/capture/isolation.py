@@ -64,6 +64,7 @@ def _flags():
          lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
          lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1])),
         ("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        ("distribution argument checks", _validating_distributions, _validate_distributions),
         ("threads", torch.get_num_threads, torch.set_num_threads),
         ("cudnn", lambda: (backends.cudnn.enabled, backends.cudnn.benchmark, backends.cudnn.deterministic),
          lambda v: (setattr(backends.cudnn, "enabled", v[0]), setattr(backends.cudnn, "benchmark", v[1]),
@@ -129,3 +130,22 @@ def python_draws(before: dict[str, object]) -> tuple[str, ...]:
     """Which of those generators were drawn from since `before` (a `python_states()`)."""
     after = python_states()
     return tuple(name for name, state in after.items() if name in before and before[name] != state)
+
+
+def _validating_distributions() -> bool:
+    import torch.distributions
+
+    return torch.distributions.Distribution._validate_args
+
+
+def _validate_distributions(value: bool) -> None:
+    import torch.distributions
+
+    torch.distributions.Distribution.set_default_validate_args(value)
+
+
+def torch_defaults() -> None:
+    """Undo what graphlint's own use of torch changed for the whole process before the user's code runs: the first
+    torch.compile in a process (the warm parent's, for the torch.compile rules) switches off torch.distributions'
+    argument checks everywhere, which would hide their host syncs (GL103) from every later capture."""
+    _validate_distributions(__debug__)
