@@ -49,12 +49,15 @@ class GraphBreak:
 @dataclass(frozen=True)
 class Recompile:
     """One recompilation: the guard that failed (dynamo's text, compile ID removed), the function compiled
-    again (its `def` line), the call that caused it, and the line that reads the guarded value, when found."""
+    again (its `def` line), the call that caused it, the line that reads the guarded value, when found, and the
+    module it was compiled for, with the other modules of its class."""
 
     guard: str
     function: Frame
     call: str
     line: Frame | None = None
+    instance: str = ""  # the module path of `self` when the function is a method of one of the model's modules
+    siblings: tuple[str, ...] = ()  # the module paths of every module of that class in the model, in order
 
     @property
     def subject(self) -> str:
@@ -112,7 +115,7 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
     try:
         on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
         with _quiet(), _real_meta_tensors_accepted(on_meta), _breaks_recorded(symbolic_convert, analysis), \
-                _recompiles_recorded(convert_frame, analysis, current), _limit_hits_recorded(analysis):
+                _recompiles_recorded(convert_frame, analysis, current, model), _limit_hits_recorded(analysis):
             compiled = dynamo.optimize(_run_graph)(model)
             for label, args, kwargs in calls:
                 current[0] = label
@@ -215,10 +218,14 @@ def _breaks_recorded(symbolic_convert, analysis: CompileAnalysis):
 
 
 @contextlib.contextmanager
-def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list[str]):
+def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list[str], model: torch.nn.Module):
     """Wrap dynamo's call that explains a recompilation: its first reason is the newest compilation's failed
     guard (older entries fail too, for reasons already seen)."""
     original = convert_frame.get_and_maybe_log_recompilation_reasons
+    paths = {id(module): path for path, module in model.named_modules()}
+    classes: dict[type, list[str]] = {}
+    for path, module in model.named_modules():
+        classes.setdefault(type(module), []).append(path)
 
     def explained(cache_entries, frame, *args, **kwargs):
         reasons = original(cache_entries, frame, *args, **kwargs)
@@ -228,7 +235,10 @@ def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list
             resumed = _RESUME.match(code.co_name)
             function = Frame(os.path.abspath(code.co_filename), code.co_firstlineno,
                              resumed.group(1) if resumed else code.co_name)
-            analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard)))
+            owner = _local(frame, "self")
+            instance = paths.get(id(owner), "") if isinstance(owner, torch.nn.Module) else ""
+            analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard),
+                                                 instance, tuple(classes[type(owner)]) if instance else ()))
         return reasons
 
     convert_frame.get_and_maybe_log_recompilation_reasons = explained
@@ -236,6 +246,14 @@ def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list
         yield
     finally:
         convert_frame.get_and_maybe_log_recompilation_reasons = original
+
+
+def _local(frame, name: str):
+    """A local of the frame dynamo is about to compile (its arguments are set by then), None when unreadable."""
+    try:
+        return frame.f_locals.get(name)
+    except Exception:  # dynamo's frame wrapper differs between torch versions
+        return None
 
 
 # A guard's verbose text: `self.n == 1   # self.n += 1  # …/model.py:10 in forward (HINT: …)`.
