@@ -6,6 +6,7 @@ checked against plain torch.compile in steady state (compiled after one eager ca
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 
 import pytest
@@ -372,3 +373,71 @@ def test_a_library_break_without_a_known_switch_says_it_is_in_the_library_and_wh
     assert "the break is inside `noisy` (`forward`, line 14), not in this file" in message
     assert "recorded ops run inside it" in message
     assert "is_compiling" not in message and "log outside" not in message
+
+
+def _example_cases(rule_id):
+    from graphlint.engine import load_rules
+
+    rule = next(r for r in load_rules() if r.id == rule_id)
+    return [pytest.param(example, id=f"{kind}-{example.title}".replace(" ", "-"))
+            for kind, examples in (("bad", rule.bad_examples), ("good", rule.good_examples)) for example in examples]
+
+
+@pytest.mark.parametrize("example", _example_cases("GL301"))
+def test_gl301_on_its_rule_examples_finds_exactly_the_breaks_plain_torch_compile_finds(example, tmp_path):
+    path = write(tmp_path, "example.py", example.code)
+    plain = _plain_break_lines(path, *_module(path).make())
+    found = {f.location.line for f in findings_of(lint_file(path, select=("GL301",)), "GL301")}
+    assert found == plain == set(example.expected_lines("GL301"))
+
+
+def _model_classes(module) -> dict[str, type]:
+    return {c.__name__: c for c in vars(module).values() if isinstance(c, type) and issubclass(c, torch.nn.Module)
+            and c.__module__ == module.__name__}
+
+
+def _functions_recompiling_in_plain_torch(module, calls) -> set[str]:
+    """The forwards of the module's classes that plain torch.compile keeps compiling: a new version on two or
+    more calls after the first, or three or more versions inside the first call (one per instance)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.testing import CompileCounter
+
+    codes = {name: cls.forward.__code__ for name, cls in _model_classes(module).items()}
+    model = calls[0][0]
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend=CompileCounter())
+        with torch.no_grad():
+            model(*calls[0][1])
+            versions = []
+            for _, args in calls:
+                compiled(*args)
+                versions.append({name: len(_debug_get_cache_entry_list(code)) for name, code in codes.items()})
+    finally:
+        torch._dynamo.reset()
+    found = set()
+    for name in codes:
+        counts = [v[name] for v in versions]
+        grew = sum(1 for before, after in zip(counts, counts[1:], strict=False) if after > before)
+        if grew >= 2 or counts[0] >= 3:
+            found.add(name)
+    return found
+
+
+@pytest.mark.parametrize("example", _example_cases("GL302"))
+def test_gl302_on_its_rule_examples_agrees_with_plain_torch_compile_on_what_keeps_recompiling(example, tmp_path):
+    """The calls are graphlint's: the factory's inputs three times, then the batch one and two larger."""
+    path = write(tmp_path, "example.py", example.code)
+    module = _module(path)
+    model, (x,) = module.make()
+    calls = [(model, (x,))] * 3 + [(model, (torch.cat([x] + [x[:1]] * extra),)) for extra in (1, 2)]
+    plain = _functions_recompiling_in_plain_torch(module, calls)
+    found = findings_of(lint_file(path, select=("GL302",)), "GL302")
+    reported = set()
+    for finding in found:  # the class whose forward holds the finding's line
+        for name, cls in _model_classes(module).items():
+            lines, start = inspect.getsourcelines(cls.forward)
+            if start <= finding.location.line < start + len(lines):
+                reported.add(name)
+    assert reported == plain
+    assert sorted(f.location.line for f in found) == example.expected_lines("GL302")
