@@ -60,9 +60,8 @@ def _library_remedy(item: GraphBreak, capture) -> str:
     """What the user can change at their own line for a break inside a library: the switch that avoids the
     library's path where one is known, else where the break is and how much of the forward the call covers."""
     inner, user = item.stack[-1], _user_frame(item)
-    around = "".join(linecache.getline(inner.file, n) for n in range(max(inner.line - 12, 1), inner.line + 2))
     for pattern, switch in _LIBRARY_SWITCHES:
-        if pattern.search(around):
+        if pattern.search(_enclosing_block(inner.file, inner.line)):
             return switch
     ops = list(capture.ops)
     inside = sum(1 for node in ops if any((f.file, f.line) == (user.file, user.line) for f in facts(node).stack))
@@ -70,6 +69,20 @@ def _library_remedy(item: GraphBreak, capture) -> str:
     return (f"the break is inside {_library(inner.file)} (`{inner.function}`, line {inner.line}), not in this "
             f"file, and graphlint knows no argument of this call that avoids it: torch.compile ends the graph "
             f"inside this call{share} and starts another after it")
+
+
+def _enclosing_block(path: str, line: int, most: int = 80) -> str:
+    """The source from the `def` that holds `line` down to the line after it (at most `most` lines up): what
+    the library's code says about the path that led to the break."""
+    text = linecache.getline(path, line)
+    indent = len(text) - len(text.lstrip())
+    start = line
+    while start > max(line - most, 1):
+        start -= 1
+        above = linecache.getline(path, start)
+        if re.match(r"\s*(async\s+)?def ", above) and len(above) - len(above.lstrip()) < indent:
+            break
+    return "".join(linecache.getline(path, n) for n in range(start, line + 2))
 
 
 def _user_frame(item: GraphBreak):
