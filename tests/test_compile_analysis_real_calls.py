@@ -217,6 +217,47 @@ def test_on_the_cpu_rebuild_the_analysis_computes_the_models_values_and_reports_
     assert not any("failed under torch.compile" in note for note in notes)
 
 
+OWN_INIT = '''
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = nn.Parameter(torch.empty(8))
+        self.register_buffer("shift", torch.empty(8))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.scale)
+        nn.init.zeros_(self.shift)
+
+    def forward(self, x):
+        h = self.fc(x) / self.scale + self.shift
+        if not torch.isfinite(h).all():
+            raise FloatingPointError("h is not finite")
+        if h.sum() > 0:
+            h = h * 2
+        return h
+
+
+def make():
+    return Scaled(), (torch.randn(4, 8),)
+'''
+
+
+def test_the_cpu_rebuild_initialises_parameters_and_buffers_with_the_models_own_init_code(tmp_path):
+    path = write(tmp_path, "own_init.py", OWN_INIT)
+    model, args = _module(path).make()
+    expected = {line_of(path, "if not torch.isfinite(h).all()"), line_of(path, "if h.sum() > 0")}
+    assert _plain_break_lines(path, model, args) == expected
+    report = lint_file(path, select=("GL301",))
+    assert {f.location.line for f in findings_of(report, "GL301")} == expected
+    assert not any("failed under torch.compile" in note for note in report.results[0].notes)
+
+
 LAYERS = '''
 import torch
 from torch import nn
