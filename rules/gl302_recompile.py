@@ -22,15 +22,20 @@ def hazards(recompiles: list[Recompile], first_call: str) -> dict[tuple, list[Re
     return {key: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
 
 
+# A guard on the value of an attribute of the module (`self.layer_idx == 3`, `self.kind == 'wide'`).
+_ATTRIBUTE_VALUE = re.compile(r"(self(?:\.\w+)+) == ")
+
+
 def per_instance(recompiles: list[Recompile], limit_hit: list) -> dict[tuple, list[Recompile]]:
     """Recompilations inside one call, one for each instance of a module class: a guard on a value that differs
     between instances (`self.layer_idx`) fails as each new instance runs, so the shared code compiles once per
     instance. Two or more such recompiles, each for another instance, that reach every instance of the class
     or recompile_limit; a few variants that the instances share (two kinds of layer) compile once each and are
-    not a hazard."""
+    not a hazard, nor are shapes that differ between instances by design (the levels of a U-Net)."""
     groups: dict[tuple, list[Recompile]] = {}
     for item in recompiles:
-        if item.instance:
+        # An attribute's value, not a shape: each level of a U-Net has its own channels by design.
+        if item.instance and _ATTRIBUTE_VALUE.match(item.guard):
             key = (item.call, item.function.file, item.function.line, item.line, item.subject)
             groups.setdefault(key, []).append(item)
     found: dict[tuple, list[Recompile]] = {}
@@ -45,8 +50,7 @@ def per_instance(recompiles: list[Recompile], limit_hit: list) -> dict[tuple, li
 def _per_instance_message(items: list[Recompile], limit: int, hit: bool) -> str:
     siblings = items[0].siblings
     count, function = len(siblings), items[0].function.function
-    read = re.match(r"(self(?:\.\w+)+) == ", items[0].guard)
-    value = f"`{read.group(1)}`" if read else "the guarded value"
+    value = _ATTRIBUTE_VALUE.match(items[0].guard).group(1)
     shown = f"{siblings[0]} … {siblings[-1]}" if count > 2 else ", ".join(siblings)
     if hit or count > limit:
         limit_text = (f"past recompile_limit ({limit}) the other {max(count - limit, 1)} run `{function}` "
@@ -54,7 +58,7 @@ def _per_instance_message(items: list[Recompile], limit: int, hit: bool) -> str:
     else:
         limit_text = f"recompile_limit ({limit}) is not reached with {count}, but a deeper model runs the rest uncompiled"
     return (f"torch.compile compiles `{function}` again for each of the {count} instances of its class ({shown}) "
-            f"inside one call: guard `{items[0].guard}` fails for every new instance because {value} differs "
+            f"inside one call: guard `{items[0].guard}` fails for every new instance because `{value}` differs "
             f"between them; {limit_text}; pass the value as a tensor (a buffer), or make the branch the same for "
             "every instance.")
 

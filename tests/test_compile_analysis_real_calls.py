@@ -336,6 +336,48 @@ def test_a_few_variants_shared_by_the_instances_compile_once_each_and_are_not_a_
     assert findings_of(report, "GL302") == []
 
 
+LEVELS = '''
+import torch
+from torch import nn
+
+
+class Down(nn.Module):
+    def __init__(self, channels_in, channels_out):
+        super().__init__()
+        self.conv = nn.Conv2d(channels_in, channels_out, 3, padding=1)
+
+    def forward(self, x):
+        return nn.functional.max_pool2d(self.conv(x).relu(), 2)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        channels = [3, 8, 16, 32]
+        self.downs = nn.ModuleList(Down(a, b) for a, b in zip(channels, channels[1:]))
+
+    def forward(self, x):
+        for down in self.downs:
+            x = down(x)
+            print("level done")
+        return x
+
+
+def make():
+    return Encoder(), (torch.randn(2, 3, 32, 32),)
+'''
+
+
+def test_levels_whose_shapes_differ_by_design_are_not_a_per_instance_hazard(tmp_path):
+    """Plain torch.compile compiles each level's forward for its own channels too; no attribute is read, so
+    there is nothing to pass as a tensor, and the compilations settle after the first call."""
+    path = write(tmp_path, "levels.py", LEVELS)
+    module = _module(path)
+    model, args = module.make()
+    assert _compilations_in_plain_torch(model, [args, args], module.Down.forward.__code__) == 3
+    assert findings_of(lint_file(path, select=("GL302",)), "GL302") == []
+
+
 CHECKPOINTED = '''
 import torch
 from torch import nn
