@@ -105,12 +105,18 @@ def _importable(folder: Path):
 
 def compile_notes(compiled, project) -> list[str]:
     """What the torch.compile analysis could not say at the user's lines: why it did not run, calls that failed
-    under torch.compile, and graph breaks whose frames are all in libraries (not the user's to fix)."""
+    under torch.compile, calls left out because the model refuses them uncompiled, and graph breaks whose frames
+    are all in libraries (not the user's to fix)."""
     from graphlint.files import display_path
 
     if compiled.unavailable:
         return [f"GL301/GL302 did not run: {compiled.unavailable}"]
     notes = [f"torch.compile analysis: the call with {call}" for call in compiled.calls if "(failed under" in call]
+    refused: dict[str, list[str]] = {}
+    for call, error in compiled.dropped:
+        refused.setdefault(error, []).append(call)
+    notes += [f"torch.compile analysis: left out the call{'s' if len(calls) > 1 else ''} with {', '.join(calls)}, "
+              f"which the model refuses without torch.compile too ({error})" for error, calls in refused.items()]
     library = {}
     for item in compiled.breaks:
         if item.stack and not any(project.is_first_party(frame.file) for frame in item.stack):

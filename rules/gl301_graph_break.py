@@ -47,6 +47,58 @@ def _remedy(item: GraphBreak, line: str) -> str:
     return item.hints[0].rstrip(".") if item.hints else "see the break's hints with TORCH_LOGS=graph_breaks"
 
 
+# Library paths a switch at the user's call avoids: (what the library's code around the break says, the switch).
+_LIBRARY_SWITCHES = (
+    (re.compile(r"use_cache.*gradient.checkpointing|gradient.checkpointing.*use_cache|Caching is incompatible with "
+                r"gradient checkpointing", re.IGNORECASE | re.DOTALL),
+     "pass `use_cache=False` in this call while training with gradient checkpointing: the library turns the "
+     "cache off anyway, and the warning it logs about that breaks the graph"),
+)
+
+
+def _library_remedy(item: GraphBreak, capture) -> str:
+    """What the user can change at their own line for a break inside a library: the switch that avoids the
+    library's path where one is known, else where the break is and how much of the forward the call covers."""
+    inner, user = item.stack[-1], _user_frame(item)
+    for pattern, switch in _LIBRARY_SWITCHES:
+        if pattern.search(_enclosing_block(inner.file, inner.line)):
+            return switch
+    ops = list(capture.ops)
+    inside = sum(1 for node in ops if any((f.file, f.line) == (user.file, user.line) for f in facts(node).stack))
+    share = f" ({inside} of the forward's {len(ops)} recorded ops run inside it)" if inside else ""
+    return (f"the break is inside {_library(inner.file)} (`{inner.function}`, line {inner.line}), not in this "
+            f"file, and graphlint knows no argument of this call that avoids it: torch.compile ends the graph "
+            f"inside this call{share} and starts another after it")
+
+
+def _enclosing_block(path: str, line: int, most: int = 80) -> str:
+    """The source from the `def` that holds `line` down to the line after it (at most `most` lines up): what
+    the library's code says about the path that led to the break."""
+    text = linecache.getline(path, line)
+    indent = len(text) - len(text.lstrip())
+    start = line
+    while start > max(line - most, 1):
+        start -= 1
+        above = linecache.getline(path, start)
+        if re.match(r"\s*(async\s+)?def ", above) and len(above) - len(above.lstrip()) < indent:
+            break
+    return "".join(linecache.getline(path, n) for n in range(start, line + 2))
+
+
+def _user_frame(item: GraphBreak):
+    """The innermost frame of the break outside installed libraries (the user's line)."""
+    return next((frame for frame in reversed(item.stack) if not is_installed_file(frame.file)), item.stack[-1])
+
+
+def _library(path: str) -> str:
+    """The installed package a file belongs to (`transformers`), from its path below site-packages."""
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return f"`{parts[parts.index(marker) + 1]}`"
+    return "a library"
+
+
 def root_causes(breaks: list[GraphBreak]) -> list[GraphBreak]:
     """One break per innermost line: chained logs and per-frame repeats merge, and a wrapper ("graph break in
     loop") gives way to the break it wraps."""
@@ -77,20 +129,24 @@ class GraphBreakRule(Rule):
     default_enabled = False
     summary = "torch.compile breaks the forward's graph at this line."
     what = """
-        graphlint compiles each target with dynamo (`torch.compile`'s tracer) and a backend that computes
-        nothing, in the target's own process, on the meta device (or on the CPU rebuild when the forward needs
-        real values), and reports every graph break at the innermost line of your code in dynamo's frame chain,
-        with torch's graph-break ID and type from its registry (`GB0170 "Data-dependent branching"`), dynamo's
-        explanation, and what to write instead: curated for printing a tensor, `.item()`/`.tolist()`, branches on
-        tensor values, data-dependent shapes (`nonzero`, boolean-mask indexing, `unique`), NumPy on tensor values,
-        `time` and `random`, logging and warnings, skipped or C-extension functions and explicit
-        `torch._dynamo.graph_break()`; dynamo's own hint otherwise. A break in a loop over layers is one finding
-        with its count; the chained logs of one break are one finding.
+        graphlint compiles each target with dynamo (`torch.compile`'s tracer), in the target's own process, on
+        the meta device, where its backend computes nothing (or on the CPU rebuild when the forward needs real
+        values, where each graph computes what eager PyTorch would), and reports every graph break at the
+        innermost line of your code in dynamo's frame chain, with torch's graph-break ID and type from its
+        registry (`GB0170 "Data-dependent branching"`), dynamo's explanation, and what to write instead:
+        curated for printing a tensor, `.item()`/`.tolist()`, branches on tensor values, data-dependent shapes
+        (`nonzero`, boolean-mask indexing, `unique`), NumPy on tensor values, `time` and `random`, logging and
+        warnings, skipped or C-extension functions and explicit `torch._dynamo.graph_break()`; dynamo's own hint
+        otherwise. A break in a loop over layers is one finding with its count; the chained logs of one break
+        are one finding.
 
         A break inside a library (a `transformers` model's own code) called from your line is reported at your
-        line, with the library line related. Breaks whose frames are all library code are not your findings:
-        the target gets one note naming them. Runs on request (`--extend-select GL301`, or `GL3` for both
-        torch.compile rules): it adds about a second per target.
+        line, with the library line related, and its remedy is what you can change at that line: the argument
+        that avoids the library's path where graphlint knows one (`use_cache=False` in a call that trains with
+        gradient checkpointing, where transformers logs a warning that breaks the graph), else that the break
+        is in the library and how many of the forward's ops the call covers. Breaks whose frames are all
+        library code are not your findings: the target gets one note naming them. Runs on request
+        (`--extend-select GL301`, or `GL3` for both torch.compile rules): it adds about a second per target.
     """
     why = """
         Graph breaks do not change results, so nothing but a profile shows them: each one ends a compiled graph,
@@ -209,8 +265,9 @@ class GraphBreakRule(Rule):
                 continue  # a library's own break: the target's note names it (graphlint.pipeline)
             line = linecache.getline(item.stack[-1].file, item.stack[-1].line).strip()
             explanation = item.explanation.rstrip(".")
+            remedy = _library_remedy(item, capture) if is_installed_file(item.stack[-1].file) else _remedy(item, line)
             message = (f"torch.compile breaks the graph here in {{where}}{{occurrences}}: {describe_break(item)}, "
-                       f"{explanation[:1].lower() + explanation[1:]}; {_remedy(item, line)}.")
+                       f"{explanation[:1].lower() + explanation[1:]}; {remedy}.")
             paths = _module_paths(capture, item)
             for path in paths or [""]:
                 yield Problem(stack=item.stack, module_path=path, message=message)

@@ -22,6 +22,47 @@ def hazards(recompiles: list[Recompile], first_call: str) -> dict[tuple, list[Re
     return {key: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
 
 
+# A guard on the value of an attribute of the module (`self.layer_idx == 3`, `self.kind == 'wide'`).
+_ATTRIBUTE_VALUE = re.compile(r"(self(?:\.\w+)+) == ")
+
+
+def per_instance(recompiles: list[Recompile], limit_hit: list) -> dict[tuple, list[Recompile]]:
+    """Recompilations inside one call, one for each instance of a module class: a guard on a value that differs
+    between instances (`self.layer_idx`) fails as each new instance runs, so the shared code compiles once per
+    instance. Two or more such recompiles, each for another instance, that reach every instance of the class
+    or recompile_limit; a few variants that the instances share (two kinds of layer) compile once each and are
+    not a hazard, nor are shapes that differ between instances by design (the levels of a U-Net)."""
+    groups: dict[tuple, list[Recompile]] = {}
+    for item in recompiles:
+        # An attribute's value, not a shape: each level of a U-Net has its own channels by design.
+        if item.instance and _ATTRIBUTE_VALUE.match(item.guard):
+            key = (item.call, item.function.file, item.function.line, item.line, item.subject)
+            groups.setdefault(key, []).append(item)
+    found: dict[tuple, list[Recompile]] = {}
+    for (_, file, function_line, line, subject), items in groups.items():
+        hit = any((frame.file, frame.line) == (file, function_line) for frame in limit_hit)
+        every = len(items) + 1 >= len(items[0].siblings)  # the first instance compiles without a recompile
+        if len(items) >= 2 and len({item.instance for item in items}) == len(items) and (every or hit):
+            found.setdefault((file, function_line, line, subject), items)
+    return found
+
+
+def _per_instance_message(items: list[Recompile], limit: int, hit: bool) -> str:
+    siblings = items[0].siblings
+    count, function = len(siblings), items[0].function.function
+    value = _ATTRIBUTE_VALUE.match(items[0].guard).group(1)
+    shown = f"{siblings[0]} … {siblings[-1]}" if count > 2 else ", ".join(siblings)
+    if hit or count > limit:
+        limit_text = (f"past recompile_limit ({limit}) the other {max(count - limit, 1)} run `{function}` "
+                      "uncompiled")
+    else:
+        limit_text = f"recompile_limit ({limit}) is not reached with {count}, but a deeper model runs the rest uncompiled"
+    return (f"torch.compile compiles `{function}` again for each of the {count} instances of its class ({shown}) "
+            f"inside one call: guard `{items[0].guard}` fails for every new instance because `{value}` differs "
+            f"between them; {limit_text}; pass the value as a tensor (a buffer), or make the branch the same for "
+            "every instance.")
+
+
 def _cause(guard: str) -> str:
     """The guard in words, and what to write instead."""
     size = re.match(r"tensor '([^']+)' (size|stride) mismatch at index (\d+)", guard)
@@ -64,8 +105,21 @@ class RecompileRule(Rule):
         It reports each guard that fails on two or more of those calls after the first (a recompilation that
         never settles) at the line that reads the guarded value, with the guard in words and when it hits
         `recompile_limit` (after which torch.compile runs that function eagerly for good). A size change that
-        dynamic shapes absorb after one recompile is not a finding, nor are the variants compiled once on the
-        first call. Runs on request (`--extend-select GL302`).
+        dynamic shapes absorb after one recompile is not a finding, nor are a few variants compiled once each
+        on the first call.
+
+        Within one call it reports a module class whose forward is compiled again for every instance: a value
+        that differs between instances (`self.layer_idx % 2`) is a guard, so when each instance's forward is
+        compiled on its own (a graph break in the loop over the layers does that) the shared code compiles
+        once per layer, and past `recompile_limit` the remaining layers run uncompiled. The finding is at the
+        line that reads the value, with the number of instances and whether the limit is reached.
+
+        Every call runs without torch.compile first, on the capture's device; a call the model refuses there
+        (a grown input its own checks reject) is left out with a note, and nothing dynamo reports on it is a
+        finding. Only the batch or sequence dimension grows: the size of that dimension in the leading input
+        (the first tensor argument), in every input whose same dimension has that size; tables such as a
+        rotary `freqs_cis` `(seq, dim/2)`, a graph's `edge_index` `(2, edges)` and broadcast dimensions stay as
+        they are. Runs on request (`--extend-select GL302`).
     """
     why = """
         Each recompilation costs as much as the first compile (seconds to minutes with Inductor), and after
@@ -111,8 +165,78 @@ class RecompileRule(Rule):
                     return Model(), (torch.randn(4, 16),)
             ''',
         ),
+        Example(
+            title="a per-layer Python int read in every layer's forward, each layer compiled on its own",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Block(nn.Module):
+                    def __init__(self, layer_idx):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.layer_idx = layer_idx
+
+                    def forward(self, x):
+                        h = self.fc(x)
+                        if self.layer_idx % 2:  # expect: GL302
+                            h = h * 2
+                        return h
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(Block(i) for i in range(10))
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = block(x)
+                            print("layer done")
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(4, 16),)
+            ''',
+        ),
     )
     good_examples = (
+        Example(
+            title="the parity in a buffer, one compiled forward for every layer",
+            source='''
+                import torch
+                from torch import nn
+
+
+                class Block(nn.Module):
+                    def __init__(self, layer_idx):
+                        super().__init__()
+                        self.fc = nn.Linear(16, 16)
+                        self.register_buffer("odd", torch.tensor(layer_idx % 2 == 1))
+
+                    def forward(self, x):
+                        h = self.fc(x)
+                        return torch.where(self.odd, h * 2, h)
+
+
+                class Model(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.blocks = nn.ModuleList(Block(i) for i in range(10))
+
+                    def forward(self, x):
+                        for block in self.blocks:
+                            x = block(x)
+                            print("layer done")
+                        return x
+
+
+                def make():
+                    return Model(), (torch.randn(4, 16),)
+            ''',
+        ),
         Example(
             title="the counter in a buffer, the loop as one tensor op, and a shape branch dynamic shapes absorb",
             source='''
@@ -146,7 +270,14 @@ class RecompileRule(Rule):
             return
         limit = compiled.recompile_limit
         found = hazards(compiled.recompiles, compiled.calls[0])
-        reported = {(file, function_line) for file, function_line, _, _ in found}
+        instances = per_instance(compiled.recompiles, compiled.limit_hit)
+        reported = {(file, function_line) for file, function_line, _, _ in (*found, *instances)}
+        for (file, function_line, line, _), items in instances.items():
+            where = line or items[0].function
+            if is_installed_file(where.file):
+                continue  # a library's own guard: not the user's line
+            hit = any((f.file, f.line) == (file, function_line) for f in compiled.limit_hit)
+            yield Problem(stack=(where,), message=_per_instance_message(items, limit, hit))
         for frame in dict.fromkeys(compiled.limit_hit):
             if (frame.file, frame.line) not in reported and not is_installed_file(frame.file):
                 reasons = [r.guard for r in compiled.recompiles if (r.function.file, r.function.line) == (frame.file, frame.line)]

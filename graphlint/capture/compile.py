@@ -1,5 +1,6 @@
-"""The torch.compile analysis: compile a captured model with dynamo and a backend that computes nothing, run it on
-the calls the target will see, and keep every graph break and recompilation as plain data with its user frames.
+"""The torch.compile analysis: compile a captured model with dynamo and a backend that runs each graph as traced
+(computing nothing on meta), run it on the calls the target will see, and keep every graph break and
+recompilation as plain data with its user frames.
 
 It runs in the target's child after the forward recorder has exited (dynamo leaves frames alone under a
 dispatch mode), on the device the capture ran on: meta when the forward ran there, the CPU rebuild when it
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import json
 import os
 import re
@@ -30,6 +30,8 @@ from graphlint.files import is_hidden_file
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+?)_at_\d+$")
 # Dynamo's graph-break types that only wrap another break (the one to report is inside them).
 WRAPPER_TYPES = frozenset({"graph break in loop", "Graph break in loop", "Failed to handle graph break gracefully"})
+# Dynamo's graph-break types for an exception raised while tracing: on a call that fails, that exception.
+_FAILURE_TYPES = frozenset({"Observed exception", "Assertion failed on symbolic shapes"})
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,15 @@ class GraphBreak:
 @dataclass(frozen=True)
 class Recompile:
     """One recompilation: the guard that failed (dynamo's text, compile ID removed), the function compiled
-    again (its `def` line), the call that caused it, and the line that reads the guarded value, when found."""
+    again (its `def` line), the call that caused it, the line that reads the guarded value, when found, and the
+    module it was compiled for, with the other modules of its class."""
 
     guard: str
     function: Frame
     call: str
     line: Frame | None = None
+    instance: str = ""  # the module path of `self` when the function is a method of one of the model's modules
+    siblings: tuple[str, ...] = ()  # the module paths of every module of that class in the model, in order
 
     @property
     def subject(self) -> str:
@@ -63,13 +68,15 @@ class Recompile:
 @dataclass
 class CompileAnalysis:
     """What compiling the target showed. `unavailable` says why nothing was analysed (an old torch, a model
-    that failed under dynamo); `calls` names the calls that ran, in order."""
+    that failed under dynamo); `calls` names the calls that ran, in order; `dropped` the calls left out, with
+    the error the model raised on each without torch.compile."""
 
     breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     recompile_limit: int = 8
     limit_hit: list[Frame] = field(default_factory=list)  # functions whose recompiles reached the limit
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (call, error): refused by the model uncompiled
     unavailable: str = ""
 
 
@@ -108,16 +115,19 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
     try:
         on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
         with _quiet(), _real_meta_tensors_accepted(on_meta), _breaks_recorded(symbolic_convert, analysis), \
-                _recompiles_recorded(convert_frame, analysis, current), _limit_hits_recorded(analysis):
-            compiled = dynamo.optimize(_shapes_only)(model)
+                _recompiles_recorded(convert_frame, analysis, current, model), _limit_hits_recorded(analysis):
+            compiled = dynamo.optimize(_run_graph)(model)
             for label, args, kwargs in calls:
                 current[0] = label
                 analysis.calls.append(label)
+                seen = len(analysis.breaks)
                 try:
                     with torch.no_grad():
                         compiled(*args, **kwargs)
                 except Exception as error:  # the analysis stops; the capture's findings stand
                     analysis.calls[-1] += f" (failed under torch.compile: {one_line(error)})"
+                    # Dynamo's record of the failure itself is not a break of the model's graph.
+                    analysis.breaks[seen:] = [b for b in analysis.breaks[seen:] if b.gb_type not in _FAILURE_TYPES]
                     break
     finally:
         dynamo.reset()
@@ -171,24 +181,11 @@ def _real_meta_tensors_accepted(on_meta: bool):
         fake_tensor.FakeTensorMode.__init__ = original
 
 
-def _shapes_only(gm: torch.fx.GraphModule, example_inputs) -> Any:
-    """A dynamo backend that computes nothing: each call runs the graph on meta copies of its inputs and returns
-    empty outputs of the traced shapes on the inputs' device (on meta, the graph itself costs nothing)."""
-
-    def run(*inputs):
-        device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
-        if device is None or device.type == "meta":
-            return gm(*inputs)
-        try:
-            # A failing GraphModule prints its generated code to stderr before raising: not the user's to read.
-            with contextlib.redirect_stderr(io.StringIO()):
-                outputs = gm(*[t.to("meta") if isinstance(t, torch.Tensor) else t for t in inputs])
-        except Exception:  # an op without a meta kernel, a copy to the host: run it for real
-            return gm(*inputs)
-        return torch.utils._pytree.tree_map(
-            lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device) if isinstance(t, torch.Tensor) else t, outputs)
-
-    return run
+def _run_graph(gm: torch.fx.GraphModule, example_inputs) -> Any:
+    """A dynamo backend that runs each graph as it was traced, on the inputs' device: on meta that computes
+    nothing, and on the CPU rebuild it computes the values eager PyTorch would. Made-up values (zeros) would
+    flow into the Python between graphs, take branches the model never takes and raise in its own checks."""
+    return gm.forward
 
 
 @contextlib.contextmanager
@@ -221,10 +218,14 @@ def _breaks_recorded(symbolic_convert, analysis: CompileAnalysis):
 
 
 @contextlib.contextmanager
-def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list[str]):
+def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list[str], model: torch.nn.Module):
     """Wrap dynamo's call that explains a recompilation: its first reason is the newest compilation's failed
     guard (older entries fail too, for reasons already seen)."""
     original = convert_frame.get_and_maybe_log_recompilation_reasons
+    paths = {id(module): path for path, module in model.named_modules()}
+    classes: dict[type, list[str]] = {}
+    for path, module in model.named_modules():
+        classes.setdefault(type(module), []).append(path)
 
     def explained(cache_entries, frame, *args, **kwargs):
         reasons = original(cache_entries, frame, *args, **kwargs)
@@ -234,7 +235,10 @@ def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list
             resumed = _RESUME.match(code.co_name)
             function = Frame(os.path.abspath(code.co_filename), code.co_firstlineno,
                              resumed.group(1) if resumed else code.co_name)
-            analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard)))
+            owner = _local(frame, "self")
+            instance = paths.get(id(owner), "") if isinstance(owner, torch.nn.Module) else ""
+            analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard),
+                                                 instance, tuple(classes[type(owner)]) if instance else ()))
         return reasons
 
     convert_frame.get_and_maybe_log_recompilation_reasons = explained
@@ -242,6 +246,14 @@ def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list
         yield
     finally:
         convert_frame.get_and_maybe_log_recompilation_reasons = original
+
+
+def _local(frame, name: str):
+    """A local of the frame dynamo is about to compile (its arguments are set by then), None when unreadable."""
+    try:
+        return frame.f_locals.get(name)
+    except Exception:  # dynamo's frame wrapper differs between torch versions
+        return None
 
 
 # A guard's verbose text: `self.n == 1   # self.n += 1  # …/model.py:10 in forward (HINT: …)`.
@@ -351,15 +363,34 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
     (a size change that dynamic shapes absorb recompiles once, not twice), then the target's own `calls`. With
     `vary` None, only the factory's inputs, once (graph breaks need no more).
 
+    Every call after the first (which the capture has just run) runs eagerly first, on the capture's device;
+    one the model refuses there is left out with a line in `CompileAnalysis.dropped`, so that nothing dynamo
+    reports is caused by an input the model does not accept.
+
     Dynamo traces torch's default-device mode op by op, which doubles its cost, so the model (already on
     `device`) is compiled without it first; only a forward that then fails, such as one that creates tensors
     without a device, is analysed again inside it."""
-    calls = _calls(made, device, vary)
+    calls, dropped = _accepted(made.model, _calls(made, device, vary), device)
     analysis = analyse_compile(made.model, calls)
     if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
         with torch.device(device):
             analysis = analyse_compile(made.model, calls)
+    analysis.dropped = dropped
     return analysis
+
+
+def _accepted(model, calls: list[tuple[str, tuple, dict]], device: str) -> tuple[list, list[tuple[str, str]]]:
+    """The calls the model runs without torch.compile, and for each one it refuses, its label and the error."""
+    kept, dropped = calls[:1], []
+    for label, args, kwargs in calls[1:]:
+        try:
+            with torch.no_grad(), torch.device(device):
+                model(*args, **kwargs)
+        except Exception as error:  # the model's own refusal of an input graphlint made up
+            dropped.append((label, one_line(error)))
+            continue
+        kept.append((label, args, kwargs))
+    return kept, dropped
 
 
 def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, tuple, dict]]:
@@ -371,11 +402,11 @@ def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, t
     calls = [("the factory's inputs", args, kwargs), ("the same inputs again", args, kwargs),
              ("the same inputs a third time", args, kwargs)]
     for kind in vary:
-        size = _size(args, kwargs, VARY_DIMENSIONS[kind])
+        size = varied_size(args, kwargs, VARY_DIMENSIONS[kind])
         if size is None:
             continue
         for extra in (1, 2):
-            calls.append((f"{kind} {size + extra}", *_grown(args, kwargs, VARY_DIMENSIONS[kind], extra)))
+            calls.append((f"{kind} {size + extra}", *_grown(args, kwargs, VARY_DIMENSIONS[kind], size, extra)))
     for index, (call_args, call_kwargs) in enumerate(made.calls):
         if device == "meta":
             call_args, call_kwargs = inputs_to_meta(call_args, call_kwargs)
@@ -387,17 +418,22 @@ def _tensors(args, kwargs):
     return [t for t in torch.utils._pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
 
 
-def _size(args, kwargs, dim: int) -> int | None:
-    """The first input tensor's size along `dim`, None when no input has that dimension."""
-    return next((t.shape[dim] for t in _tensors(args, kwargs) if t.dim() > dim), None)
+def varied_size(args, kwargs, dim: int) -> int | None:
+    """The size of the batch (`dim` 0) or sequence (`dim` 1) dimension: that dimension of the leading input,
+    the first tensor (positional arguments first, in order, then keyword arguments) that has it. None when no
+    input has it, or when it is empty."""
+    size = next((t.shape[dim] for t in _tensors(args, kwargs) if t.dim() > dim), None)
+    return size if size else None
 
 
-def _grown(args, kwargs, dim: int, extra: int):
-    """The inputs with every tensor that has dimension `dim` made `extra` longer along it, by repeating its first
-    slice (ids stay valid ids, masks stay masks)."""
+def _grown(args, kwargs, dim: int, size: int, extra: int):
+    """The inputs with their batch or sequence dimension `dim` made `extra` longer, by repeating its first slice
+    (ids stay valid ids, masks stay masks). A tensor carries that dimension when its `dim` has the leading
+    input's `size`; any other (a rotary table `(seq, dim/2)` beside `(batch, seq, dim)`, a graph's `edge_index`
+    `(2, edges)`, a broadcast 1 beside a batch of 4) is left as it is."""
 
     def grow(value):
-        if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > 0:
+        if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == size:
             return torch.cat([value] + [value.narrow(dim, 0, 1)] * extra, dim=dim)
         return value
 
