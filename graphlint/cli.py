@@ -2,6 +2,7 @@
 
     graphlint check [TARGET ...]     lint targets (default: [tool.graphlint] targets)
     graphlint graph [TARGET]         report one target's autograd graph (text, JSON, DOT or SVG)
+    graphlint memory [TARGET ...]    the peak memory of one training step, and what it is made of
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
     graphlint server                 a Language Server on stdio, for editors (needs the server extra)
@@ -110,6 +111,27 @@ def _parser() -> argparse.ArgumentParser:
                        help="picture: draw every layer, not identical sibling layers once")
     graph.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
+    memory = commands.add_parser(
+        "memory", help="the peak memory of one training step",
+        description="Run one steady-state training step of each target (zero_grad, forward, loss, backward, "
+                    "optimizer step) on the meta device under an allocation tracker, and report its peak memory "
+                    "and what it is made of.")
+    memory.add_argument("targets", nargs="*", metavar="TARGET", help="as for check")
+    _model_options(memory)
+    memory.add_argument("--optimizer", default="adamw", metavar="NAME",
+                        help="adamw (default), adam, sgd, sgd-momentum or none")
+    memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
+    memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
+                                                   "of the same size) to T")
+    memory.add_argument("--device-memory", metavar="SIZE",
+                        help="say whether the step fits in SIZE (80GiB, 24GB) and the largest batch that does")
+    memory.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    memory.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    memory.add_argument("--device", choices=("auto", "meta", "cpu"), default=None,
+                        help="where to run the step; auto (default) uses meta, and CPU when the forward needs "
+                             "real values")
+    memory.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+
     listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
     listing.add_argument("--format", choices=("text", "markdown"), default="text",
                          help="markdown writes the full rule reference (docs/rules.md)")
@@ -167,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule, "server": _server}[args.command](args)
+        commands = {"check": _check, "graph": _graph, "memory": _memory, "rules": _rules, "rule": _rule,
+                    "server": _server}
+        return commands[args.command](args)
     except UsageError as error:
         print(single_line(f"graphlint: error: {error}"), file=sys.stderr)
         return EXIT_ERROR
@@ -387,6 +411,77 @@ def _graph(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(rendered)
         sys.stdout.flush()
+    return EXIT_CLEAN
+
+
+def _memory(args: argparse.Namespace) -> int:
+    import json
+    import traceback
+
+    from graphlint.errors import GraphlintError
+    from graphlint.memory.sizes import parse_bytes
+    from graphlint.memory.step import OPTIMIZERS
+
+    if args.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    sizes = {}
+    for name in ("batch", "seq"):
+        value = getattr(args, name)
+        if value is not None:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
+            sizes[name] = int(value)
+    device_memory = None
+    if args.device_memory is not None:
+        device_memory = parse_bytes(args.device_memory)
+        if device_memory is None:
+            raise UsageError(f"--device-memory {args.device_memory!r} is not a size; write it as 80GiB, 24GB or "
+                             "a number of bytes")
+    project = Project.discover()
+    config = project.config.overridden(device=args.device)
+    if args.targets or args.input or args.init:
+        targets, base = _with_model_options(list(args.targets), args), Path.cwd()
+    elif config.targets:
+        targets, base = list(config.targets), project.root
+    else:
+        raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
+                         "of pyproject.toml")
+    from graphlint.memory.measure import Request, measure
+    from graphlint.memory.text import render_memory_text
+
+    device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    request = Request(optimizer=args.optimizer, device=device, device_memory=device_memory, **sizes)
+    results, failed = [], False
+    for target in targets:
+        try:
+            results.append(measure(target, base, request))
+        except GraphlintError as error:
+            print(single_line(f"graphlint: error: {target}: {error}"), file=sys.stderr)
+            failed = True
+        except Exception as error:  # a bug in graphlint: one line, and the other targets go on
+            if args.debug:
+                traceback.print_exc()
+            print(single_line(f"graphlint: error: {target}: internal error in graphlint while measuring "
+                              f"({type(error).__name__}: {error}); please report it with the output of --debug"),
+                  file=sys.stderr)
+            failed = True
+    if args.format == "json":
+        rendered = json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
+    else:
+        rendered = "\n".join(render_memory_text(r) for r in results)
+    if args.output:
+        try:
+            Path(args.output).write_text(rendered, encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(rendered.encode("utf-8"))
+        sys.stdout.flush()
+    if failed:
+        return EXIT_ERROR
+    if device_memory is not None and any(not r.fits for r in results):
+        return EXIT_FINDINGS
     return EXIT_CLEAN
 
 

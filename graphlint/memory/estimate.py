@@ -9,7 +9,6 @@ of autograd node that keeps it.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -50,6 +49,14 @@ class MemoryEstimate:
     saved_by_category: dict[str, int]
     alive_at_peak: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    batch: int | None = None  # the batch and sequence sizes of the inputs the step ran with (None: no such dim)
+    seq: int | None = None
+    device_memory: int | None = None  # --device-memory, when asked
+    largest_batch: int | None = None  # the largest batch whose step fits it (0: not even batch 1)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_memory is None else self.peak_bytes <= self.device_memory
 
     def to_dict(self) -> dict:
         """The documented JSON shape (docs/memory.md)."""
@@ -57,6 +64,8 @@ class MemoryEstimate:
             "target": self.target,
             "device": self.device,
             "optimizer": self.optimizer,
+            "batch": self.batch,
+            "seq": self.seq,
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
             "peak_during": self.peak_during,
@@ -74,6 +83,9 @@ class MemoryEstimate:
             "activations_by_dtype": dict(self.saved_by_dtype),
             "activations_by_node_category": dict(self.saved_by_category),
             "alive_at_peak": list(self.alive_at_peak),
+            "device_memory": self.device_memory,
+            "fits": self.fits,
+            "largest_batch": self.largest_batch,
             "notes": list(self.notes),
         }
 
@@ -116,7 +128,7 @@ def estimate(trace: StepTrace, target: str = "model") -> MemoryEstimate:
         input_bytes=_sum(trace.blocks, "input"),
         activation_bytes=sum(b.nbytes for b in activations),
         end_of_forward_bytes=sum(b.nbytes for b in at_loss_end),
-        saved_by_module=module_tree(activations),
+        saved_by_module=module_tree(activations, trace.module_types),
         saved_by_dtype=_by(activations, lambda b: str(b.dtype).removeprefix("torch.")),
         saved_by_category=_by(activations, _category),
         alive_at_peak=[describe_block(b) for b in at_peak[:TOP_ALIVE]],
@@ -157,27 +169,35 @@ def _category(block: Block) -> str:
     return categorize(block.saved_by[0])
 
 
-_NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
-
-
-def module_tree(blocks: list[Block]) -> list[ModuleLine]:
+def module_tree(blocks: list[Block], types: dict[str, str] | None = None) -> list[ModuleLine]:
     """Bytes per module path, each path's total including its submodules, children under their parent with
-    the largest first; sibling paths that differ only by a layer number are folded into one `*` line."""
-    own: dict[str, int] = defaultdict(int)
-    for block in blocks:
-        own[_NUMBER.sub("*", block.module)] += block.nbytes
+    the largest first. Numbered siblings of one class (the layers of a stack) fold into one `*` line whose count
+    is how many there are; the lines under it sum over all of them."""
+    types = types or {}
+    folded_paths: dict[str, str] = {}
+
+    def fold(path: str) -> str:
+        if path not in folded_paths:
+            parts = path.split(".") if path else []
+            out = []
+            for depth, part in enumerate(parts):
+                real = ".".join(parts[: depth + 1])
+                parent = ".".join(parts[:depth])
+                siblings = [p for p in types if p.rpartition(".")[0] == parent and p.rpartition(".")[2].isdigit()]
+                same = len({types[p] for p in siblings}) == 1
+                out.append("*" if part.isdigit() and len(siblings) > 1 and same and real in types else part)
+            folded_paths[path] = ".".join(out)
+        return folded_paths[path]
+
+    totals: dict[str, int] = defaultdict(int)
     counts: dict[str, set[str]] = defaultdict(set)
     for block in blocks:
         parts = block.module.split(".") if block.module else []
+        totals[""] += block.nbytes
         for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            counts[_NUMBER.sub("*", prefix)].add(prefix)
-    totals: dict[str, int] = defaultdict(int)
-    for path, size in own.items():
-        parts = path.split(".") if path else []
-        totals[""] += size
-        for depth in range(1, len(parts) + 1):
-            totals[".".join(parts[:depth])] += size
+            real = ".".join(parts[:depth])
+            totals[fold(real)] += block.nbytes
+            counts[fold(real)].add(real)
     children: dict[str, list[str]] = defaultdict(list)
     for path in totals:
         if path:
@@ -185,7 +205,8 @@ def module_tree(blocks: list[Block]) -> list[ModuleLine]:
     lines: list[ModuleLine] = []
 
     def walk(path: str, depth: int) -> None:
-        lines.append(ModuleLine(path or "(model)", depth, totals[path], len(counts.get(path, ())) or 1))
+        count = len(counts[path]) if path.endswith("*") else 1
+        lines.append(ModuleLine(path or "(model)", depth, totals[path], count))
         for child in sorted(children.get(path, ()), key=lambda p: -totals[p]):
             walk(child, depth + 1)
 

@@ -55,6 +55,7 @@ class StepTrace:
     device: str
     trainable: int  # parameters that receive a gradient
     loss_found: bool
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str) -> StepTrace:
@@ -97,7 +98,8 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     for p in trainable:
         p.grad = None
     return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device,
-                     sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found)
+                     sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
+                     {name: type(module).__name__ for name, module in model.named_modules()})
 
 
 def make_optimizer(name: str, parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
