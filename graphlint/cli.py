@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     _model_options(memory)
     memory.add_argument("--optimizer", default="adamw", metavar="NAME",
                         help="adamw (default), adam, sgd, sgd-momentum or none")
+    memory.add_argument("--train-on", choices=("cuda", "cpu"), default="cuda",
+                        help="the device the step is meant for, whose kernels torch would choose: cuda (default; "
+                             "the optimizer's foreach implementation, fused attention) or cpu")
     memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
     memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
                                                    "of the same size) to T")
@@ -450,7 +453,8 @@ def _memory(args: argparse.Namespace) -> int:
     from graphlint.memory.text import render_memory_text
 
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
-    request = Request(optimizer=args.optimizer, device=device, device_memory=device_memory, **sizes)
+    request = Request(optimizer=args.optimizer, train_on=args.train_on, device=device, device_memory=device_memory,
+                      **sizes)
     results, failed = [], False
     for target in targets:
         try:

@@ -33,6 +33,7 @@ class Request:
     """What to measure: the optimizer, the device policy, and input sizes to use instead of the factory's."""
 
     optimizer: str = "adamw"
+    train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
     device: str = "auto"
     batch: int | None = None
     seq: int | None = None
@@ -163,7 +164,8 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         used = resize_inputs(made, wanted)
         try:
             with torch.device(device):
-                trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer)
+                trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer,
+                                      request.train_on)
         except TargetFailure:
             raise
         except Exception as error:

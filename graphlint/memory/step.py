@@ -22,6 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from graphlint.capture.loss import choose_loss
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
+# Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
+TRAIN_DEVICES = ("cuda", "cpu")
 # The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
 KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
 PHASES = ("forward", "loss", "backward", "optimizer step")
@@ -58,10 +60,12 @@ class StepTrace:
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
 
 
-def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str) -> StepTrace:
-    """Run the steady-state step on the model's device and return what it allocated and freed."""
+def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
+             train_on: str = "cuda") -> StepTrace:
+    """Run the steady-state step on the model's device and return what it allocated and freed, with the
+    kernels torch would choose on `train_on`."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optim = make_optimizer(optimizer, trainable)
+    optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
     if optim is not None and trainable:
         # The first step creates the state (Adam's two moments, SGD's momentum); the measured step is the next.
         for p in trainable:
@@ -77,10 +81,10 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     tracker.existing(value, "optimizer state", "")
-    for tensor in torch.utils._pytree.tree_leaves((args, kwargs)):
+    for tensor in (*torch.utils._pytree.tree_leaves((args, kwargs)), *_closure_tensors(loss_fn)):
         if isinstance(tensor, torch.Tensor):
             tracker.existing(tensor, "input", "")
-    with _FusedAttentionOnMeta(), tracker:
+    with _FusedAttentionOnMeta(train_on), tracker:
         tracker.phase("forward")
         output = model(*args, **kwargs)
         tracker.phase("loss")
@@ -102,19 +106,33 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
                      {name: type(module).__name__ for name, module in model.named_modules()})
 
 
-def make_optimizer(name: str, parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
-    """The optimizer a step runs; foreach=True, the implementation torch picks by default on CUDA, whose
-    temporaries (Adam's square roots of the second moments, one per parameter, all at once) count at the peak."""
+def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:
+    """Tensors a loss function closes over (its labels): inputs of the step like the model's own."""
+    cells = getattr(function, "__closure__", None) or ()
+    found = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        found.extend(t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+    return found
+
+
+def make_optimizer(name: str, parameters: list[torch.nn.Parameter], foreach: bool | None) -> torch.optim.Optimizer | None:
+    """The optimizer a step runs. foreach=True is what torch picks by default on CUDA: its temporaries (Adam's
+    square roots of the second moments) are made for every parameter at once, which can set the peak; on CPU
+    torch's default loops over the parameters one at a time (foreach=False, or None to let torch choose)."""
     if name == "none" or not parameters:
         return None
     if name == "adamw":
-        return torch.optim.AdamW(parameters, lr=1e-3, foreach=True)
+        return torch.optim.AdamW(parameters, lr=1e-3, foreach=foreach)
     if name == "adam":
-        return torch.optim.Adam(parameters, lr=1e-3, foreach=True)
+        return torch.optim.Adam(parameters, lr=1e-3, foreach=foreach)
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=1e-3, foreach=True)
+        return torch.optim.SGD(parameters, lr=1e-3, foreach=foreach)
     if name == "sgd-momentum":
-        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9, foreach=True)
+        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9, foreach=foreach)
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -250,15 +268,25 @@ class _FusedAttentionOnMeta(TorchFunctionMode):
     """On the meta device `F.scaled_dot_product_attention` has no fused kernel and runs as matmuls and a softmax
     that keep the B×H×T×T probabilities; a GPU (and a CPU) runs a fused kernel that keeps only its inputs, output
     and log-sum-exp. On meta the call goes to the memory-efficient kernel's meta implementation, which keeps
-    what that kernel keeps."""
+    what that kernel keeps. For a step meant for the CPU, attention with dropout stays as it is: torch's CPU
+    kernel takes no dropout and runs the unfused form."""
+
+    def __init__(self, train_on: str) -> None:
+        super().__init__()
+        self.train_on = train_on
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta":
+        if (func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta"
+                and not (self.train_on == "cpu" and _dropout(args, kwargs) > 0)):
             fused = _efficient_attention(*args, **kwargs)
             if fused is not None:
                 return fused
         return func(*args, **kwargs)
+
+
+def _dropout(args: tuple, kwargs: dict) -> float:
+    return kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
 
 
 def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
