@@ -182,12 +182,23 @@ def module_tree(blocks: list[Block], types: dict[str, str] | None = None) -> lis
             out = []
             for depth, part in enumerate(parts):
                 real = ".".join(parts[: depth + 1])
-                parent = ".".join(parts[:depth])
-                siblings = [p for p in types if p.rpartition(".")[0] == parent and p.rpartition(".")[2].isdigit()]
-                same = len({types[p] for p in siblings}) == 1
-                out.append("*" if part.isdigit() and len(siblings) > 1 and same and real in types else part)
+                out.append("*" if part.isdigit() and real in _repeated(".".join(parts[:depth])) else part)
             folded_paths[path] = ".".join(out)
         return folded_paths[path]
+
+    repeated: dict[str, set[str]] = {}
+
+    def _repeated(parent: str) -> set[str]:
+        """The numbered children of `parent` of its most common class, when there are two or more of them."""
+        if parent not in repeated:
+            by_class: dict[str, set[str]] = defaultdict(set)
+            for path, kind in types.items():
+                head, _, last = path.rpartition(".")
+                if head == parent and last.isdigit() and path:
+                    by_class[kind].add(path)
+            largest = max(by_class.values(), key=len, default=set())
+            repeated[parent] = largest if len(largest) > 1 else set()
+        return repeated[parent]
 
     totals: dict[str, int] = defaultdict(int)
     counts: dict[str, set[str]] = defaultdict(set)

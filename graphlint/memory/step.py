@@ -73,7 +73,10 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
         optim.step()
     for p in trainable:
         p.grad = None  # zero_grad(set_to_none=True)
-    tracker = _Tracker(model)
+    device = trainable[0].device if trainable else next(
+        (t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
+        torch.device("cpu"))
+    tracker = _Tracker(model, device)
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         tracker.existing(tensor, "parameter", name.rpartition(".")[0])
     if optim is not None:
@@ -98,10 +101,9 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             optim.step()
         del output, loss  # the end of the loop's body
     tracker.finish(trainable)
-    device = trainable[0].device.type if trainable else "cpu"
     for p in trainable:
         p.grad = None
-    return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device,
+    return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()})
 
@@ -140,8 +142,9 @@ class _Tracker(TorchDispatchMode):
     """Numbers every allocation and free; a free is seen when the storage's Python object is finalized, which
     torch does when the last reference to the storage, Python's or C++'s, goes."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         super().__init__()
+        self.device = device  # the step's device; tensors elsewhere (Adam's step counts on the host) are not its
         self.blocks: list[Block] = []
         self.clock = 0
         self.starts: dict[str, int] = {}
@@ -221,6 +224,8 @@ class _Tracker(TorchDispatchMode):
             return None
 
     def _track(self, tensor: torch.Tensor, phase: str, module: str, op: str, made: int | None = None) -> Block | None:
+        if tensor.device != self.device:
+            return None
         try:
             storage = tensor.untyped_storage()
         except Exception:  # sparse or nested tensors: no single storage to follow
