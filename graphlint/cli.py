@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import graphlint
-from graphlint.config import DEVICES, FAIL_ON, split_codes
+from graphlint.config import DEVICES, FAIL_ON, memory_budget, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--vary", metavar="DIMS",
                        help="input dimensions the torch.compile rules (GL3xx) grow by one and two: batch, seq, "
                             "batch,seq or none (default: batch, or vary in [tool.graphlint])")
+    check.add_argument("--memory-budget", metavar="SIZE",
+                       help="GL401: fail when a target's training step peaks above SIZE (24GiB, 80GB); default: "
+                            "memory-budget in [tool.graphlint]")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -224,6 +227,7 @@ def _check(args: argparse.Namespace) -> int:
         fail_on=args.fail_on,
         timeout=args.timeout,
         vary=None if args.vary is None else parse_vary(args.vary, "--vary"),
+        memory_budget=None if args.memory_budget is None else memory_budget(args.memory_budget, "--memory-budget"),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()

@@ -39,6 +39,7 @@ class Example:
     source: str
     title: str = ""
     fixed: str = ""  # for a BAD example of a rule that fixes: the source after every fix (`--unsafe-fixes`)
+    settings: tuple[tuple[str, object], ...] = ()  # configuration the example is linted with (`memory_budget`)
 
     @property
     def fixed_code(self) -> str:

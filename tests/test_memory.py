@@ -215,3 +215,48 @@ def test_seq_on_a_model_of_images_is_one_line_and_exit_2(tmp_path):
     result = run_graphlint("memory", f"{path}:images", "--seq", "128", cwd=tmp_path)
     assert result.returncode == 2
     assert "--seq does not apply" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+BUDGET_MODEL = """
+    import torch
+    from torch import nn
+
+
+    def make():
+        model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(4)))
+        return model, (torch.randn(1024, 64),)
+"""
+
+
+def test_the_memory_budget_is_read_from_pyproject_as_a_size(tmp_path):
+    from graphlint.config import read_config
+    from graphlint.errors import UsageError
+
+    assert read_config(write(tmp_path, "pyproject.toml", '[tool.graphlint]\nmemory-budget = "24GiB"\n')) \
+        .memory_budget == 24 * 2**30
+    with pytest.raises(UsageError, match='memory-budget must be a size like "24GiB"'):
+        read_config(write(tmp_path, "pyproject.toml", '[tool.graphlint]\nmemory-budget = "huge"\n'))
+
+
+def test_gl401_fails_a_step_above_the_budget_in_sarif_and_names_the_savings(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.graphlint]\nmemory-budget = "1MiB"\n')
+    write(tmp_path, "net.py", BUDGET_MODEL)
+    result = run_graphlint("check", "--no-cache", "net.py:make", "--format", "sarif", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    [found] = json.loads(result.stdout)["runs"][0]["results"]
+    assert found["ruleId"] == "GL401"
+    assert found["locations"][0]["physicalLocation"]["region"]["startLine"] == 5  # def make():
+    message = found["message"]["text"]
+    assert "above the memory budget of 1 MiB" in message
+    assert "checkpointing the 4 blocks 0…3" in message and "batch" in message
+    # The command line's budget wins over the file's: 64 MiB holds this step.
+    roomy = run_graphlint("check", "--no-cache", "net.py:make", "--memory-budget", "64MiB", "--format", "json",
+                          cwd=tmp_path)
+    assert roomy.returncode == 0, roomy.stdout + roomy.stderr
+
+
+def test_a_budget_that_does_not_parse_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    write(tmp_path, "net.py", BUDGET_MODEL)
+    result = run_graphlint("check", "net.py:make", "--memory-budget", "lots", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--memory-budget must be a size" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -53,6 +53,9 @@ class MemoryEstimate:
     seq: int | None = None
     device_memory: int | None = None  # --device-memory, when asked
     largest_batch: int | None = None  # the largest batch whose step fits it (0: not even batch 1)
+    # Activation checkpointing of the largest stack of repeated blocks, estimated: {"blocks", "count",
+    # "saves_bytes"}; None when the model has no such stack.
+    checkpointing: dict | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -86,6 +89,7 @@ class MemoryEstimate:
             "device_memory": self.device_memory,
             "fits": self.fits,
             "largest_batch": self.largest_batch,
+            "checkpointing": self.checkpointing,
             "notes": list(self.notes),
         }
 
@@ -132,7 +136,25 @@ def estimate(trace: StepTrace, target: str = "model") -> MemoryEstimate:
         saved_by_dtype=_by(activations, lambda b: str(b.dtype).removeprefix("torch.")),
         saved_by_category=_by(activations, _category),
         alive_at_peak=[describe_block(b) for b in at_peak[:TOP_ALIVE]],
+        checkpointing=checkpointing(activations, trace),
     )
+
+
+def checkpointing(activations: list[Block], trace: StepTrace) -> dict | None:
+    """What checkpointing each block of the largest stack of repeated blocks would save, estimated: each block
+    then keeps only its input, and backward recomputes one block's activations at a time."""
+    lines = [line for line in module_tree(activations, trace.module_types) if line.path.endswith("*")]
+    if not lines:
+        return None
+    stack = max(lines, key=lambda line: line.bytes)
+    prefix = stack.path[:-1]
+    blocks = sorted({p for p in trace.module_types if p.startswith(prefix) and p[len(prefix):].isdigit()})
+    kept = {p: sum(b.nbytes for b in activations if b.module == p or b.module.startswith(p + ".")) for p in blocks}
+    inputs = sum(trace.module_inputs.get(p, 0) for p in blocks)
+    saves = sum(kept.values()) - inputs - max(kept.values(), default=0)
+    if saves <= 0:
+        return None
+    return {"blocks": stack.path, "count": len(blocks), "saves_bytes": saves}
 
 
 def _alive_at(block: Block, event: float) -> bool:

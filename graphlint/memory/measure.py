@@ -68,6 +68,16 @@ def measure(text: str, base: Path, request: Request) -> MemoryEstimate:
     return result
 
 
+def step_estimate(made: Target, device: str, budget: int | None = None, optimizer: str = "adamw") -> MemoryEstimate:
+    """The estimate for a target already built (the capture's model and inputs, on `device`), against `budget`."""
+    with torch.device(device):
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer)
+    result = estimate(trace)
+    result.batch = resize_inputs(made, {}).get("batch")
+    result.device_memory = budget
+    return result
+
+
 def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[int | None, str]:
     """The largest batch whose step fits `request.device_memory`, and how it was found (a note, or "")."""
     budget = request.device_memory

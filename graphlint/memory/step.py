@@ -58,6 +58,7 @@ class StepTrace:
     trainable: int  # parameters that receive a gradient
     loss_found: bool
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
+    module_inputs: dict[str, int] = field(default_factory=dict)  # module path -> bytes of its first call's inputs
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
@@ -105,7 +106,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
         p.grad = None
     return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
-                     {name: type(module).__name__ for name, module in model.named_modules()})
+                     {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs)
 
 
 def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:
@@ -153,6 +154,7 @@ class _Tracker(TorchDispatchMode):
         self.closed = False
         self._known: dict[int, Block] = {}  # id of a live storage object -> its block
         self._modules: list[str] = []
+        self.inputs: dict[str, int] = {}
         self._names = {id(m): name for name, m in model.named_modules()}
         self._hooks: list = []
 
@@ -172,8 +174,12 @@ class _Tracker(TorchDispatchMode):
         self.current = name
         self.starts[name] = self.clock
 
-    def _entered(self, module, _inputs) -> None:
-        self._modules.append(self._names.get(id(module), ""))
+    def _entered(self, module, inputs) -> None:
+        path = self._names.get(id(module), "")
+        self._modules.append(path)
+        if path not in self.inputs:
+            self.inputs[path] = sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(inputs)
+                                    if isinstance(t, torch.Tensor) and t.layout == torch.strided)
 
     def _left(self, module, _inputs, _output) -> None:
         if self._modules:
