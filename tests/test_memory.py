@@ -260,3 +260,43 @@ def test_a_budget_that_does_not_parse_on_the_command_line_is_one_line_and_exit_2
     result = run_graphlint("check", "net.py:make", "--memory-budget", "lots", cwd=tmp_path)
     assert result.returncode == 2
     assert "--memory-budget must be a size" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+ATTENTION = """
+    import math
+
+    import torch
+    from torch import nn
+
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(128, 384)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 16, 8).permute(2, 0, 3, 1, 4)
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+            scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+            return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, 128)
+
+
+    def make():
+        return Attention(), (torch.randn(8, 2048, 128),)
+"""
+
+
+def test_a_gl101_finding_carries_what_its_fix_saves_in_json_sarif_and_its_message(tmp_path):
+    write(tmp_path, "net.py", ATTENTION)
+    result = run_graphlint("check", "--no-cache", "net.py:make", "--select", "GL101", "--format", "json",
+                           "--report", f"sarif={tmp_path / 'out.sarif'}", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)["findings"]
+    # The probabilities (8 × 16 heads × 2048 × 2048 float32, kept by the softmax and by the product with the
+    # values, one storage) and the causal mask (2048 × 2048 bool, kept by masked_fill).
+    expected = 8 * 16 * 2048 * 2048 * 4 + 2048 * 2048
+    assert finding["saves_bytes"] == expected
+    assert "The fix keeps 2 GiB less for backward" in finding["message"]
+    [sarif] = json.loads((tmp_path / "out.sarif").read_text())["runs"][0]["results"]
+    assert sarif["properties"]["savesBytes"] == expected
