@@ -300,3 +300,43 @@ def test_a_gl101_finding_carries_what_its_fix_saves_in_json_sarif_and_its_messag
     assert "The fix keeps 2 GiB less for backward" in finding["message"]
     [sarif] = json.loads((tmp_path / "out.sarif").read_text())["runs"][0]["results"]
     assert sarif["properties"]["savesBytes"] == expected
+
+
+HAND_WRITTEN = """
+    import torch
+    from torch import nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(256))
+            self.bias = nn.Parameter(torch.zeros(256))
+            self.inp = nn.Linear(256, 256)
+            self.fc = nn.Linear(256, 256)
+
+        def forward(self, x):
+            x = self.inp(x)  # the norm reads a tensor that requires grad, as inside a model
+            mean = x.mean(-1, keepdim=True)
+            var = (x - mean).pow(2).mean(-1, keepdim=True)
+            x = (x - mean) / torch.sqrt(var + 1e-5) * self.weight + self.bias
+            h = self.fc(x)
+            return h * torch.sigmoid(h)
+
+
+    def make():
+        return Block(), (torch.randn(64, 1024, 256),)
+"""
+
+
+def test_gl106_and_gl107_findings_carry_the_intermediates_their_fix_does_not_keep(tmp_path):
+    write(tmp_path, "net.py", HAND_WRITTEN)
+    result = run_graphlint("check", "--no-cache", "net.py:make", "--select", "GL106,GL107", "--format", "json",
+                           cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    found = {f["rule"]: f for f in json.loads(result.stdout)["findings"]}
+    size = 64 * 1024 * 256 * 4
+    # SiLU by hand keeps h and sigmoid(h); F.silu keeps h alone.
+    assert found["GL107"]["saves_bytes"] == size
+    # LayerNorm by hand keeps x - mean and the normalised x (and per-row statistics); F.layer_norm keeps x.
+    assert size <= found["GL106"]["saves_bytes"] <= 1.1 * size
