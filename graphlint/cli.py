@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--train-on", choices=("cuda", "cpu"), default="cuda",
                         help="the device the step is meant for, whose kernels torch would choose: cuda (default; "
                              "the optimizer's foreach implementation, fused attention) or cpu")
+    memory.add_argument("--autocast", choices=("bf16", "fp16"),
+                        help="run the forward and the loss under autocast to bfloat16 or float16, as "
+                             "torch.autocast(\"cuda\") would")
     memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
     memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
                                                    "of the same size) to T")
@@ -457,8 +460,8 @@ def _memory(args: argparse.Namespace) -> int:
     from graphlint.memory.text import render_memory_text
 
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
-    request = Request(optimizer=args.optimizer, train_on=args.train_on, device=device, device_memory=device_memory,
-                      **sizes)
+    request = Request(optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast, device=device,
+                      device_memory=device_memory, **sizes)
     results, failed = [], False
     for target in targets:
         try:

@@ -340,3 +340,19 @@ def test_gl106_and_gl107_findings_carry_the_intermediates_their_fix_does_not_kee
     assert found["GL107"]["saves_bytes"] == size
     # LayerNorm by hand keeps x - mean and the normalised x (and per-row statistics); F.layer_norm keeps x.
     assert size <= found["GL106"]["saves_bytes"] <= 1.1 * size
+
+
+def test_autocast_keeps_the_activations_of_matmuls_in_the_lower_precision():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512), nn.LayerNorm(512))
+        x = torch.randn(256, 512)
+        full = estimate(run_step(model, (x,), {}, None, "adamw"))
+        mixed = estimate(run_step(model, (x,), {}, None, "adamw", autocast=torch.bfloat16))
+    assert set(mixed.saved_by_dtype) >= {"bfloat16", "float32"}
+    # The GELU's input and output are kept in bfloat16, and so are the bfloat16 copies of x and of the second
+    # weight, which the Linears keep for backward (autocast's weight copies are activations, not parameters;
+    # the first weight's copy is not kept, since x needs no gradient); only the LayerNorm, which autocast
+    # runs in float32, keeps float32 tensors.
+    assert mixed.saved_by_dtype["bfloat16"] == 2 * 256 * 2048 * 2 + 2048 * 512 * 2 + 256 * 512 * 2
+    assert mixed.saved_by_dtype["float32"] < 0.3 * full.activation_bytes
+    assert mixed.parameter_bytes == full.parameter_bytes and mixed.optimizer_state_bytes == full.optimizer_state_bytes

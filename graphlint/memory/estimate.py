@@ -147,14 +147,21 @@ def checkpointing(activations: list[Block], trace: StepTrace) -> dict | None:
     if not lines:
         return None
     stack = max(lines, key=lambda line: line.bytes)
-    prefix = stack.path[:-1]
-    blocks = sorted({p for p in trace.module_types if p.startswith(prefix) and p[len(prefix):].isdigit()})
+    blocks = sorted(p for p in trace.module_types if p.count(".") == stack.path.count(".")
+                    and module_tree_fold(p, trace.module_types) == stack.path)
     kept = {p: sum(b.nbytes for b in activations if b.module == p or b.module.startswith(p + ".")) for p in blocks}
     inputs = sum(trace.module_inputs.get(p, 0) for p in blocks)
     saves = sum(kept.values()) - inputs - max(kept.values(), default=0)
     if saves <= 0:
         return None
     return {"blocks": stack.path, "count": len(blocks), "saves_bytes": saves}
+
+
+def module_tree_fold(path: str, types: dict[str, str]) -> str:
+    """`path` with the layer numbers of repeated stacks replaced by `*`, as module_tree folds it."""
+    parts = path.split(".") if path else []
+    return ".".join("*" if part.isdigit() and ".".join(parts[: i + 1]) in repeated_children(types, ".".join(parts[:i]))
+                    else part for i, part in enumerate(parts))
 
 
 def _alive_at(block: Block, event: float) -> bool:
@@ -191,6 +198,18 @@ def _category(block: Block) -> str:
     return categorize(block.saved_by[0])
 
 
+def repeated_children(types: dict[str, str], parent: str) -> set[str]:
+    """The numbered children of `parent` of its most common class, when there are two or more of them: the
+    layers of a stack (`h.0` … `h.11`)."""
+    by_class: dict[str, set[str]] = defaultdict(set)
+    for path, kind in types.items():
+        head, _, last = path.rpartition(".")
+        if path and head == parent and last.isdigit():
+            by_class[kind].add(path)
+    largest = max(by_class.values(), key=len, default=set())
+    return largest if len(largest) > 1 else set()
+
+
 def module_tree(blocks: list[Block], types: dict[str, str] | None = None) -> list[ModuleLine]:
     """Bytes per module path, each path's total including its submodules, children under their parent with
     the largest first. Numbered siblings of one class (the layers of a stack) fold into one `*` line whose count
@@ -211,15 +230,8 @@ def module_tree(blocks: list[Block], types: dict[str, str] | None = None) -> lis
     repeated: dict[str, set[str]] = {}
 
     def _repeated(parent: str) -> set[str]:
-        """The numbered children of `parent` of its most common class, when there are two or more of them."""
         if parent not in repeated:
-            by_class: dict[str, set[str]] = defaultdict(set)
-            for path, kind in types.items():
-                head, _, last = path.rpartition(".")
-                if head == parent and last.isdigit() and path:
-                    by_class[kind].add(path)
-            largest = max(by_class.values(), key=len, default=set())
-            repeated[parent] = largest if len(largest) > 1 else set()
+            repeated[parent] = repeated_children(types, parent)
         return repeated[parent]
 
     totals: dict[str, int] = defaultdict(int)

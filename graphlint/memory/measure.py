@@ -26,6 +26,7 @@ from graphlint.memory.step import StepTrace, run_step
 from graphlint.target import Target, TargetSpec, load_factory, normalize_factory_result
 
 DIMENSIONS = {"batch": 0, "seq": 1}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Request:
 
     optimizer: str = "adamw"
     train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
+    autocast: str | None = None  # "bf16" or "fp16": the forward and loss under autocast to that dtype
     device: str = "auto"
     batch: int | None = None
     seq: int | None = None
@@ -175,7 +177,7 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         try:
             with torch.device(device):
                 trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer,
-                                      request.train_on)
+                                      request.train_on, AUTOCAST.get(request.autocast))
         except TargetFailure:
             raise
         except Exception as error:

@@ -10,6 +10,7 @@ made, and the optimizer's temporaries are those of torch.optim's implementation.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,9 +63,10 @@ class StepTrace:
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
-             train_on: str = "cuda") -> StepTrace:
+             train_on: str = "cuda", autocast: torch.dtype | None = None) -> StepTrace:
     """Run the steady-state step on the model's device and return what it allocated and freed, with the
-    kernels torch would choose on `train_on`."""
+    kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
+    `torch.autocast("cuda", dtype=autocast)`."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
     if optim is not None and trainable:
@@ -90,9 +92,10 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             tracker.existing(tensor, "input", "")
     with _FusedAttentionOnMeta(train_on), tracker:
         tracker.phase("forward")
-        output = model(*args, **kwargs)
-        tracker.phase("loss")
-        loss = choose_loss(output, loss_fn)
+        with _Autocast(autocast) if autocast is not None else contextlib.nullcontext():
+            output = model(*args, **kwargs)
+            tracker.phase("loss")
+            loss = choose_loss(output, loss_fn)
         if loss is not None:
             tracker.mark_saved(loss)
             tracker.phase("backward")
@@ -273,6 +276,65 @@ class _Tracker(TorchDispatchMode):
                 continue
             if block.phase in ("forward", "loss") and (block.freed is None or block.freed >= backward):
                 block.kind = "activation"
+
+
+F = torch.nn.functional
+# CUDA autocast's policies, at the level of the calls a model makes: these run in the lower precision...
+_LOWER = {
+    F.linear, F.bilinear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+    torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
+    torch.Tensor.baddbmm, torch.addbmm, torch.addmv, torch.mv, torch.chain_matmul, F.conv1d, F.conv2d, F.conv3d,
+    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention, F.prelu,
+    F.multi_head_attention_forward,
+}
+# ...and these in float32.
+_FLOAT32 = {
+    F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
+    F.layer_norm, F.group_norm, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
+    F.binary_cross_entropy_with_logits, F.kl_div, F.softplus, torch.exp, torch.Tensor.exp, torch.log,
+    torch.Tensor.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.Tensor.rsqrt, torch.cumsum,
+    torch.Tensor.cumsum, torch.norm, torch.Tensor.norm,
+} | ({F.rms_norm} if hasattr(F, "rms_norm") else set())
+
+
+class _Autocast(TorchFunctionMode):
+    """torch.autocast for a device the step does not run on (on meta, torch's own autocast does nothing): the
+    calls of CUDA's lower-precision list get their float32 tensors cast to `dtype`, those of its float32 list
+    get lower-precision tensors cast up, and a parameter's cast is made once and reused, as autocast caches it."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __exit__(self, *exc):
+        self._cache.clear()  # autocast drops its cache when the region ends; what autograd kept stays
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _LOWER:
+            cast = self._lower
+        elif func in _FLOAT32:
+            cast = self._float32
+        else:
+            return func(*args, **kwargs)
+        args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def _lower(self, value):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+            return value
+        if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+            if id(value) not in self._cache:
+                self._cache[id(value)] = value.to(self.dtype)
+            return self._cache[id(value)]
+        return value.to(self.dtype)
+
+    def _float32(self, value):
+        if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            return value.float()
+        return value
 
 
 class _FusedAttentionOnMeta(TorchFunctionMode):
