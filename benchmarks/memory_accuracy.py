@@ -17,6 +17,7 @@ implementation torch picks on CUDA and the one the default estimate models.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import platform
 import re
@@ -51,26 +52,31 @@ CASES = [
 # The estimate for CUDA (--train-on cuda, the default) differs from CPU's in the optimizer's implementation, which
 # CPU can run too (foreach=True), and in fused attention with dropout, which CPU cannot: these rows check the first.
 FOREACH_CASES = [("MLP", "mlp", "adamw"), ("ViT", "vit", "adamw"), ("Llama (transformers)", "llama", "adamw")]
+# --autocast emulates CUDA's autocast policy; CPU's differs (batch and layer norms, for one), so only a model
+# whose ops both policies treat alike (linear layers, GELU, cross-entropy) checks it on CPU.
+AUTOCAST_CASES = [("MLP", "mlp", "adamw")]
 BEGIN, END = "<!-- memory-accuracy:begin -->", "<!-- memory-accuracy:end -->"
 
 
-def estimated(factory: str, optimizer: str, train_on: str) -> int:
+def estimated(factory: str, optimizer: str, train_on: str, autocast: str | None = None) -> int:
     """The peak `graphlint memory benchmarks/memory_models.py:FACTORY --optimizer OPTIMIZER --train-on TRAIN_ON`
-    reports."""
-    request = Request(optimizer=optimizer, train_on=train_on)
+    (and `--autocast AUTOCAST`) reports."""
+    request = Request(optimizer=optimizer, train_on=train_on, autocast=autocast)
     return measure(f"{HERE / 'memory_models.py'}:{factory}", HERE, request).peak_bytes
 
 
-def profiled(factory: str, optimizer: str, foreach: bool | None) -> int:
-    """The peak of the same step run on CPU, as PyTorch's memory profiler records it."""
+def profiled(factory: str, optimizer: str, foreach: bool | None, autocast: torch.dtype | None = None) -> int:
+    """The peak of the same step run on CPU, as PyTorch's memory profiler records it; with `autocast`, the
+    forward and loss under torch.autocast("cpu", dtype=autocast)."""
     torch.manual_seed(0)
     made = normalize_factory_result(getattr(memory_models, factory)())
     model = made.model
     optim = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], foreach)
 
     def step():
-        output = model(*made.args, **made.kwargs)
-        loss = choose_loss(output, made.loss)
+        with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+            output = model(*made.args, **made.kwargs)
+            loss = choose_loss(output, made.loss)
         loss.backward()
         if optim is not None:
             optim.step()
@@ -93,6 +99,10 @@ def table() -> str:
     for name, factory, optimizer in FOREACH_CASES:
         guess, real = estimated(factory, optimizer, "cuda"), profiled(factory, optimizer, True)
         rows.append(f"| {name} | {optimizer}, foreach (as on CUDA) | {guess / 2**20:.2f} MiB | {real / 2**20:.2f} MiB | "
+                    f"{(guess - real) / real:+.2%} |")
+    for name, factory, optimizer in AUTOCAST_CASES:
+        guess, real = estimated(factory, optimizer, "cpu", "bf16"), profiled(factory, optimizer, None, torch.bfloat16)
+        rows.append(f"| {name} | {optimizer}, autocast bf16 | {guess / 2**20:.2f} MiB | {real / 2**20:.2f} MiB | "
                     f"{(guess - real) / real:+.2%} |")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     machine = f"{platform.machine()} CPU, {platform.system()}, torch {torch.__version__}"

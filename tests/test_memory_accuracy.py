@@ -36,3 +36,11 @@ def test_the_estimate_with_the_foreach_optimizer_of_cuda_is_the_profilers_peak(f
     estimate = memory_accuracy.estimated(factory, "adamw", "cuda")
     measured = memory_accuracy.profiled(factory, "adamw", True)
     assert abs(estimate - measured) <= TOLERANCE * measured, (estimate, measured)
+
+
+def test_the_estimate_under_autocast_is_the_profilers_peak_where_cpu_and_cuda_policies_agree():
+    import torch
+
+    estimate = memory_accuracy.estimated("mlp", "adamw", "cpu", "bf16")
+    measured = memory_accuracy.profiled("mlp", "adamw", None, torch.bfloat16)
+    assert abs(estimate - measured) <= TOLERANCE * measured, (estimate, measured)
