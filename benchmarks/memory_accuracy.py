@@ -52,7 +52,7 @@ CASES = [
 # The estimate for CUDA (--train-on cuda, the default) differs from CPU's in the optimizer's implementation, which
 # CPU can run too (foreach=True), and in fused attention with dropout, which CPU cannot: these rows check the first.
 FOREACH_CASES = [("MLP", "mlp", "adamw"), ("ViT", "vit", "adamw"), ("Llama (transformers)", "llama", "adamw")]
-# --autocast emulates CUDA's autocast policy; CPU's differs (batch and layer norms, for one), so only a model
+# --autocast emulates CUDA's autocast policy; CPU's differs (layer norm and softmax, for two), so only a model
 # whose ops both policies treat alike (linear layers, GELU, cross-entropy) checks it on CPU.
 AUTOCAST_CASES = [("MLP", "mlp", "adamw")]
 BEGIN, END = "<!-- memory-accuracy:begin -->", "<!-- memory-accuracy:end -->"
