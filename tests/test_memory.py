@@ -356,3 +356,34 @@ def test_autocast_keeps_the_activations_of_matmuls_in_the_lower_precision():
     assert mixed.saved_by_dtype["bfloat16"] == 2 * 256 * 2048 * 2 + 2048 * 512 * 2 + 256 * 512 * 2
     assert mixed.saved_by_dtype["float32"] < 0.3 * full.activation_bytes
     assert mixed.parameter_bytes == full.parameter_bytes and mixed.optimizer_state_bytes == full.optimizer_state_bytes
+
+
+CAST_IN_LOOP = """
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(512, 512))
+
+        def forward(self, x):
+            for _ in range(4):
+                x = x @ self.w.to(torch.bfloat16)
+            return x
+
+
+    def make():
+        return Net(), (torch.randn(64, 512, dtype=torch.bfloat16),)
+"""
+
+
+def test_a_gl102_finding_carries_the_copies_backward_keeps_of_a_cast_made_on_every_pass(tmp_path):
+    write(tmp_path, "net.py", CAST_IN_LOOP)
+    result = run_graphlint("check", "--no-cache", "net.py:make", "--select", "GL102", "--format", "json", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    [finding] = json.loads(result.stdout)["findings"]
+    # Passes 2 to 4 keep their own bfloat16 copy of w for backward (the first pass's input needs no gradient,
+    # so its matmul keeps no copy); converted once before the loop, one copy would be kept.
+    assert finding["saves_bytes"] == 2 * 512 * 512 * 2

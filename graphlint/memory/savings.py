@@ -91,3 +91,24 @@ def _ancestors(node: fx.Node, depth: int) -> set[fx.Node]:
         if not frontier:
             break
     return found
+
+
+def kept_output(capture: Capture, node: fx.Node) -> int:
+    """Bytes autograd keeps of `node`'s output: the tensors of its shape and dtype that the ops reading it keep
+    for backward (each storage once)."""
+    meta = tensor_meta(node)
+    if meta is None or not hasattr(meta, "shape"):
+        return 0
+    readers = set(node.users)
+    seen: set = set()
+    total = 0
+    for autograd_node in capture.autograd.nodes:
+        if autograd_node.forward_node not in readers:
+            continue
+        for saved in autograd_node.saved:
+            key = saved.storage if saved.storage is not None else ("tensor", saved.index)
+            if saved.parameter or key in seen or saved.shape != tuple(meta.shape) or saved.dtype != meta.dtype:
+                continue
+            seen.add(key)
+            total += saved.storage_nbytes
+    return total
