@@ -387,3 +387,23 @@ def test_a_gl102_finding_carries_the_copies_backward_keeps_of_a_cast_made_on_eve
     # Passes 2 to 4 keep their own bfloat16 copy of w for backward (the first pass's input needs no gradient,
     # so its matmul keeps no copy); converted once before the loop, one copy would be kept.
     assert finding["saves_bytes"] == 2 * 512 * 512 * 2
+
+
+def test_a_step_that_fails_at_the_asked_size_is_one_line_and_exit_2(tmp_path):
+    write(tmp_path, "net.py", """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+        import graphlint
+
+
+        def make():
+            labels = torch.randint(0, 4, (8,))
+            model = nn.Linear(16, 4)
+            return graphlint.Target(model, (torch.randn(8, 16),), loss=lambda out: F.cross_entropy(out, labels))
+    """)
+    result = run_graphlint("memory", "net.py:make", "--batch", "32", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "the training step with the inputs resized to batch 32" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

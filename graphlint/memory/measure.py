@@ -64,9 +64,12 @@ def measure(text: str, base: Path, request: Request) -> MemoryEstimate:
         result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
         if request.device_memory is not None:
             result.device_memory = request.device_memory
-            result.largest_batch, how = largest_batch(loaded.factory, device, request, sizes)
-            if how:
-                result.notes.append(how)
+            if "batch" in sizes:
+                result.largest_batch, how = largest_batch(loaded.factory, device, request, sizes)
+                if how:
+                    result.notes.append(how)
+            else:
+                result.notes.append("no input has a batch dimension, so there is no largest batch to find")
     return result
 
 
@@ -181,12 +184,13 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         except TargetFailure:
             raise
         except Exception as error:
-            if raised_by_graphlint(error):
-                raise
+            # Every op of the step passes through graphlint's tracker, so its frames are in every traceback:
+            # an exception here is the model's (the tracker's own bugs show with --debug).
             if device == "meta":
                 raise _NeedsRealValues(f"the step failed on the meta device ({one_line(error)})") from error
-            resized = " with inputs resized to " + ", ".join(f"{k} {v}" for k, v in wanted.items()) if wanted else ""
-            raise TargetFailure(f"the training step raised {one_line(error)}{resized}{raised_at(error)}") from error
+            resized = (" with the inputs resized to " + ", ".join(f"{k} {v}" for k, v in wanted.items())
+                       + " (tensors a loss function closes over, such as labels, keep their size)") if wanted else ""
+            raise TargetFailure(f"the training step{resized} raised {one_line(error)}{raised_at(error)}") from error
     return trace, used
 
 
@@ -229,7 +233,7 @@ def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
 
 def _has_sequence(tensor: torch.Tensor) -> bool:
     """Token ids (B, T) and embeddings (B, T, C) have a sequence dimension; images (B, C, H, W) have none."""
-    return tensor.dim() in (2, 3) and (tensor.dim() == 2 or tensor.is_floating_point())
+    return (tensor.dim() == 2 and not tensor.is_floating_point()) or (tensor.dim() == 3 and tensor.is_floating_point())
 
 
 @contextlib.contextmanager
