@@ -97,7 +97,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             tracker.phase("loss")
             loss = choose_loss(output, loss_fn)
         if loss is not None:
-            tracker.mark_saved(loss)
+            tracker.name_keepers(loss)
             tracker.phase("backward")
             loss.backward()
         if optim is not None:
@@ -188,7 +188,7 @@ class _Tracker(TorchDispatchMode):
         if self._modules:
             self._modules.pop()
 
-    def mark_saved(self, loss: torch.Tensor) -> None:
+    def name_keepers(self, loss: torch.Tensor) -> None:
         """Name, on each block autograd kept, the nodes that keep it (read before backward frees them)."""
         self.loss_found = True
         seen, stack = set(), [loss.grad_fn]
