@@ -80,7 +80,7 @@ class ResultCache:
         self._code = _code_digest()
 
     def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-            vary: tuple[str, ...] = ()) -> str:
+            vary: tuple[str, ...] = (), memory_budget: int | None = None) -> str:
         """The key of one target's entry; `rules` are the IDs of the rules that run on its capture, `vary` the
         input dimensions the torch.compile analysis grows (it matters only when a GL3xx rule runs)."""
         fields = {
@@ -93,6 +93,7 @@ class ResultCache:
             "device": device,
             "rules": sorted(rules),
             "vary": list(vary) if any(rule.startswith("GL3") for rule in rules) else [],
+            "memory_budget": memory_budget if "GL401" in rules else None,
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 

@@ -2,6 +2,7 @@
 
     graphlint check [TARGET ...]     lint targets (default: [tool.graphlint] targets)
     graphlint graph [TARGET]         report one target's autograd graph (text, JSON, DOT or SVG)
+    graphlint memory [TARGET ...]    the peak memory of one training step, and what it is made of
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
     graphlint server                 a Language Server on stdio, for editors (needs the server extra)
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import graphlint
-from graphlint.config import DEVICES, FAIL_ON, split_codes
+from graphlint.config import DEVICES, FAIL_ON, memory_budget, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.project import Project
 from graphlint.report import FORMATS
@@ -92,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--vary", metavar="DIMS",
                        help="input dimensions the torch.compile rules (GL3xx) grow by one and two: batch, seq, "
                             "batch,seq or none (default: batch, or vary in [tool.graphlint])")
+    check.add_argument("--memory-budget", metavar="SIZE",
+                       help="GL401: fail when a target's training step peaks above SIZE (24GiB, 80GB); default: "
+                            "memory-budget in [tool.graphlint]")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -109,6 +113,33 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("--no-collapse", action="store_true",
                        help="picture: draw every layer, not identical sibling layers once")
     graph.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+
+    memory = commands.add_parser(
+        "memory", help="the peak memory of one training step",
+        description="Run one steady-state training step of each target (zero_grad, forward, loss, backward, "
+                    "optimizer step) on the meta device under an allocation tracker, and report its peak memory "
+                    "and what it is made of.")
+    memory.add_argument("targets", nargs="*", metavar="TARGET", help="as for check")
+    _model_options(memory)
+    memory.add_argument("--optimizer", default="adamw", metavar="NAME",
+                        help="adamw (default), adam, sgd, sgd-momentum or none")
+    memory.add_argument("--train-on", choices=("cuda", "cpu"), default="cuda",
+                        help="the device the step is meant for, whose kernels torch would choose: cuda (default; "
+                             "the optimizer's foreach implementation, fused attention) or cpu")
+    memory.add_argument("--autocast", choices=("bf16", "fp16"),
+                        help="run the forward and the loss under autocast to bfloat16 or float16, as "
+                             "torch.autocast(\"cuda\") would")
+    memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
+    memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
+                                                   "of the same size) to T")
+    memory.add_argument("--device-memory", metavar="SIZE",
+                        help="say whether the step fits in SIZE (80GiB, 24GB) and the largest batch that does")
+    memory.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    memory.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    memory.add_argument("--device", choices=("auto", "meta", "cpu"), default=None,
+                        help="where to run the step; auto (default) uses meta, and CPU when the forward needs "
+                             "real values")
+    memory.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
     listing.add_argument("--format", choices=("text", "markdown"), default="text",
@@ -167,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return {"check": _check, "graph": _graph, "rules": _rules, "rule": _rule, "server": _server}[args.command](args)
+        commands = {"check": _check, "graph": _graph, "memory": _memory, "rules": _rules, "rule": _rule,
+                    "server": _server}
+        return commands[args.command](args)
     except UsageError as error:
         print(single_line(f"graphlint: error: {error}"), file=sys.stderr)
         return EXIT_ERROR
@@ -197,6 +230,7 @@ def _check(args: argparse.Namespace) -> int:
         fail_on=args.fail_on,
         timeout=args.timeout,
         vary=None if args.vary is None else parse_vary(args.vary, "--vary"),
+        memory_budget=None if args.memory_budget is None else memory_budget(args.memory_budget, "--memory-budget"),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()
@@ -400,6 +434,78 @@ def _graph(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(rendered)
         sys.stdout.flush()
+    return EXIT_CLEAN
+
+
+def _memory(args: argparse.Namespace) -> int:
+    import json
+    import traceback
+
+    from graphlint.errors import GraphlintError
+    from graphlint.memory.sizes import parse_bytes
+    from graphlint.memory.step import OPTIMIZERS
+
+    if args.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    sizes = {}
+    for name in ("batch", "seq"):
+        value = getattr(args, name)
+        if value is not None:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
+            sizes[name] = int(value)
+    device_memory = None
+    if args.device_memory is not None:
+        device_memory = parse_bytes(args.device_memory)
+        if device_memory is None:
+            raise UsageError(f"--device-memory {args.device_memory!r} is not a size; write it as 80GiB, 24GB or "
+                             "a number of bytes")
+    project = Project.discover()
+    config = project.config.overridden(device=args.device)
+    if args.targets or args.input or args.init:
+        targets, base = _with_model_options(list(args.targets), args), Path.cwd()
+    elif config.targets:
+        targets, base = list(config.targets), project.root
+    else:
+        raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
+                         "of pyproject.toml")
+    from graphlint.memory.measure import Request, measure
+    from graphlint.memory.text import render_memory_text
+
+    device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    request = Request(optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast, device=device,
+                      device_memory=device_memory, **sizes)
+    results, failed = [], False
+    for target in targets:
+        try:
+            results.append(measure(target, base, request))
+        except GraphlintError as error:
+            print(single_line(f"graphlint: error: {target}: {error}"), file=sys.stderr)
+            failed = True
+        except Exception as error:  # a bug in graphlint: one line, and the other targets go on
+            if args.debug:
+                traceback.print_exc()
+            print(single_line(f"graphlint: error: {target}: internal error in graphlint while measuring "
+                              f"({type(error).__name__}: {error}); please report it with the output of --debug"),
+                  file=sys.stderr)
+            failed = True
+    if args.format == "json":
+        rendered = json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
+    else:
+        rendered = "\n".join(render_memory_text(r) for r in results)
+    if args.output:
+        try:
+            Path(args.output).write_text(rendered, encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(rendered.encode("utf-8"))
+        sys.stdout.flush()
+    if failed:
+        return EXIT_ERROR
+    if device_memory is not None and any(not r.fits for r in results):
+        return EXIT_FINDINGS
     return EXIT_CLEAN
 
 

@@ -10,6 +10,7 @@
     per-file-ignores = { "legacy/*.py" = ["GL101"] }
     fail-on = "warning"                  # note, warning, error or never
     timeout = 600                        # seconds per target; 0 for no limit
+    memory-budget = "24GiB"              # GL401: a training step's peak memory must stay under it
     [tool.graphlint.severity]
     GL203 = "warning"                    # per-rule severity
 
@@ -56,6 +57,7 @@ class Config:
     fail_on: str = "warning"
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
+    memory_budget: int | None = None  # bytes a training step may peak at (GL401); None: no budget
     source: Path | None = None  # the pyproject.toml it came from
     command_line: RuleSelection | None = None  # --select/--extend-select/--ignore, a layer above the file's
 
@@ -130,6 +132,16 @@ def _seconds(value, where: str) -> float:
     return float(value)
 
 
+def memory_budget(value, where: str) -> int:
+    """A budget (`"24GiB"`, `"80GB"`, a number of bytes), checked."""
+    from graphlint.memory.sizes import parse_bytes
+
+    budget = parse_bytes(value) if isinstance(value, (str, int)) else None
+    if budget is None:
+        raise UsageError(f'{where} must be a size like "24GiB", "80GB" or a number of bytes; got {value!r}')
+    return budget
+
+
 def _severity(value, where: str) -> dict[str, str]:
     if not isinstance(value, dict):
         raise UsageError(f'{where} must be a table of rule ID = level, like {{ GL203 = "warning" }}')
@@ -147,6 +159,7 @@ _KEYS = {
     "fail-on": ("fail_on", lambda v, w: _one_of(v, w, FAIL_ON)),
     "timeout": ("timeout", _seconds),
     "vary": ("vary", vary_setting),
+    "memory-budget": ("memory_budget", memory_budget),
 }
 
 

@@ -28,11 +28,14 @@ from graphlint.target import TargetSpec, load_factory
 # Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
 COMPILE_TAG = "torch.compile"
 RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
+# Rules with this tag read `Capture.memory`: the training step is measured only when one runs and a budget is set.
+BUDGET_TAG = "memory-budget"
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
-                vary: tuple[str, ...] = ("batch",)) -> TargetResult:
-    """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows."""
+                vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None) -> TargetResult:
+    """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows,
+    `memory_budget` the bytes a training step may peak at (GL401)."""
     after = None
     if any(COMPILE_TAG in rule.tags for rule in rules):
         from graphlint.capture.compile import analyse_target
@@ -40,7 +43,27 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         # Only recompiles need more than one call (graph breaks show on the first).
         recompiles = any(RECOMPILE_TAG in rule.tags for rule in rules)
         after = functools.partial(analyse_target, vary=vary if recompiles else None)
+    measured = []
+    if memory_budget is not None and any(BUDGET_TAG in rule.tags for rule in rules):
+        from graphlint.memory.measure import step_estimate
+
+        compile_after = after
+
+        def after(made, on):
+            # The step runs on the captured model once the capture is done, before the compile analysis.
+            try:
+                measured.append(step_estimate(made, on, memory_budget))
+            except Exception as error:  # the capture stands; GL401 cannot judge, and the note says why
+                if debug:
+                    traceback.print_exc()
+                measured.append(f"the training step's memory was not measured: it raised {one_line(error)}")
+            return compile_after(made, on) if compile_after is not None else None
     result, capture = capture_one(text, base, locator, device, debug, after=after)
+    if capture is not None and measured:
+        if isinstance(measured[0], str):
+            result.notes.append(measured[0])
+        else:
+            capture.memory = measured[0]
     if capture is not None:
         reached("rules")
         failed_before = len(locator.failures)

@@ -101,6 +101,7 @@ class Finding:
     line_hash: str = ""
     fix: Fix | None = None  # the rewrite the rule offers, still to be proven on the model
     no_fix: str = ""  # why a rule that fixes such findings could not rewrite this one
+    saves_bytes: int = 0  # activation memory its fix would keep less for backward, over every occurrence
 
     def sort_key(self) -> tuple:
         loc = self.location

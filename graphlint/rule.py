@@ -39,6 +39,7 @@ class Example:
     source: str
     title: str = ""
     fixed: str = ""  # for a BAD example of a rule that fixes: the source after every fix (`--unsafe-fixes`)
+    settings: tuple[tuple[str, object], ...] = ()  # configuration the example is linted with (`memory_budget`)
 
     @property
     def fixed_code(self) -> str:
@@ -101,6 +102,7 @@ class Problem:
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
     roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role
     facts: Mapping[str, object] = field(default_factory=dict, compare=False)  # what the message names
+    saves_bytes: int = 0  # activation memory the fix would keep less for backward here (graphlint.memory.savings)
 
     def __post_init__(self) -> None:
         if MERGE_PLACEHOLDERS & set(self.facts):

@@ -114,14 +114,15 @@ class Session:
         if self.cache is None:
             return None
         self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
-                                          target_vary(text, self.config.vary))
+                                          target_vary(text, self.config.vary), self.config.memory_budget)
         return self.cache.load(self._keys[text])
 
     def store(self, text: str, result: TargetResult) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again)."""
         if self.cache is not None and not result.errors:
             key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
-                                                         self.rule_ids, target_vary(text, self.config.vary))
+                                                         self.rule_ids, target_vary(text, self.config.vary),
+                                                         self.config.memory_budget)
             self.cache.store(key, result)
 
     def job(self, text: str) -> LintJob:
@@ -129,7 +130,7 @@ class Session:
         from graphlint.run.wire import LintJob
 
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
-                          target_vary(text, self.config.vary))
+                          target_vary(text, self.config.vary), self.config.memory_budget)
 
     def warm_parent(self) -> WarmParent:
         """The warm parent children start from, made (torch imported, warmed up) the first time it is needed."""

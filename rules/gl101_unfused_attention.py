@@ -11,6 +11,7 @@ from torch import fx
 
 from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
+from graphlint.memory.savings import attention_savings
 from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.ops import MAX_PATTERN_STEPS, MUL
@@ -332,7 +333,7 @@ class UnfusedAttention(Rule):
                     continue
                 found.append((node, chain))
         for node, chain in found:
-            problem = self._problem(node, *chain)
+            problem = self._problem(node, *chain, capture=capture)
             bias = read_scores.get(_line(node))
             if bias is not None:  # other configurations of this code add a bias made from the scores
                 problem = dataclasses.replace(
@@ -341,7 +342,7 @@ class UnfusedAttention(Rule):
                                                   "call cannot compute"))
             yield problem
 
-    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> Problem:
+    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node], capture=None) -> Problem:
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
@@ -361,6 +362,7 @@ class UnfusedAttention(Rule):
             related=tuple(related),
             fix=fix,
             roles=_roles(softmax, before, after),
+            saves_bytes=attention_savings(capture, (*before, softmax, *after), scores) if capture is not None else 0,
         )
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from graphlint.capture import facts
+from graphlint.memory.savings import kept_output
 from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -191,12 +192,15 @@ class CastInLoop(Rule):
         for (_, base), repeats in invariant.items():
             if base is None or len(repeats) < 2:
                 continue
-            for cast in repeats:
+            kept = [kept_output(capture, cast) for cast in repeats]
+            for index, cast in enumerate(repeats):
                 source, target = _dtypes(cast)
                 yield Problem(
                     node=cast,
                     message=f"The same tensor is converted from {_name(source)} to {_name(target)} {{count}} times "
                             "in one forward (in {where}); convert it once, before the loop.",
+                    # Converted once, backward would keep one copy instead of each pass's own.
+                    saves_bytes=sum(kept) - max(kept) if index == 0 else 0,
                 )
 
 

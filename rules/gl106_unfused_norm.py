@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import fx
 
 from graphlint.capture import facts
+from graphlint.memory.savings import norm_savings
 from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
 from graphlint.fix.library_calls import library_norm
@@ -339,7 +342,8 @@ class UnfusedNorm(Rule):
             if _is_root(node) and not ran_in_library(node):
                 found = _norm(node)
                 if found is not None and not ran_in_library(found[0]):
-                    yield _problem(*found)
+                    problem = _problem(*found)
+                    yield replace(problem, saves_bytes=norm_savings(capture, problem.node, found[1]))
 
 
 def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:

@@ -7,6 +7,7 @@ import math
 from torch import fx
 
 from graphlint.fix.library_calls import activation_call
+from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -250,6 +251,7 @@ class UnfusedActivation(Rule):
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel and saves less for backward."),
                         fix=activation_call(library),
+                        saves_bytes=chain_savings(capture, outer),
                     )
 
 

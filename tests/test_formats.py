@@ -55,7 +55,7 @@ def test_json_has_the_documented_shape(tmp_path):
     assert set(document) == {"version", "tool", "findings", "errors", "notes", "internal_failures", "summary"}
     finding = document["findings"][0]
     assert set(finding) == {"rule", "name", "severity", "message", "location", "related", "occurrences", "targets",
-                            "fingerprint", "suppressed", "fix", "no_fix"}
+                            "fingerprint", "suppressed", "fix", "no_fix", "saves_bytes"}
     fixes = [f["fix"] for f in document["findings"] if f["fix"] is not None]
     assert fixes and all(set(f) == {"message", "applicability", "edits"} for f in fixes)
     assert all(set(e) == {"path", "line", "column", "end_line", "end_column", "text"} for f in fixes for e in f["edits"])

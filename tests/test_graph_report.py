@@ -130,6 +130,14 @@ def test_saved_activation_memory_agrees_with_the_saved_tensors_read_directly(blo
     assert biggest.where == "mlp.0 … mlp.2" and biggest.ops == ["linear", "gelu"]
 
 
+def test_saved_bytes_by_node_category_add_up_to_the_saved_activations(block_file):
+    _, _, report = graph_of(block_file)
+    assert sum(report.saved_by_category.values()) == report.saved_bytes
+    # The GELU keeps its batch × seq × 4·d input; the MLP's two Linears keep theirs (matmul-class).
+    assert report.saved_by_category["activation"] == 2 * 128 * 3072 * 4
+    assert report.saved_by_category["matmul-class"] >= (2 * 128 * 768 + 2 * 128 * 3072) * 4
+
+
 @pytest.mark.parametrize(("batch", "seq"), [(4, 128), (8, 128), (2, 32), (2, 512)])
 def test_the_node_count_does_not_depend_on_batch_or_sequence_length(block_file, batch, seq):
     # From batch 2 up: at batch 1, nn.MultiheadAttention itself records two nodes fewer (55), in PyTorch too.

@@ -38,7 +38,7 @@ def test_every_rule_has_its_full_anatomy(rule):
 @pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
 def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
     rule, example = case
-    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,))
+    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,), **dict(example.settings))
     assert report.errors == []
     assert sorted(f.location.line for f in findings_of(report, rule.id)) == example.expected_lines(rule.id)
 
@@ -49,7 +49,7 @@ def test_bad_example_fixes_give_its_expected_fixed_source(case, tmp_path):
     the example has nothing fixable), and a rule documents a fix exactly when it offers one."""
     rule, example = case
     path = write(tmp_path, "example.py", example.code)
-    report = lint_file(path, extend_select=(rule.id,))
+    report = lint_file(path, extend_select=(rule.id,), **dict(example.settings))
     fixes = [f.fix for f in findings_of(report, rule.id) if f.fix is not None]
     assert all(e.path == str(path) for fix in fixes for e in fix.edits)
     fixed = apply_edits(example.code, [e for fix in fixes for e in fix.edits])
@@ -61,6 +61,6 @@ def test_bad_example_fixes_give_its_expected_fixed_source(case, tmp_path):
 @pytest.mark.parametrize("case", GOOD, ids=[_id(c) for c in GOOD])
 def test_good_example_is_not_flagged(case, tmp_path):
     rule, example = case
-    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,))
+    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,), **dict(example.settings))
     assert report.errors == []
     assert findings_of(report, rule.id) == []

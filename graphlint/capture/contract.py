@@ -23,6 +23,7 @@ from graphlint.capture.modules import ModuleInfo
 
 if TYPE_CHECKING:
     from graphlint.capture.compile import CompileAnalysis
+    from graphlint.memory.estimate import MemoryEstimate
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Capture:
     python_draws: tuple[str, ...] = ()
     # What compiling the model with torch.compile showed (graphlint.capture.compile); None when not asked for.
     compiled: CompileAnalysis | None = None
+    # The training step's memory (graphlint.memory), measured when a memory budget is set; None otherwise.
+    memory: MemoryEstimate | None = None
     # Answers to questions several rules ask (graphlint.flow), computed once per capture; read-only once made.
     answers: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

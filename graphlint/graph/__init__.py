@@ -64,6 +64,8 @@ class GraphReport:
     saved_by_line: list[SavedLine]
     device_note: str
     sizes: list[tuple[str, int, int]] = field(default_factory=list)  # (--vary label, nodes, saved bytes)
+    # category -> activation bytes its nodes keep for backward (each storage counted once, at its first saver)
+    saved_by_category: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -109,6 +111,10 @@ def describe(capture: Capture, locator: Locator) -> GraphReport:
     trainable = [name for name, info in capture.parameters.items() if info.requires_grad]
     sinks = autograd.accumulate_grad
     saved_bytes, saved_tensors, saved_by_line = _saved_memory(capture, locator, source_of)
+    category_of = {view.index: view.category for view in nodes}
+    saved_by_category = Counter()
+    for node, saved in saved_activations(capture):
+        saved_by_category[category_of[node.index]] += saved.storage_nbytes
     return GraphReport(
         target=capture.target,
         device=capture.device,
@@ -124,6 +130,7 @@ def describe(capture: Capture, locator: Locator) -> GraphReport:
         saved_tensors=saved_tensors,
         saved_by_line=saved_by_line,
         device_note=_device_note(capture),
+        saved_by_category={c: saved_by_category[c] for c in CATEGORIES if saved_by_category[c]},
     )
 
 

@@ -27,7 +27,9 @@ def render_graph_text(report: GraphReport) -> str:
     for category, names in report.categories.items():
         indent = "    " if category in COMPUTE else "  "
         width = 22 if category in COMPUTE else 24
-        lines.append(f"{indent}{TITLES[category]:<{width}}{sum(names.values()):>5}  {_names(names)}".rstrip())
+        saved = report.saved_by_category.get(category)
+        keeps = f"keeps {human_bytes(saved)}" if saved else ""
+        lines.append(f"{indent}{TITLES[category]:<{width}}{sum(names.values()):>5}  {keeps:<16}{_names(names)}".rstrip())
     lines.append("")
     lines.append("Fused kernels: " + (_names(report.fused, limit=None) or "none"))
     if report.fused_calls:

@@ -71,6 +71,7 @@ class _Group:
     said: dict[str, _Said] = field(default_factory=dict)  # by message with the problem's own facts filled in
     related: dict[Location, str] = field(default_factory=dict)
     fixes: dict[object, Fix | str] = field(default_factory=dict)  # each distinct fixer's answer here
+    saves_bytes: int = 0
 
     @property
     def count(self) -> int:
@@ -175,6 +176,7 @@ class Locator:
             said.count += 1
             said.paths.append(problem.where)
             said.parameters.update(dict.fromkeys(problem.parameters))
+            group.saves_bytes += problem.saves_bytes
             if problem.fix is not None and location.first_party:
                 self._add_fix(group, rule, problem, primary, capture)
             try:
@@ -188,13 +190,14 @@ class Locator:
                 rule_id=rule.id,
                 rule_name=rule.name,
                 severity=rule.severity,
-                message=group.message(),
+                message=group.message() + _price(group.saves_bytes),
                 location=location,
                 related=tuple(Related(where, label) for where, label in group.related.items()),
                 occurrences=group.count,
                 targets=(capture.target,),
                 fix=fix if isinstance(fix, Fix) else None,
                 no_fix=fix if isinstance(fix, str) else "",
+                saves_bytes=group.saves_bytes,
             ))
         return findings
 
@@ -264,6 +267,18 @@ class Locator:
             if site is not None and self.project.is_first_party(site.frame.file):
                 found.append((name, site))
         return tuple(found)
+
+
+# From this much on, what a fix saves for backward is worth a sentence in the message, not only a property.
+LARGE_SAVING = 256 * 2**20
+
+
+def _price(saves: int) -> str:
+    from graphlint.memory.sizes import format_bytes
+
+    if saves < LARGE_SAVING:
+        return ""
+    return f" The fix keeps {format_bytes(saves)} less for backward at the target's input shapes."
 
 
 def _together(fixes: list[Fix]) -> Fix | None:

@@ -34,6 +34,7 @@ def render_json(report: Report) -> str:
                 "suppressed": f.suppressed,
                 "fix": _fix(f.fix, root) if f.fix is not None else None,
                 "no_fix": f.no_fix or None,
+                "saves_bytes": f.saves_bytes or None,
             }
             for f in report.findings
         ],

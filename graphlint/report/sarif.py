@@ -105,7 +105,8 @@ def _result(finding: Finding, index: dict[str, int], columns: SourceColumns, roo
         baseline_state="new" if against_baseline else None,
         occurrence_count=finding.occurrences,
         fixes=[_fix(finding.fix, columns, root)] if finding.fix is not None else None,
-        properties={"targets": list(finding.targets)},
+        properties={"targets": list(finding.targets),
+                    **({"savesBytes": finding.saves_bytes} if finding.saves_bytes else {})},
     )
 
 

@@ -27,12 +27,13 @@ class LintJob:
     rules: tuple[str, ...]  # rule IDs
     debug: bool = False
     vary: tuple[str, ...] = ("batch",)  # the input dimensions the torch.compile analysis grows (GL302)
+    memory_budget: int | None = None  # bytes a training step may peak at (GL401)
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-           debug: bool = False, vary: tuple[str, ...] = ("batch",)) -> LintJob:
+           debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None) -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
-                   tuple(rules), debug, tuple(vary))
+                   tuple(rules), debug, tuple(vary), memory_budget)
 
     def project(self) -> Project:
         """The project as the run knows it (its configuration is read again: only the root and folders matter)."""

@@ -1,0 +1,61 @@
+"""What `graphlint memory` costs against a plain `graphlint check` of the same target, whole processes, in one run.
+
+    python benchmarks/memory_cost.py             # 3 repeats
+    python benchmarks/memory_cost.py --repeat 5
+
+For each target the two commands are interleaved (check, memory, check, memory, ...) so that drift in the
+machine's speed hits both alike; the medians of wall time and of peak resident memory (from wait4) are printed
+with the ratio memory/check. `check` runs without its cache. The Llama-7B shape (benchmarks/models.py:llama_7b,
+6.7B parameters) is measured by `memory` at sequence 4096 (`--seq 4096`), on the meta device like the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGETS = [
+    ("GPT-2-small shape", f"{HERE / 'models.py'}:gpt2_small", []),
+    ("Llama-7B shape, sequence 4096", f"{HERE / 'models.py'}:llama_7b", ["--seq", "4096"]),
+]
+
+
+def run(command: list[str], cwd: str) -> tuple[float, float]:
+    """Wall seconds and peak resident MiB of one whole process."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    python = [sys.executable, "-m", "graphlint"]
+    print("| target | check | memory | memory/check | check RSS | memory RSS |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as folder:  # no pyproject.toml above: no configuration, no cache reuse
+        for name, target, options in TARGETS:
+            checks, memories = [], []
+            for _ in range(args.repeat):
+                checks.append(run([*python, "check", "--no-cache", target], folder))
+                memories.append(run([*python, "memory", target, *options], folder))
+            check_s, memory_s = (statistics.median(s for s, _ in runs) for runs in (checks, memories))
+            check_m, memory_m = (statistics.median(m for _, m in runs) for runs in (checks, memories))
+            print(f"| {name} | {check_s:.2f} s | {memory_s:.2f} s | {memory_s / check_s:.2f} | {check_m:.0f} MiB | "
+                  f"{memory_m:.0f} MiB |")
+
+
+if __name__ == "__main__":
+    main()

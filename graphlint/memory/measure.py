@@ -1,0 +1,246 @@
+"""A target's training step, measured: build it (on meta first, on CPU when the forward needs real values),
+resize its inputs when asked (`--batch`, `--seq`), run the step under the allocation tracker, and read the peak.
+
+The largest batch that fits a device comes from the step at batch sizes 2, 3 and 4 (batch 1 often takes other
+paths: squeezed dimensions, broadcasts): when the three runs make the same blocks in the same order and every
+block's size is linear in the batch, the peak at any larger batch is read from those lines without running the
+step again; otherwise the step runs at each batch the search tries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from graphlint.capture.device import inputs_to_meta
+from graphlint.capture.isolation import preserved_global_state
+from graphlint.capture.session import model_tensors
+from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
+from graphlint.memory.estimate import MemoryEstimate, estimate
+from graphlint.memory.step import StepTrace, run_step
+from graphlint.target import Target, TargetSpec, load_factory, normalize_factory_result
+
+DIMENSIONS = {"batch": 0, "seq": 1}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Request:
+    """What to measure: the optimizer, the device policy, and input sizes to use instead of the factory's."""
+
+    optimizer: str = "adamw"
+    train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
+    autocast: str | None = None  # "bf16" or "fp16": the forward and loss under autocast to that dtype
+    device: str = "auto"
+    batch: int | None = None
+    seq: int | None = None
+    device_memory: int | None = None
+
+
+def measure(text: str, base: Path, request: Request) -> MemoryEstimate:
+    """The estimate for one target; a problem with the target or the request raises TargetFailure."""
+    spec = TargetSpec.parse(text, base)
+    with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
+        loaded = load_factory(spec)
+        notes: list[str] = []
+        device = request.device
+        if device == "auto":
+            try:
+                trace, sizes = _trace(loaded.factory, "meta", request, {})
+                device = "meta"
+            except _NeedsRealValues as failure:
+                notes.append(f"measured on CPU because {failure}")
+                device = "cpu"
+                trace, sizes = _trace(loaded.factory, "cpu", request, {})
+        else:
+            trace, sizes = _trace(loaded.factory, device, request, {})
+        result = estimate(trace, text)
+        result.notes = notes
+        result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
+        if request.device_memory is not None:
+            result.device_memory = request.device_memory
+            if "batch" in sizes:
+                result.largest_batch, how = largest_batch(loaded.factory, device, request, sizes)
+                if how:
+                    result.notes.append(how)
+            else:
+                result.notes.append("no input has a batch dimension, so there is no largest batch to find")
+    return result
+
+
+def step_estimate(made: Target, device: str, budget: int | None = None, optimizer: str = "adamw") -> MemoryEstimate:
+    """The estimate for a target already built (the capture's model and inputs, on `device`), against `budget`."""
+    with torch.device(device):
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer)
+    result = estimate(trace)
+    result.batch = resize_inputs(made, {}).get("batch")
+    result.device_memory = budget
+    return result
+
+
+def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[int | None, str]:
+    """The largest batch whose step fits `request.device_memory`, and how it was found (a note, or "")."""
+    budget = request.device_memory
+    fixed = {"seq": sizes["seq"]} if sizes.get("seq") is not None else {}
+    traces = {b: _trace(factory, device, request, {**fixed, "batch": b})[0] for b in (2, 3, 4)}
+    line = _linear_peak(traces)
+    if line is not None:
+        if line(2) > budget:
+            return (1 if estimate(_trace(factory, device, request, {**fixed, "batch": 1})[0]).peak_bytes <= budget
+                    else 0), ""
+        low, high = 2, 4
+        while line(high) <= budget and high < 2**24:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if line(middle) <= budget else (low, middle)
+        return low, ""
+
+    def peak(batch: int) -> int:
+        return estimate(_trace(factory, device, request, {**fixed, "batch": batch})[0]).peak_bytes
+
+    if peak(1) > budget:
+        return 0, ""
+    low, high = 1, 2
+    while peak(high) <= budget and high < 2**16:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if peak(middle) <= budget else (low, middle)
+    return low, ("the step's memory is not linear in the batch (the steps at batch 2, 3 and 4 differ in what they "
+                 "allocate), so the largest batch was found by running the step at each size tried")
+
+
+def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
+    """When the three traces allocate the same blocks at the same moments and each block's size is a line in
+    the batch: the peak at any batch, read from those lines; None otherwise."""
+    one, two, three = traces[2], traces[3], traces[4]
+    if not (len(one.blocks) == len(two.blocks) == len(three.blocks) and one.events == two.events == three.events):
+        return None
+    lines = []
+    for a, b, c in zip(one.blocks, two.blocks, three.blocks, strict=True):
+        if (a.made, a.freed, a.kind) != (b.made, b.freed, b.kind) or (a.made, a.freed, a.kind) != (c.made, c.freed, c.kind):
+            return None
+        slope = b.nbytes - a.nbytes
+        if c.nbytes - b.nbytes != slope:
+            return None
+        lines.append((a, a.nbytes - 2 * slope, slope))
+
+    def peak(batch: int) -> int:
+        alive = 0
+        deltas = []
+        for block, intercept, slope in lines:
+            size = intercept + slope * batch
+            if block.made == -1:
+                alive += size
+            else:
+                deltas.append((block.made, size))
+            if block.freed is not None:
+                deltas.append((block.freed, -size))
+        best = alive
+        for _, change in sorted(deltas, key=lambda d: d[0]):
+            alive += change
+            best = max(best, alive)
+        return best
+
+    return peak
+
+
+class _NeedsRealValues(Exception):
+    """The step failed on the meta device; its message says why, for the note after the CPU run."""
+
+
+def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[StepTrace, dict[str, int]]:
+    """Build the target on `device` and run its step, inputs resized to `sizes` (else to the request's)."""
+    with preserved_global_state():
+        if device != "meta":
+            torch.manual_seed(0)
+        try:
+            with torch.device(device):
+                made = normalize_factory_result(call_user_code(factory))
+        except TargetFailure:
+            raise
+        except Exception as error:
+            if raised_by_graphlint(error):
+                raise
+            if device == "meta":
+                raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
+            raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
+        if device == "meta":
+            if any(t.device.type != "meta" for t in model_tensors(made.model)):
+                made.model.to("meta")
+            made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
+        wanted = sizes or {name: value for name in DIMENSIONS if (value := getattr(request, name)) is not None}
+        used = resize_inputs(made, wanted)
+        try:
+            with torch.device(device):
+                trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer,
+                                      request.train_on, AUTOCAST.get(request.autocast))
+        except TargetFailure:
+            raise
+        except Exception as error:
+            # Every op of the step passes through graphlint's tracker, so its frames are in every traceback:
+            # an exception here is the model's (the tracker's own bugs show with --debug).
+            if device == "meta":
+                raise _NeedsRealValues(f"the step failed on the meta device ({one_line(error)})") from error
+            resized = (" with the inputs resized to " + ", ".join(f"{k} {v}" for k, v in wanted.items())
+                       + " (tensors a loss function closes over, such as labels, keep their size)") if wanted else ""
+            raise TargetFailure(f"the training step{resized} raised {one_line(error)}{raised_at(error)}") from error
+    return trace, used
+
+
+def input_tensors(made: Target) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves((list(made.args), made.kwargs)) if isinstance(t, torch.Tensor)]
+
+
+def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
+    """Give the inputs the batch and sequence sizes asked for; the sizes in use (asked for or found).
+
+    The batch is dimension 0 of the first input tensor, and every input whose dimension 0 has that size changes
+    with it; the sequence is its dimension 1, and every dimension past 0 of that size changes with it."""
+    tensors = input_tensors(made)
+    found = {}
+    for name, dim in DIMENSIONS.items():
+        first = next((t for t in tensors if t.dim() > dim and (name == "batch" or _has_sequence(t))), None)
+        if first is not None:
+            found[name] = first.shape[dim]
+        elif name in sizes:
+            what = ("a batch dimension (dimension 0)" if name == "batch"
+                    else "a sequence dimension (dimension 1 of token ids or of (batch, seq, features) inputs)")
+            raise TargetFailure(f"--{name} does not apply: no input tensor of the target has {what}")
+    if not sizes:
+        return found
+    old = dict(found)
+
+    def resized(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        for name, size in sizes.items():
+            for dim in range(value.dim()):
+                if value.shape[dim] == old[name] and (dim == 0) == (name == "batch"):
+                    value = value.index_select(dim, torch.arange(size, device=value.device) % old[name])
+        return value
+
+    made.args = tuple(torch.utils._pytree.tree_map(resized, list(made.args)))
+    made.kwargs = torch.utils._pytree.tree_map(resized, made.kwargs)
+    return {**found, **sizes}
+
+
+def _has_sequence(tensor: torch.Tensor) -> bool:
+    """Token ids (B, T) and embeddings (B, T, C) have a sequence dimension; images (B, C, H, W) have none."""
+    return (tensor.dim() == 2 and not tensor.is_floating_point()) or (tensor.dim() == 3 and tensor.is_floating_point())
+
+
+@contextlib.contextmanager
+def _importable(folder: Path):
+    saved = list(sys.path)
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved

@@ -1,0 +1,417 @@
+"""One steady-state training step, run under an allocation tracker: every storage the step creates, when it is
+freed, what it is (parameter, gradient, optimizer state, input, activation, temporary) and where it was made.
+
+The step is the one a training loop runs once its optimizer has state: `zero_grad(set_to_none=True)`, forward,
+loss, backward, `optimizer.step()`, with the output and the loss still referenced until the step ends (as the
+loop's variables keep them). It runs for real, on the meta device for models that do not fit, so the order of
+frees is the autograd engine's own: saved tensors go as each backward node runs, gradients arrive as they are
+made, and the optimizer's temporaries are those of torch.optim's implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from graphlint.capture.loss import choose_loss
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
+# Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
+TRAIN_DEVICES = ("cuda", "cpu")
+# The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
+KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
+PHASES = ("forward", "loss", "backward", "optimizer step")
+
+
+@dataclass(eq=False)
+class Block:
+    """One storage the step held: its size, what it is, and the events (positions in the step) that made and
+    freed it; `freed` is None when it outlives the step."""
+
+    nbytes: int
+    made: int  # -1: alive before the step began (parameters, optimizer state, inputs)
+    phase: str  # the phase that made it ("" for those alive before the step)
+    module: str  # the module whose forward was running ("" for none or the model itself)
+    op: str  # the aten op that made it, or the autograd node running when backward made it
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    kind: str = "temporary"
+    freed: int | None = None
+    saved_by: list[str] = field(default_factory=list)  # names of the autograd nodes that kept it for backward
+
+
+@dataclass
+class StepTrace:
+    """Everything the tracker saw in one step; `events` is how many allocations and frees it numbered."""
+
+    blocks: list[Block]
+    events: int
+    phase_starts: dict[str, int]  # phase -> the first event of that phase
+    optimizer: str
+    device: str
+    trainable: int  # parameters that receive a gradient
+    loss_found: bool
+    module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
+    module_inputs: dict[str, int] = field(default_factory=dict)  # module path -> bytes of its first call's inputs
+
+
+def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
+             train_on: str = "cuda", autocast: torch.dtype | None = None) -> StepTrace:
+    """Run the steady-state step on the model's device and return what it allocated and freed, with the
+    kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
+    `torch.autocast("cuda", dtype=autocast)`."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
+    if optim is not None and trainable:
+        # The first step creates the state (Adam's two moments, SGD's momentum); the measured step is the next.
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        optim.step()
+    for p in trainable:
+        p.grad = None  # zero_grad(set_to_none=True)
+    device = trainable[0].device if trainable else next(
+        (t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
+        torch.device("cpu"))
+    tracker = _Tracker(model, device)
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        tracker.existing(tensor, "parameter", name.rpartition(".")[0])
+    if optim is not None:
+        for state in optim.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.existing(value, "optimizer state", "")
+    for tensor in (*torch.utils._pytree.tree_leaves((args, kwargs)), *_closure_tensors(loss_fn)):
+        if isinstance(tensor, torch.Tensor):
+            tracker.existing(tensor, "input", "")
+    with _FusedAttentionOnMeta(train_on), tracker:
+        tracker.phase("forward")
+        with _Autocast(autocast) if autocast is not None else contextlib.nullcontext():
+            output = model(*args, **kwargs)
+            tracker.phase("loss")
+            loss = choose_loss(output, loss_fn)
+        if loss is not None:
+            tracker.name_keepers(loss)
+            tracker.phase("backward")
+            loss.backward()
+        if optim is not None:
+            tracker.phase("optimizer step")
+            optim.step()
+        del output, loss  # the end of the loop's body
+    tracker.finish(trainable)
+    for p in trainable:
+        p.grad = None
+    return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
+                     sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
+                     {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs)
+
+
+def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:
+    """Tensors a loss function closes over (its labels): inputs of the step like the model's own."""
+    cells = getattr(function, "__closure__", None) or ()
+    found = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        found.extend(t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor))
+    return found
+
+
+def make_optimizer(name: str, parameters: list[torch.nn.Parameter], foreach: bool | None) -> torch.optim.Optimizer | None:
+    """The optimizer a step runs. foreach=True is what torch picks by default on CUDA: its temporaries (Adam's
+    square roots of the second moments) are made for every parameter at once, which can set the peak; on CPU
+    torch's default loops over the parameters one at a time (foreach=False, or None to let torch choose)."""
+    if name == "none" or not parameters:
+        return None
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-3, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=1e-3, foreach=foreach)
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=1e-3, foreach=foreach)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9, foreach=foreach)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+class _Tracker(TorchDispatchMode):
+    """Numbers every allocation and free; a free is seen when the storage's Python object is finalized, which
+    torch does when the last reference to the storage, Python's or C++'s, goes."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.device = device  # the step's device; tensors elsewhere (Adam's step counts on the host) are not its
+        self.blocks: list[Block] = []
+        self.clock = 0
+        self.starts: dict[str, int] = {}
+        self.current = ""
+        self.loss_found = False
+        self.closed = False
+        self._known: dict[int, Block] = {}  # id of a live storage object -> its block
+        self._modules: list[str] = []
+        self.inputs: dict[str, int] = {}
+        self._names = {id(m): name for name, m in model.named_modules()}
+        self._hooks: list = []
+
+    def __enter__(self):
+        self._hooks = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._entered),
+            torch.nn.modules.module.register_module_forward_hook(self._left, always_call=True),
+        ]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        return super().__exit__(*exc)
+
+    def phase(self, name: str) -> None:
+        self.current = name
+        self.starts[name] = self.clock
+
+    def _entered(self, module, inputs) -> None:
+        path = self._names.get(id(module), "")
+        self._modules.append(path)
+        if path not in self.inputs:
+            self.inputs[path] = sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(inputs)
+                                    if isinstance(t, torch.Tensor) and t.layout == torch.strided)
+
+    def _left(self, module, _inputs, _output) -> None:
+        if self._modules:
+            self._modules.pop()
+
+    def name_keepers(self, loss: torch.Tensor) -> None:
+        """Name, on each block autograd kept, the nodes that keep it (read before backward frees them)."""
+        self.loss_found = True
+        seen, stack = set(), [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            for attribute in _saved_attributes(node):
+                try:
+                    value = getattr(node, attribute)
+                except Exception:  # freed already, or not readable on this node type
+                    continue
+                for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                    block = self._block_of(tensor) if isinstance(tensor, torch.Tensor) else None
+                    if block is not None:
+                        block.saved_by.append(node.name())
+            stack.extend(next_node for next_node, _ in node.next_functions)
+
+    def existing(self, tensor: torch.Tensor, kind: str, module: str) -> None:
+        block = self._track(tensor, "", module, "", made=-1)
+        if block is not None and block.made == -1:
+            block.kind = kind
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        op = func.__name__
+        if self.current == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                op = node.name()
+        module = self._modules[-1] if self._modules and self.current in ("forward", "loss") else ""
+        for tensor in torch.utils._pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor, self.current, module, op)
+        return out
+
+    def _block_of(self, tensor: torch.Tensor) -> Block | None:
+        try:
+            return self._known.get(id(tensor.untyped_storage()))
+        except Exception:
+            return None
+
+    def _track(self, tensor: torch.Tensor, phase: str, module: str, op: str, made: int | None = None) -> Block | None:
+        if tensor.device != self.device:
+            return None
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:  # sparse or nested tensors: no single storage to follow
+            return None
+        key = id(storage)
+        block = self._known.get(key)
+        if block is not None:
+            return block
+        block = Block(storage.nbytes(), self.clock if made is None else made, phase, module, op,
+                      tensor.dtype, tuple(tensor.shape))
+        if made is None:
+            self.clock += 1
+        self._known[key] = block
+        self.blocks.append(block)
+        weakref.finalize(storage, self._freed, key, block)
+        return block
+
+    def _freed(self, key: int, block: Block) -> None:
+        if self.closed:
+            return  # after the step: the gradients dropped by the next zero_grad, the tracker's own clean-up
+        if self._known.get(key) is block:
+            del self._known[key]
+        block.freed = self.clock
+        self.clock += 1
+
+    def finish(self, trainable: list[torch.Tensor]) -> None:
+        """Name what each block was, now that the step is over."""
+        self.closed = True
+        grads = set()
+        for p in trainable:
+            if p.grad is not None:
+                grads.add(id(p.grad.untyped_storage()))
+        backward = self.starts.get("backward", self.clock)
+        for key, block in list(self._known.items()):
+            if key in grads:
+                block.kind = "gradient"
+        for block in self.blocks:
+            if block.made == -1 or block.kind == "gradient":
+                continue
+            if block.phase in ("forward", "loss") and (block.freed is None or block.freed >= backward):
+                block.kind = "activation"
+
+
+F = torch.nn.functional
+# CUDA autocast's policies, at the level of the calls a model makes: these run in the lower precision...
+_LOWER = {
+    F.linear, F.bilinear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+    torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
+    torch.Tensor.baddbmm, torch.addbmm, torch.addmv, torch.mv, torch.chain_matmul, F.conv1d, F.conv2d, F.conv3d,
+    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention, F.prelu,
+    F.multi_head_attention_forward,
+}
+# ...and these in float32.
+_FLOAT32 = {
+    F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
+    F.layer_norm, F.group_norm, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
+    F.binary_cross_entropy_with_logits, F.kl_div, F.softplus, torch.exp, torch.Tensor.exp, torch.log,
+    torch.Tensor.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.Tensor.rsqrt, torch.cumsum,
+    torch.Tensor.cumsum, torch.norm, torch.Tensor.norm,
+} | ({F.rms_norm} if hasattr(F, "rms_norm") else set())
+
+
+class _Autocast(TorchFunctionMode):
+    """torch.autocast for a device the step does not run on (on meta, torch's own autocast does nothing): the
+    calls of CUDA's lower-precision list get their float32 tensors cast to `dtype`, those of its float32 list
+    get lower-precision tensors cast up, and a parameter's cast is made once and reused, as autocast caches it."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __exit__(self, *exc):
+        self._cache.clear()  # autocast drops its cache when the region ends; what autograd kept stays
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _LOWER:
+            cast = self._lower
+        elif func in _FLOAT32:
+            cast = self._float32
+        else:
+            return func(*args, **kwargs)
+        args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def _lower(self, value):
+        if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+            return value
+        if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+            if id(value) not in self._cache:
+                self._cache[id(value)] = value.to(self.dtype)
+            return self._cache[id(value)]
+        return value.to(self.dtype)
+
+    def _float32(self, value):
+        if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            return value.float()
+        return value
+
+
+class _FusedAttentionOnMeta(TorchFunctionMode):
+    """On the meta device `F.scaled_dot_product_attention` has no fused kernel and runs as matmuls and a softmax
+    that keep the B×H×T×T probabilities; a GPU (and a CPU) runs a fused kernel that keeps only its inputs, output
+    and log-sum-exp. On meta the call goes to the memory-efficient kernel's meta implementation, which keeps
+    what that kernel keeps. For a step meant for the CPU, attention with dropout stays as it is: torch's CPU
+    kernel takes no dropout and runs the unfused form."""
+
+    def __init__(self, train_on: str) -> None:
+        super().__init__()
+        self.train_on = train_on
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta"
+                and not (self.train_on == "cpu" and _dropout(args, kwargs) > 0)):
+            fused = _efficient_attention(*args, **kwargs)
+            if fused is not None:
+                return fused
+        return func(*args, **kwargs)
+
+
+def _dropout(args: tuple, kwargs: dict) -> float:
+    return kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+
+
+def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return None
+    bias = attn_mask
+    if bias is not None and bias.dtype == torch.bool:
+        # As torch does before that kernel: a boolean mask becomes an additive one of the query's dtype.
+        bias = torch.zeros(bias.shape, dtype=query.dtype, device=query.device).masked_fill(~bias, float("-inf"))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    groups = query.shape[-3] // key.shape[-3] if enable_gqa else 1
+    if groups == 1:
+        return _efficient(query, key, value, bias, needs_grad, dropout_p, is_causal, scale)
+    # Grouped keys and values: the GPU kernels read them as they are and keep them so; the efficient kernel
+    # wants one per head, so it gets expanded copies, and autograd keeps the grouped originals in their place.
+    wide_key, wide_value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
+    originals = {id(wide_key): key, id(wide_value): value}
+
+    def pack(tensor):
+        original = originals.get(id(tensor))
+        return (original,) if original is not None else tensor
+
+    def unpack(packed):
+        return packed[0].repeat_interleave(groups, dim=-3) if isinstance(packed, tuple) else packed
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return _efficient(query, wide_key, wide_value, bias, needs_grad, dropout_p, is_causal, scale)
+
+
+def _efficient(query, key, value, bias, needs_grad, dropout_p, is_causal, scale):
+    try:
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale)[0]
+    except Exception:  # shapes or dtypes the kernel does not take
+        return None
+
+
+_attribute_names: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_attributes(node) -> tuple[str, ...]:
+    names = _attribute_names.get(type(node))
+    if names is None:
+        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        if hasattr(node, "saved_tensors"):  # custom autograd.Function nodes
+            names += ("saved_tensors",)
+        _attribute_names[type(node)] = names
+    return names
+
+
+def describe_block(block: Block) -> dict[str, Any]:
+    """A block as plain data, for the report."""
+    return {"bytes": block.nbytes, "kind": block.kind, "phase": block.phase, "module": block.module,
+            "op": block.op, "dtype": str(block.dtype).removeprefix("torch."), "shape": list(block.shape)}
