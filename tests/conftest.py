@@ -11,6 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+# pytester's fixture removes at teardown every module imported during its test; torch._dynamo registers a native
+# operator library on import, so a second import after that removal fails: import it once, before any snapshot.
+import torch._dynamo  # noqa: F401
 
 from graphlint.config import Config
 from graphlint.session import check

@@ -14,7 +14,7 @@ from graphlint.memory.estimate import estimate
 from graphlint.memory.measure import Request, measure
 from graphlint.memory.sizes import format_bytes, parse_bytes
 from graphlint.memory.step import run_step
-from tests.conftest import run_graphlint, write
+from conftest import run_graphlint, write
 
 
 def _estimate(model, *args, optimizer="adamw", loss=None, train_on="cuda"):
