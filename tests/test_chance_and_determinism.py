@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from conftest import findings_of, lint_file, write
+from conftest import findings_of, line_of, lint_file, write
 
 RECYCLING = '''
 import random
@@ -161,3 +161,33 @@ def test_the_bias_really_reads_the_scores_in_plain_pytorch(tmp_path):
     logits = torch.randn(2, 8, 8, requires_grad=True)
     cope(query, logits).sum().backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+DROPPED_FIRST = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        nn.Linear(dim, dim)  # built and dropped: CPython gives its id to the next module
+        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
+        self.norm = nn.BatchNorm2d(dim)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def make():
+    return nn.Sequential(*[Block() for _ in range(3)]), (torch.randn(2, 8, 6, 6),)
+'''
+
+
+def test_a_module_that_reuses_a_dropped_modules_id_is_placed_where_it_was_built(tmp_path):
+    path = write(tmp_path, "model.py", DROPPED_FIRST)
+    runs = [_findings(lint_file(path)) for _ in range(2)]
+    assert runs[0] == runs[1]
+    gl105 = [line for rule, line, *_ in runs[0] if rule == "GL105"]
+    # the bias before the norm belongs at the conv's construction, never at the forward line that calls it
+    assert gl105 == [line_of(path, "self.conv = nn.Conv2d")]

@@ -252,3 +252,53 @@ def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
     lines = (pytester.path / "test_local.py").read_text().splitlines()
     line = next(n for n, text in enumerate(lines, 1) if "torch.log(" in text)
     result.stdout.fnmatch_lines([f"test_local.py:{line}:20: GL204 *", "Found 1 finding in 1 target*"])
+
+
+BLOCKS = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        nn.Linear(dim, dim)  # a probe built and dropped: CPython hands its id to the next module
+        self.conv = nn.Conv2d(dim, dim, 3, padding=1)
+        self.norm = nn.BatchNorm2d(dim)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, depth=3):
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
+
+    def forward(self, x):
+        return self.blocks(x)
+"""
+
+BLOCK_TESTS = """
+import torch
+from blocks import Stack
+
+
+def test_stack():
+    assert Stack()(torch.randn(2, 8, 6, 6)).shape == (2, 8, 6, 6)
+"""
+
+
+@pytest.mark.cli
+def test_the_plugin_places_every_layer_of_repeated_blocks_at_its_construction_on_every_run(pytester):
+    pytester.makepyfile(blocks=textwrap.dedent(BLOCKS), test_blocks=textwrap.dedent(BLOCK_TESTS))
+    reports = []
+    for run in range(2):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-output",
+                                               f"out{run}.json", "--graphlint-format", "json", timeout=600)
+        assert result.ret == 1, result.stdout.str()
+        report = json.loads((pytester.path / f"out{run}.json").read_text())
+        reports.append(sorted((f["rule"], f["location"]["line"]) for f in report["findings"]))
+    conv = next(n for n, line in enumerate((pytester.path / "blocks.py").read_text().splitlines(), 1)
+                if "nn.Conv2d" in line)
+    assert reports[0] == reports[1] == [("GL105", conv)]

@@ -55,13 +55,13 @@ class BuildSiteRecorder:
         recorder = self
 
         def __init__(module, *args, **kwargs):
-            if id(module) not in recorder._sites:
+            if not recorder._has(module):
                 caller = _outside_own_init(sys._getframe(1), module)
                 recorder._sites[id(module)] = (weakref.ref(module), recorder._stacks.user_stack(caller))
             call_user_code(original, module, *args, **kwargs)
 
         def parameter_registered(module, name, parameter):
-            if parameter is not None and id(parameter) not in recorder._sites:
+            if parameter is not None and not recorder._has(parameter):
                 recorder._sites[id(parameter)] = (weakref.ref(parameter), recorder._stacks.user_stack(sys._getframe(1)))
 
         self._patches.replace(nn.Module, "__init__", __init__)
@@ -71,6 +71,13 @@ class BuildSiteRecorder:
     def __exit__(self, *exc) -> None:
         self._patches.restore()
         self._parameter_hook.remove()
+
+    def _has(self, thing) -> bool:
+        """Whether this very object's site is recorded (a nested `__init__` of one module keeps the outermost).
+        An entry under its id whose object was freed belongs to another object: CPython reuses the id of a
+        module the factory built and dropped, and keeping that entry left the new module without a site."""
+        entry = self._sites.get(id(thing))
+        return entry is not None and entry[0]() is thing
 
     def built_at(self, thing: nn.Module | nn.Parameter) -> tuple[Frame, ...]:
         """The user stack that constructed a module or registered a parameter; () when unknown."""
