@@ -44,9 +44,9 @@ def run_rules(
     run. What fails after detection (spans, fixes) costs no finding: the locator keeps it in `failures`."""
     findings: list[Finding] = []
     errors: list[TargetError] = []
-    for rule in rules:
+    for rule in sorted(rules, key=lambda rule: rule.reads_findings):  # stable: ID order otherwise
         try:
-            problems = list(rule().check(capture))
+            problems = list(rule().check(capture, tuple(findings)) if rule.reads_findings else rule().check(capture))
         except Exception as error:
             if debug:
                 traceback.print_exc()

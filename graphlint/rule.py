@@ -135,8 +135,11 @@ class Rule:
     fixes: ClassVar[str] = ""  # what `--fix` rewrites and what it leaves alone; empty: the rule has no fix
     bad_examples: ClassVar[tuple[Example, ...]]
     good_examples: ClassVar[tuple[Example, ...]]
+    # True: the rule weighs the other rules' findings, so the engine runs it after them and passes them in
+    reads_findings: ClassVar[bool] = False
 
     def check(self, capture) -> Iterable[Problem]:
+        """The problems in one capture; a rule that `reads_findings` is called as `check(capture, findings)`."""
         raise NotImplementedError
 
     @classmethod

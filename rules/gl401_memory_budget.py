@@ -21,9 +21,12 @@ class MemoryBudget(Rule):
         Without a budget the rule does nothing.
 
         The finding is placed at the target's factory (or model class) and says where the peak falls, what it
-        is made of, and the largest savings: activation checkpointing of the largest stack of repeated blocks
-        (estimated: each block keeps its input, and backward recomputes one block at a time) and the batch
-        that would fit, read as if the memory that grows with the batch grew in proportion to it.
+        is made of, and the largest savings: the fixes of the target's other findings that keep less for
+        backward (fused attention, norms and activations, one cast before a loop), with the bytes each rule's
+        fixes save; activation checkpointing of the largest stack of repeated blocks (estimated: each block
+        keeps its input, and backward recomputes one block at a time); and the batch that would fit, read as if
+        the memory that grows with the batch grew in proportion to it. Saved activations are gone by the
+        optimizer step, so a peak there is lowered by none of the first two, and the message says so.
     """
     why = """
         A step that does not fit fails with an out-of-memory error on the GPU, after the job has waited in the
@@ -71,21 +74,36 @@ class MemoryBudget(Rule):
         ),
     )
 
-    def check(self, capture):
+    reads_findings = True
+
+    def check(self, capture, findings=()):
         memory = capture.memory
         if memory is None or memory.device_memory is None or memory.fits:
             return
-        yield Problem(message=_message(memory))
+        yield Problem(message=_message(memory, findings))
 
 
-def _message(memory) -> str:
+def _fix_savings(findings) -> list[str]:
+    """What fixing the other findings would keep less for backward, per rule, largest first."""
+    by_rule: dict[str, list] = {}
+    for finding in findings:
+        if finding.saves_bytes and not finding.suppressed:
+            by_rule.setdefault(finding.rule_id, []).append(finding)
+    ranked = sorted(by_rule.items(), key=lambda item: -sum(f.saves_bytes for f in item[1]))
+    return [f"fixing {rule_id} ({len(found)} finding{'s' if len(found) > 1 else ''}) would keep about "
+            f"{format_bytes(sum(f.saves_bytes for f in found))} less for backward" for rule_id, found in ranked]
+
+
+def _message(memory, findings=()) -> str:
     parts = ", ".join(f"{kind} {format_bytes(size)}" for kind, size in memory.at_peak.items() if size)
-    savings = []
+    savings = _fix_savings(findings)
     if memory.checkpointing:
         plan = memory.checkpointing
         blocks = f"{plan['blocks'][:-1]}0…{plan['count'] - 1}"
         savings.append(f"checkpointing the {plan['count']} blocks {blocks} would save about "
                        f"{format_bytes(plan['saves_bytes'])}")
+    if savings and memory.peak_phase == "optimizer step":
+        savings = [f"{', '.join(savings)}, which the optimizer step's peak does not include"]
     batch = _batch_that_fits(memory)
     if batch is not None:
         savings.append(f"batch {batch} would fit" if batch > 0 else "no smaller batch fits")

@@ -407,3 +407,37 @@ def test_a_step_that_fails_at_the_asked_size_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2
     assert "the training step with the inputs resized to batch 32" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+ATTENTION_OVER_BUDGET = """
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 4, 8)).permute(2, 0, 3, 1, 4)
+        return (q @ k.transpose(-2, -1) * 8 ** -0.5).softmax(dim=-1) @ v
+
+
+def make():
+    return Attention(), (torch.randn(4, 256, 32),)
+"""
+
+
+def test_gl401_lists_what_fixing_the_other_findings_would_keep_less(tmp_path):
+    from conftest import lint_file
+
+    path = write(tmp_path, "attn.py", ATTENTION_OVER_BUDGET)
+    report = lint_file(path, memory_budget=2**20)
+    [attention] = [f for f in report.findings if f.rule_id == "GL101"]
+    [budget] = [f for f in report.findings if f.rule_id == "GL401"]
+    assert attention.saves_bytes > 0
+    # the same bytes the GL101 finding carries, named in the budget's list of savings
+    assert f"fixing GL101 (1 finding) would keep about {format_bytes(attention.saves_bytes)} less" in budget.message
+    alone = lint_file(path, memory_budget=2**20, select=("GL401",))
+    assert "fixing GL101" not in alone.findings[0].message  # a rule left out saves nothing the report shows
