@@ -268,7 +268,8 @@ def test_without_graphviz_svg_says_how_to_get_it(tmp_path):
     assert "apt-get install graphviz" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_the_readme_shows_a_report_and_a_picture():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert "graphlint graph" in readme and "Nodes:" in readme
-    assert "docs/graph-example.svg" in readme and (REPO / "docs" / "graph-example.svg").is_file()
+def test_the_documentation_shows_a_report_and_a_picture():
+    page = (REPO / "docs" / "graph.md").read_text(encoding="utf-8")
+    assert "(docs/graph.md)" in (REPO / "README.md").read_text(encoding="utf-8")
+    assert "graphlint graph" in page and "Nodes:" in page
+    assert "(graph-example.svg)" in page and (REPO / "docs" / "graph-example.svg").is_file()
