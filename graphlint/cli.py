@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
         "server", help="run the Language Server on stdio (for editors)",
         description="A Language Server on stdin and stdout: diagnostics for the [tool.graphlint] targets of the "
                     "project of each opened or saved file, quick fixes and rule documentation. Needs the server "
-                    "extra: pip install 'torch-graphlint[server]'.",
+                    "extra: pip install 'torch-graphlint[server] @ git+https://github.com/torch-graphlint/torch-graphlint' "
+                    "(or pip install -e '.[server]' in a checkout).",
     )
     server.add_argument("--device", choices=DEVICES, default=None, help="as for check")
     server.add_argument("--baseline", metavar="FILE", type=Path,
@@ -535,7 +536,9 @@ def _rule(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-SERVER_EXTRA = "graphlint server needs the server extra: pip install 'torch-graphlint[server]'"
+SERVER_EXTRA = ("graphlint server needs the server extra: pip install "
+                "'torch-graphlint[server] @ git+https://github.com/torch-graphlint/torch-graphlint' "
+                "(or pip install -e '.[server]' in a checkout)")
 
 
 def _server(args: argparse.Namespace) -> int:
