@@ -2,6 +2,7 @@
 
     python benchmarks/memory_accuracy.py              # print the table
     python benchmarks/memory_accuracy.py --write-docs # and put it in docs/memory.md
+    python benchmarks/memory_accuracy.py --torchinfo  # also torchinfo's estimate (pip install torchinfo)
 
 For each model (benchmarks/memory_models.py) and optimizer: the estimate, made as `graphlint memory` makes it
 (built on the meta device, the step run under graphlint's tracker, `--train-on cpu`), against the peak that
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 from torch.profiler import profile
-from torch.profiler._memory_profiler import MemoryProfileTimeline
+from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -56,6 +57,7 @@ FOREACH_CASES = [("MLP", "mlp", "adamw"), ("ViT", "vit", "adamw"), ("Llama (tran
 # whose ops both policies treat alike (linear layers, GELU, cross-entropy) checks it on CPU.
 AUTOCAST_CASES = [("MLP", "mlp", "adamw")]
 BEGIN, END = "<!-- memory-accuracy:begin -->", "<!-- memory-accuracy:end -->"
+TORCHINFO_BEGIN, TORCHINFO_END = "<!-- memory-torchinfo:begin -->", "<!-- memory-torchinfo:end -->"
 
 
 def estimated(factory: str, optimizer: str, train_on: str, autocast: str | None = None) -> int:
@@ -65,9 +67,11 @@ def estimated(factory: str, optimizer: str, train_on: str, autocast: str | None 
     return measure(f"{HERE / 'memory_models.py'}:{factory}", HERE, request).peak_bytes
 
 
-def profiled(factory: str, optimizer: str, foreach: bool | None, autocast: torch.dtype | None = None) -> int:
+def profiled(factory: str, optimizer: str, foreach: bool | None, autocast: torch.dtype | None = None,
+             category: str | None = None) -> int:
     """The peak of the same step run on CPU, as PyTorch's memory profiler records it; with `autocast`, the
-    forward and loss under torch.autocast("cpu", dtype=autocast)."""
+    forward and loss under torch.autocast("cpu", dtype=autocast); with `category` (a profiler category name such
+    as "ACTIVATION"), the largest that category alone reaches."""
     torch.manual_seed(0)
     made = normalize_factory_result(getattr(memory_models, factory)())
     model = made.model
@@ -86,8 +90,44 @@ def profiled(factory: str, optimizer: str, foreach: bool | None, autocast: torch
     with profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
         model.zero_grad(set_to_none=True)
         step()
-    times, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
-    return max(sum(at) for at in sizes)
+    timeline = MemoryProfileTimeline(prof._memory_profile())
+    times, sizes = timeline._coalesce_timeline("cpu")
+    if category is None:
+        return max(sum(at) for at in sizes)
+    return max(at[_CATEGORY_TO_INDEX[Category[category]] + 1] for at in sizes)  # the profiler's own column
+
+
+def torchinfo_sizes(factory: str) -> tuple[int, int]:
+    """torchinfo's "Forward/backward pass size" and its "Estimated Total Size" for the model on its inputs, in
+    bytes: what a user of `torchinfo.summary` is told (it counts no gradients and no optimizer state)."""
+    import torchinfo
+
+    torch.manual_seed(0)
+    made = normalize_factory_result(getattr(memory_models, factory)())
+    stats = torchinfo.summary(made.model, input_data=list(made.args), verbose=0, device="cpu", **made.kwargs)
+    return stats.total_output_bytes, stats.total_input + stats.total_output_bytes + stats.total_param_bytes
+
+
+def torchinfo_table() -> str:
+    """For each model's AdamW step: the profiler's peak and activations, graphlint's estimate, torchinfo's."""
+    rows = ["| model | profiler peak | graphlint | error | torchinfo total | error | profiler activations | "
+            "torchinfo pass size |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    mib = 2**20
+    for name, factory, optimizer in CASES:
+        if optimizer != "adamw":
+            continue
+        real, guess = profiled(factory, optimizer, None), estimated(factory, optimizer, "cpu")
+        activations = profiled(factory, optimizer, None, category="ACTIVATION")
+        pass_size, total = torchinfo_sizes(factory)
+        rows.append(f"| {name} | {real / mib:.2f} MiB | {guess / mib:.2f} MiB | {(guess - real) / real:+.1%} | "
+                    f"{total / mib:.2f} MiB | {(total - real) / real:+.1%} | {activations / mib:.2f} MiB | "
+                    f"{pass_size / mib:.2f} MiB |")
+    return "\n".join(rows) + f"\n\n{_measured()} (`python benchmarks/memory_accuracy.py --torchinfo`).\n"
+
+
+def _measured() -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return f"Measured {when} on {platform.machine()} CPU, {platform.system()}, torch {torch.__version__}"
 
 
 def table() -> str:
@@ -104,21 +144,20 @@ def table() -> str:
         guess, real = estimated(factory, optimizer, "cpu", "bf16"), profiled(factory, optimizer, None, torch.bfloat16)
         rows.append(f"| {name} | {optimizer}, autocast bf16 | {guess / 2**20:.2f} MiB | {real / 2**20:.2f} MiB | "
                     f"{(guess - real) / real:+.2%} |")
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    machine = f"{platform.machine()} CPU, {platform.system()}, torch {torch.__version__}"
-    return "\n".join(rows) + f"\n\nMeasured {when} on {machine} (`python benchmarks/memory_accuracy.py`).\n"
+    return "\n".join(rows) + f"\n\n{_measured()} (`python benchmarks/memory_accuracy.py`).\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write-docs", action="store_true", help="replace the table in docs/memory.md")
+    parser.add_argument("--write-docs", action="store_true", help="replace the table(s) in docs/memory.md")
+    parser.add_argument("--torchinfo", action="store_true", help="only the comparison with torchinfo's estimate")
     args = parser.parse_args()
-    text = table()
+    begin, end, text = (TORCHINFO_BEGIN, TORCHINFO_END, torchinfo_table()) if args.torchinfo else (BEGIN, END, table())
     print(text)
     if args.write_docs:
         docs = HERE.parent / "docs" / "memory.md"
         page = docs.read_text(encoding="utf-8")
-        page = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}{END}", page, flags=re.S)
+        page = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{text}{end}", page, flags=re.S)
         docs.write_text(page, encoding="utf-8")
 
 
