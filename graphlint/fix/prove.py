@@ -105,25 +105,28 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         target = _target_text(spec, root)
         record, verdict = Path(scratch) / "original.pt", Path(scratch) / "verdict.json"
         for mode, tree, answer_to in (("save", "original", None), ("compare", "rewritten", str(verdict))):
-            job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to)
+            job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to,
+                           tuple(str(folder) for folder in _moved(project.pythonpath, root, trees[tree])))
             failed = run_job(parent, job, CHILD_TIMEOUT).failure
             if failed:
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
+        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent,
+                     _moved(project.pythonpath, root, trees["rewritten"]))
         return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
 def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
-          parent: WarmParent) -> Verdict:
+          parent: WarmParent, pythonpath: list[Path]) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
     from graphlint.session import Options, check
 
     rules = sorted({f.rule_id for f in fixed})
     try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports
         tree = Project.discover(where)
+        tree.add_pythonpath(pythonpath)  # the command line's --pythonpath, moved into the tree as well
         config = tree.config.overridden(select=tuple(rules), fail_on="never")
         report = check([target], tree, config, Options(show_suppressed=True, timeout=CHILD_TIMEOUT), where, parent)
     except GraphlintError as error:
@@ -143,6 +146,15 @@ def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding
 
 def _target_text(spec: TargetSpec, root: Path) -> str:
     return spec.relocated(spec.file.name if spec.file is not None else spec.module)
+
+
+def _moved(folders: list[Path], root: Path, tree: Path) -> list[Path]:
+    """Import folders with those inside the project moved into the tree: the copy must import the copy."""
+    moved = []
+    for folder in folders:
+        relative = _inside(folder, root)
+        moved.append(folder if relative is None else tree / relative)
+    return moved
 
 
 def _inside(path: Path, root: Path) -> Path | None:
