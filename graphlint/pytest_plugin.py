@@ -98,7 +98,8 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dic
 
     described = []
     for index, recording in enumerate(recordings):
-        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
+        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem,
+                 "target": recording.target}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
@@ -125,7 +126,7 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     from graphlint.errors import GraphlintError, single_line
     from graphlint.project import Project
     from graphlint.report import FORMATS as RENDER
-    from graphlint.report.text import diagnostics
+    from graphlint.report.text import diagnostics, render_text
     from graphlint.session import Options, check
     from graphlint.target import target_text
 
@@ -151,7 +152,9 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     _rename(report, names)
-    text = RENDER["text"](report).rstrip("\n").splitlines()
+    commands = _commands(report, recordings, here)
+    hint = "the command named for each model below proves and applies it" if commands else None
+    text = render_text(report, *([hint] if hint else [])).rstrip("\n").splitlines() + commands
     output = pytest_config.getoption("graphlint_output")
     if output:
         try:
@@ -160,6 +163,35 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
             return [f"graphlint: error: cannot write {output}: {error.strerror or error}"], True
         text.append(f"graphlint: report written to {output}")
     return notes + diagnostics(report) + text, report.failing
+
+
+def _commands(report, recordings: list[dict], here: Path) -> list[str]:
+    """For each recorded model with findings, the command that lints it as a target (`--fix` when a fix is
+    offered), run from where pytest was started; a model whose arguments are no literals needs a factory."""
+    from graphlint.errors import GraphlintError
+    from graphlint.results import SAFE
+    from graphlint.target import TargetSpec
+
+    by_name = {r["name"]: r.get("target") for r in recordings if r.get("path")}
+    lines = []
+    for result in report.results:
+        findings = [f for f in report.findings if result.target in f.targets and not f.suppressed]
+        if not findings or result.target not in by_name:
+            continue
+        fixable = any(f.fix is not None and f.fix.applicability == SAFE for f in findings)
+        target = by_name[result.target]
+        if target is None:
+            lines.append(f"graphlint: {result.target}: its constructor arguments or inputs are no literals: write a "
+                         "factory function that builds it and returns (model, args), and run graphlint check "
+                         f"path/to/file.py:FACTORY{' --fix' if fixable else ''}")
+            continue
+        try:
+            spec = TargetSpec.parse(target, here)
+            shown = spec.relocated(os.path.relpath(spec.file, here) if spec.file is not None else spec.module)
+        except (GraphlintError, ValueError):
+            shown = target
+        lines.append(f"graphlint: {result.target}: graphlint check {shown}{' --fix' if fixable else ''}")
+    return lines
 
 
 def _rename(report, names: dict[str, str]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import sys
+from pathlib import Path
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class Recording:
     data: bytes | None = None  # the torch.save'd {"cls", "args", "kwargs", "inputs"}
     kept: tuple | None = None  # (cls, args, kwargs, inputs) when torch.save could not write them
     problem: str | None = None  # why it cannot be linted, or saved, when it cannot
+    target: str | None = None  # the target text that builds it with literal --init and --input, when one can
 
 
 @dataclass
@@ -127,11 +129,62 @@ class ModelRecorder:
         except Exception as error:  # inputs that cannot be copied: say so, and leave the test alone
             recording.problem = f"its inputs cannot be copied ({one_line(error)})"
             return
+        recording.target = as_target(cls, built[0], built[1], inputs)
         try:
             recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
             recording.kept = (cls, built[0], built[1], inputs)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
+
+
+def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
+    """The target text (`/abs/file.py:Class --init ... --input ...`) that builds this model again from the command
+    line, or None when the class has no top-level name, or an argument or input is no literal and no tensor."""
+    import inspect
+
+    from graphlint.errors import GraphlintError
+    from graphlint.target import TargetSpec, target_text
+
+    try:
+        file = inspect.getsourcefile(cls)
+        bound = inspect.signature(cls).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    if file is None or not cls.__qualname__.isidentifier():
+        return None  # defined in a function, or nested in a class
+    named = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            named[name] = value
+        else:
+            return None  # *args or positional-only: no --init spells it
+    specs = [_input_spec(value) for value in inputs[0]]
+    specs += [f"{key}={_input_spec(value)}" for key, value in inputs[1].items()]
+    if None in specs or any(spec.endswith("=None") for spec in specs):
+        return None
+    text = target_text(f"{file}:{cls.__name__}", specs, named)
+    try:  # what cannot be written as a literal reads back as something else
+        if TargetSpec.parse(text, Path(file).parent).kwargs != named:
+            return None
+    except GraphlintError:
+        return None
+    return text
+
+
+def _input_spec(value) -> str | None:
+    """A tensor's --input spec (integers with the range of their values), or None for anything else."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.is_complex():
+        return None
+    shape = ",".join(str(size) for size in value.shape)
+    dtype = str(value.dtype).removeprefix("torch.")
+    if value.dtype == torch.bool or value.is_floating_point() or value.numel() == 0 or value.is_meta:
+        return f"{dtype}[{shape}]"
+    return f"{dtype}[{shape}]:{int(value.min())}..{int(value.max()) + 1}"
 
 
 # torch's wrappers that call the model they hold with their own inputs: the model is recorded, not the wrapper.

@@ -4,6 +4,7 @@ without the option."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -183,6 +184,23 @@ def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytest
     assert result.ret == 0, result.stdout.str()
     assert "No findings in 1 target" in result.stdout.str()
 
+@pytest.mark.cli
+@pytest.mark.proof
+def test_the_summary_names_the_command_that_lints_and_fixes_the_recorded_model(pytester):
+    _project(pytester)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-k", "same_line", timeout=600)
+    section = result.stdout.str().split("= graphlint =", 1)[1]
+    assert "(the command named for each model below proves and applies it)" in section
+    commands = [line.split(": graphlint check ", 1)[1] for line in section.splitlines()
+                if line.startswith("graphlint: TinyLM built at tests/test_models.py:")]
+    # The class as a target, with its literal constructor argument and the recorded input's dtype, shape and range.
+    assert commands == ["src/zoo/models.py:TinyLM --input 'int64[1,3]:0..1' --init vocab=40 --fix"], section
+    fixed = subprocess.run([sys.executable, "-m", "graphlint", "check", *shlex.split(commands[0])],
+                           cwd=pytester.path, capture_output=True, text=True, timeout=600)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/models.py").read_text()
+
+
 CONFTEST = """
 from zoo.models import Clean
 
@@ -252,3 +270,6 @@ def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
     lines = (pytester.path / "test_local.py").read_text().splitlines()
     line = next(n for n, text in enumerate(lines, 1) if "torch.log(" in text)
     result.stdout.fnmatch_lines([f"test_local.py:{line}:20: GL204 *", "Found 1 finding in 1 target*"])
+    # A class defined in a test, built with a lambda: no command line can build it, a factory can.
+    result.stdout.fnmatch_lines(["graphlint: Local built at test_local.py:*: its constructor arguments or inputs are "
+                                 "no literals: write a factory function *"])
