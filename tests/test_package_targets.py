@@ -4,8 +4,10 @@ factory, a file's class, a module's function or class) imports, and gives the fi
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from conftest import line_of, run_graphlint, write
 from graphlint.cache import ResultCache
 from graphlint.config import read_config
 from graphlint.project import Project
-from graphlint.target import TargetSpec, package_of, search_path
+from graphlint.target import TargetSpec, importable, load_factory, package_of, search_path
 
 INPUT = "float32[2,8,16]"
 
@@ -201,6 +203,22 @@ def test_the_result_cache_key_depends_on_the_pythonpath(tmp_path, layout):
     before = cache.key("scripts/build.py:make", layout, project, "meta", ("GL101",))
     project.add_pythonpath([layout / "elsewhere"])
     assert cache.key("scripts/build.py:make", layout, project, "meta", ("GL101",)) != before
+
+
+@pytest.mark.parametrize("target", ["twin/model.py:make", "twin.model:make"])
+def test_a_second_checkout_imports_its_own_package_not_a_copy_imported_before(tmp_path, monkeypatch, target):
+    for checkout in ("first", "second"):
+        write(tmp_path, f"{checkout}/twin/__init__.py", f"WHERE = {checkout!r}\n")
+        write(tmp_path, f"{checkout}/twin/model.py", "from . import WHERE\n\n\ndef make():\n    return WHERE\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "first"))  # as an installed copy of the first checkout would be
+    importlib.import_module("twin.model")
+    spec = TargetSpec.parse(target, tmp_path / "second")
+    try:
+        with importable(spec):
+            assert load_factory(spec).factory.build() == "second"
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] == "twin"]:
+            del sys.modules[name]
 
 
 # -- every target form lints, with the factory's findings ----------------------------------------------------------
