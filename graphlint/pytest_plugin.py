@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 import os
 import shutil
 import tempfile
@@ -35,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--graphlint-baseline", metavar="FILE", help="report only findings not in this baseline file")
     group.addoption("--graphlint-no-fail", action="store_true",
                     help="report graphlint's findings without failing the session")
+    group.addoption("--graphlint-configurations", type=int, default=4, metavar="N",
+                    help="lint at most N distinct configurations (constructor arguments) of a class built at one "
+                         "line, each as a target of its own (default: 4)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -61,14 +65,16 @@ class _GraphlintSession:
         if self.owner:
             os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")
         self.folder = Path(os.environ[_FOLDER])
-        self.recorder = ModelRecorder()
+        bound = getattr(config.known_args_namespace, "graphlint_configurations", None)
+        self.recorder = ModelRecorder(max_configurations=max(1, bound if bound is not None else 4))
         self.recorder.install()
         self.lines: list[str] = []
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.recorder.uninstall()  # before any child is forked from this process
         worker = hasattr(self.config, "workerinput")  # a pytest-xdist worker records; the main process lints
-        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker)
+        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker,
+                      _left_out(self.recorder))
         if worker:
             return
         try:
@@ -90,7 +96,20 @@ class _GraphlintSession:
             terminalreporter.write_line(line)
 
 
-def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dict]:
+def _left_out(recorder) -> list[dict]:
+    """An entry for each class and site with more configurations than the bound, saying how many were left out."""
+    entries = []
+    for (cls, site), configurations in recorder.left_out.items():
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        count = len(configurations)
+        entries.append({"key": [name, list(site or ()), f"{count} more"], "target": None, "problem":
+                        f"{count} more configuration{'s' if count > 1 else ''} (other constructor arguments) "
+                        f"{'were' if count > 1 else 'was'} left out: at most {recorder.max_configurations} are "
+                        "linted per class and line (--graphlint-configurations N)"})
+    return entries
+
+
+def _save(recordings, folder: Path, prefix: str, linting_here: bool, left_out: list[dict] = ()) -> list[dict]:
     """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists.
     What torch.save could not write stays in memory for the children of the process that lints (they are
     forked from it); a pytest-xdist worker's is named in a note instead."""
@@ -98,7 +117,7 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dic
 
     described = []
     for index, recording in enumerate(recordings):
-        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem,
+        entry = {"key": [recording.cls, list(recording.site or ()), recording.configuration], "problem": recording.problem,
                  "target": recording.target}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
@@ -108,6 +127,7 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dic
             entry["path"], entry["problem"] = f"memory:{prefix}-{index}", None
             IN_MEMORY[entry["path"]] = recording.kept
         described.append(entry)
+    described += left_out
     (folder / f"{prefix}.json").write_text(json.dumps(described), encoding="utf-8")
     return described
 
@@ -136,10 +156,13 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     root = project.root
+    sites = Counter((r["key"][0], tuple(r["key"][1])) for r in recordings if r.get("path"))
     for recording in recordings:
-        site = recording["key"][1]
+        cls, site, configuration = recording["key"]
         where = f"{_shown(site[0], root)}:{site[1]}" if site else "an unknown place"
-        recording["name"] = f"{recording['key'][0].rpartition('.')[2]} built at {where}"
+        recording["name"] = f"{cls.rpartition('.')[2]} built at {where}"
+        if recording.get("path") and sites[(cls, tuple(site))] > 1:  # one of several configurations built at that line: say which
+            recording["name"] += f" with ({configuration})"
     notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
     names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
              for r in recordings if r.get("path")}

@@ -201,6 +201,55 @@ def test_the_summary_names_the_command_that_lints_and_fixes_the_recorded_model(p
     assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/models.py").read_text()
 
 
+CONFIGURED = """
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attn(nn.Module):
+    def __init__(self, dim, heads=1, fused=False):
+        super().__init__()
+        self.heads, self.fused = heads, fused
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(c // self.heads), dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("heads,fused", [(1, False), (2, True), (2, False)])
+def test_attn(heads, fused):
+    model = Attn(8, heads=heads, fused=fused)
+    assert model(torch.randn(2, 4, 8)).shape == (2, 4, 8)
+"""
+
+
+@pytest.mark.cli
+def test_configurations_of_one_class_are_distinct_targets_up_to_the_bound(pytester):
+    pytester.makepyfile(test_configured=textwrap.dedent(CONFIGURED))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-configurations", "2",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = (pytester.path / "test_configured.py").read_text().splitlines()
+    built = next(n for n, text in enumerate(lines, 1) if "Attn(8, heads" in text)
+    report = json.loads((pytester.path / "out.json").read_text())
+    # Two configurations linted, each a target of its own; the finding names the one it holds for.
+    assert [(f["rule"], f["targets"]) for f in report["findings"]] == [
+        ("GL101", [f"Attn built at test_configured.py:{built} with (8, heads=1, fused=False)"])]
+    assert "Found 1 finding in 2 targets" in result.stdout.str()
+    result.stdout.fnmatch_lines([f"graphlint: note: Attn built at test_configured.py:{built} was not linted: 1 more "
+                                 "configuration (other constructor arguments) was left out: at most 2 *"])
+
+
 CONFTEST = """
 from zoo.models import Clean
 
