@@ -467,7 +467,10 @@ def _import_packaged(spec: TargetSpec, root: Path, name: str, pythonpath: tuple[
 
 def _forget_other_copies(top: str, own: Path) -> None:
     """Forget package `top` and its modules where they were imported from elsewhere than `own` (an installed copy,
-    or the original of a proof's copy, imported earlier in this process), so that the project's own is imported."""
+    or the original of a proof's copy, imported earlier in this process), so that the project's own is imported.
+    graphlint, torch and the standard library stay as loaded: a second copy of them in one process breaks both."""
+    if top in ("graphlint", "torch") or top in sys.stdlib_module_names:
+        return
     for loaded in [name for name in sys.modules if name == top or name.startswith(top + ".")]:
         file = getattr(sys.modules[loaded], "__file__", None)
         if isinstance(file, str) and not _is_below(Path(file), own) and Path(file) != own.with_suffix(".py"):
