@@ -311,3 +311,41 @@ def test_a_fix_in_a_src_package_is_proven_on_the_copy_and_applied(layout, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scaled_dot_product_attention" in (copy / "src/tinyvision/layers.py").read_text()
     assert "scaled_dot_product_attention" not in (layout / "src/tinyvision/layers.py").read_text()
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_a_fix_in_a_folder_given_by_pythonpath_on_the_command_line_is_proven_on_the_copy(tmp_path):
+    write(tmp_path, "pyproject.toml", "")
+    write(tmp_path, "vendor/attn_block.py", """
+        import torch
+
+
+        def attend(q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+    """)
+    write(tmp_path, "models/__init__.py", "")
+    write(tmp_path, "models/net.py", """
+        import torch
+        from torch import nn
+
+        from attn_block import attend
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = nn.Linear(16, 48)
+
+            def forward(self, x):
+                return attend(*self.qkv(x).chunk(3, dim=-1))
+
+
+        def make():
+            return Net(), (torch.randn(2, 8, 16),)
+    """)
+    # The proof's copies import the copy of vendor/: the original one still holds the hand-written attention.
+    done = run_graphlint("check", "--no-cache", "--select", "GL101", "--fix", "--pythonpath", "vendor",
+                         "models/net.py:make", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "scaled_dot_product_attention" in (tmp_path / "vendor/attn_block.py").read_text()
