@@ -3,7 +3,8 @@
 The root is the folder of the nearest `pyproject.toml` above the working directory, else the working
 directory. Code under the root (and under the folder of any target file) is first-party, except installed
 packages, even when a virtual environment lives inside the project. Targets import from the project's
-`pythonpath`: the configured folders, then `src/` when there is one, then the root.
+`pythonpath`: the configured folders (graphlint's setting, else pytest's in pyproject.toml, pytest.ini, tox.ini or
+setup.cfg), then `src/` when there is one, then the root.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ class Project:
         start = (start or Path.cwd()).resolve()
         pyproject = find_pyproject(start)
         if pyproject is None:
-            return cls(root=start, first_party_folders=[start], pythonpath=import_folders(start, ()))
+            return cls(root=start, first_party_folders=[start], pythonpath=import_folders(start, ini_pythonpath(start)))
         root = pyproject.parent
         config = read_config(pyproject)
         return cls(root=root, config=config, first_party_folders=[root],
-                   pythonpath=import_folders(root, config.pythonpath))
+                   pythonpath=import_folders(root, ini_pythonpath(root) if config.pythonpath is None
+                                             else config.pythonpath))
 
     def add_pythonpath(self, folders: list[Path]) -> None:
         """Put folders (the command line's --pythonpath) before the configured ones."""
@@ -72,6 +74,25 @@ class Project:
         if relative.startswith(".."):
             return None
         return relative.replace(os.sep, "/")
+
+
+# pytest's configuration files other than pyproject.toml, and the section each keeps pytest's settings in.
+_INI_FILES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
+
+
+def ini_pythonpath(root: Path) -> tuple[str, ...]:
+    """pytest's `pythonpath` in the root's pytest.ini, .pytest.ini, tox.ini or setup.cfg (absolute), or ()."""
+    import configparser
+
+    for name, section in _INI_FILES:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            if not parser.read(root / name, encoding="utf-8") or not parser.has_section(section):
+                continue
+        except (configparser.Error, UnicodeDecodeError):
+            continue  # pytest reports its own configuration's problems
+        return tuple(str((root / folder).resolve()) for folder in parser.get(section, "pythonpath", fallback="").split())
+    return ()
 
 
 def import_folders(root: Path, configured: tuple[str, ...] | list[str]) -> list[Path]:

@@ -197,6 +197,14 @@ def test_graphlints_own_pythonpath_replaces_pytests(tmp_path):
     assert read_config(tmp_path / "pyproject.toml").pythonpath == (str(tmp_path / "lib"), str(tmp_path / "other"))
 
 
+def test_pytest_ini_pythonpath_counts_unless_pyproject_sets_one(tmp_path):
+    write(tmp_path, "pytest.ini", "[pytest]\npythonpath = lib\n")
+    write(tmp_path, "pyproject.toml", '[project]\nname = "p"\n')
+    assert Project.discover(tmp_path).pythonpath == [tmp_path / "lib", tmp_path]
+    write(tmp_path, "pyproject.toml", "[tool.graphlint]\npythonpath = []\n")
+    assert Project.discover(tmp_path).pythonpath == [tmp_path]
+
+
 def test_the_result_cache_key_depends_on_the_pythonpath(tmp_path, layout):
     cache = ResultCache(tmp_path / "cache")
     project = Project.discover(layout)
