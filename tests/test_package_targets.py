@@ -252,6 +252,18 @@ def test_file_module_and_class_targets_give_the_factorys_findings(layout):
 
 
 @pytest.mark.cli
+def test_a_suppression_in_a_package_file_holds_for_a_module_target(layout, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(layout, copy)
+    layers = copy / "src/tinyvision/layers.py"
+    layers.write_text(layers.read_text().replace("@ v\n", "@ v  # graphlint: ignore[GL101]\n"))
+    done = run_graphlint("check", "--no-cache", "--select", "GL101", "--show-suppressed",
+                         "tinyvision.models.vit:make_vit", cwd=copy)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"src/tinyvision/layers.py:{line_of(layers, 'softmax')}:" in done.stdout and "(suppressed)" in done.stdout
+
+
+@pytest.mark.cli
 def test_a_file_named_like_its_package_lints_as_a_file_a_class_and_a_module(layout):
     targets = ["xformer/xformer.py:make_decoder", f"xformer/xformer.py:Decoder --input {INPUT}",
                "xformer.xformer:make_decoder"]
