@@ -89,6 +89,7 @@ class ResultCache:
             "python": sys.version,
             "root": str(project.root),
             "base": str(base),
+            "pythonpath": [str(folder) for folder in project.pythonpath],  # other folders, other imported code
             "target": target,
             "device": device,
             "rules": sorted(rules),

@@ -179,6 +179,18 @@ def _model_options(command: argparse.ArgumentParser) -> None:
         help="a keyword argument for each TARGET's call (the class's constructor), VALUE a Python literal "
              "(depth=2, sizes=[64,128], act=gelu); repeat it for each argument",
     )
+    command.add_argument(
+        "--pythonpath", action="append", default=[], metavar="DIR", type=Path,
+        help="a folder targets import from, before [tool.graphlint] pythonpath (or pytest's), src/ and the "
+             "project root; repeat it for each folder",
+    )
+
+
+def _discover(args: argparse.Namespace) -> Project:
+    """The project of the working directory, with the command line's --pythonpath folders first."""
+    project = Project.discover()
+    project.add_pythonpath(list(args.pythonpath))
+    return project
 
 
 def _with_model_options(targets: list[str], args: argparse.Namespace) -> list[str]:
@@ -222,7 +234,7 @@ def _check(args: argparse.Namespace) -> int:
     from graphlint.report.text import diagnostics, summary
     from graphlint.session import Options, Session
 
-    project = Project.discover()
+    project = _discover(args)
     config = project.config.overridden(
         device=args.device,
         select=split_codes(args.select),
@@ -388,7 +400,7 @@ def _graph(args: argparse.Namespace) -> int:
     from graphlint.locate.place import Locator
     from graphlint.pipeline import capture_one
 
-    project = Project.discover()
+    project = _discover(args)
     config = project.config.overridden(device=args.device)
     if args.target or args.input or args.init:
         target, base = _with_model_options([args.target] if args.target else [], args)[0], Path.cwd()
@@ -461,7 +473,7 @@ def _memory(args: argparse.Namespace) -> int:
         if device_memory is None:
             raise UsageError(f"--device-memory {args.device_memory!r} is not a size; write it as 80GiB, 24GB or "
                              "a number of bytes")
-    project = Project.discover()
+    project = _discover(args)
     config = project.config.overridden(device=args.device)
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()
@@ -479,7 +491,7 @@ def _memory(args: argparse.Namespace) -> int:
     results, failed = [], False
     for target in targets:
         try:
-            results.append(measure(target, base, request))
+            results.append(measure(target, base, request, project.pythonpath))
         except GraphlintError as error:
             print(single_line(f"graphlint: error: {target}: {error}"), file=sys.stderr)
             failed = True

@@ -11,6 +11,7 @@
     fail-on = "warning"                  # note, warning, error or never
     timeout = 600                        # seconds per target; 0 for no limit
     memory-budget = "24GiB"              # GL401: a training step's peak memory must stay under it
+    pythonpath = ["src"]                 # folders targets import from (default: pytest's pythonpath setting)
     [tool.graphlint.severity]
     GL203 = "warning"                    # per-rule severity
 
@@ -58,6 +59,10 @@ class Config:
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
     memory_budget: int | None = None  # bytes a training step may peak at (GL401); None: no budget
+    # Folders (absolute) that targets import from, before the project's src/ and root: [tool.graphlint] pythonpath,
+    # else [tool.pytest.ini_options] pythonpath, so that graphlint imports the project as its tests do; None when
+    # neither is set (graphlint.project then reads pytest's other configuration files).
+    pythonpath: tuple[str, ...] | None = None
     source: Path | None = None  # the pyproject.toml it came from
     command_line: RuleSelection | None = None  # --select/--extend-select/--ignore, a layer above the file's
 
@@ -160,6 +165,7 @@ _KEYS = {
     "timeout": ("timeout", _seconds),
     "vary": ("vary", vary_setting),
     "memory-budget": ("memory_budget", memory_budget),
+    "pythonpath": ("pythonpath", lambda v, w: _strings(v, w, '["src"]')),
 }
 
 
@@ -186,7 +192,23 @@ def read_config(pyproject: Path) -> Config:
                              f"{', '.join(_KEYS)}")
         attribute, check = _KEYS[key]
         values[attribute] = check(value, f"{pyproject}: tool.graphlint.{key}")
+    if "pythonpath" not in values:
+        values["pythonpath"] = _pytest_pythonpath(tool, pyproject)
+    if values["pythonpath"] is not None:
+        values["pythonpath"] = tuple(str((pyproject.parent / folder).resolve()) for folder in values["pythonpath"])
     return Config(source=pyproject, **values)
+
+
+def _pytest_pythonpath(tool: dict, pyproject: Path) -> tuple[str, ...] | None:
+    """pytest's `pythonpath` setting in the same file: a list, or one string of folders separated by spaces;
+    None when it has none."""
+    options = tool.get("pytest", {}).get("ini_options", {}) if isinstance(tool.get("pytest"), dict) else {}
+    value = options.get("pythonpath") if isinstance(options, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return tuple(value.split())
+    return _strings(value, f"{pyproject}: tool.pytest.ini_options.pythonpath", '["src"]')
 
 
 def split_codes(text: str | None) -> tuple[str, ...] | None:

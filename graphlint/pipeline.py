@@ -22,7 +22,7 @@ from graphlint.libraries import loaded_libraries
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.stages import last as last_stage, reached
-from graphlint.target import TargetSpec, load_factory
+from graphlint.target import TargetSpec, add_target_folders, importable, load_factory
 
 
 # Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
@@ -84,11 +84,12 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         seed_everything()  # a module that draws at import time draws the same on every run
         spec = TargetSpec.parse(text, base)
         if spec.file is not None:
-            locator.project.add_first_party(spec.file.parent)
-        # The target's folder stays importable through the capture: forwards may import lazily.
+            add_target_folders(locator.project, spec)
+        pythonpath = locator.project.pythonpath
+        # The target's folders stay importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
-        with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec), device, vary_inputs, after)
+        with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
+            capture = capture_target(load_factory(spec, pythonpath), device, vary_inputs, after)
     except GraphlintError as error:
         path, line = failure_where(error)
         result.errors.append(TargetError(text, str(error), path, line, last_stage()))
@@ -114,16 +115,6 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra
                                  | set(local_library_files)))
     return result, capture
-
-
-@contextlib.contextmanager
-def _importable(folder: Path):
-    saved = list(sys.path)
-    sys.path.insert(0, str(folder))
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
 
 
 def compile_notes(compiled, project) -> list[str]:

@@ -2,7 +2,9 @@
 
 The root is the folder of the nearest `pyproject.toml` above the working directory, else the working
 directory. Code under the root (and under the folder of any target file) is first-party, except installed
-packages, even when a virtual environment lives inside the project.
+packages, even when a virtual environment lives inside the project. Targets import from the project's
+`pythonpath`: the configured folders (graphlint's setting, else pytest's in pyproject.toml, pytest.ini, tox.ini or
+setup.cfg), then `src/` when there is one, then the root.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Project:
     root: Path
     config: Config = field(default_factory=Config)
     first_party_folders: list[Path] = field(default_factory=list)
+    pythonpath: list[Path] = field(default_factory=list)  # folders targets import from (graphlint.target)
     _first_party: dict[str, bool] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -36,9 +39,16 @@ class Project:
         start = (start or Path.cwd()).resolve()
         pyproject = find_pyproject(start)
         if pyproject is None:
-            return cls(root=start, first_party_folders=[start])
+            return cls(root=start, first_party_folders=[start], pythonpath=import_folders(start, ini_pythonpath(start)))
         root = pyproject.parent
-        return cls(root=root, config=read_config(pyproject), first_party_folders=[root])
+        config = read_config(pyproject)
+        return cls(root=root, config=config, first_party_folders=[root],
+                   pythonpath=import_folders(root, ini_pythonpath(root) if config.pythonpath is None
+                                             else config.pythonpath))
+
+    def add_pythonpath(self, folders: list[Path]) -> None:
+        """Put folders (the command line's --pythonpath) before the configured ones."""
+        self.pythonpath = list(dict.fromkeys([*(f.resolve() for f in folders), *self.pythonpath]))
 
     def add_first_party(self, folder: Path) -> None:
         """Count a target file's folder as the project's own code, wherever it lives."""
@@ -64,6 +74,33 @@ class Project:
         if relative.startswith(".."):
             return None
         return relative.replace(os.sep, "/")
+
+
+# pytest's configuration files other than pyproject.toml, and the section each keeps pytest's settings in.
+_INI_FILES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
+
+
+def ini_pythonpath(root: Path) -> tuple[str, ...]:
+    """pytest's `pythonpath` in the root's pytest.ini, .pytest.ini, tox.ini or setup.cfg (absolute), or ()."""
+    import configparser
+
+    for name, section in _INI_FILES:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            if not parser.read(root / name, encoding="utf-8") or not parser.has_section(section):
+                continue
+        except (configparser.Error, UnicodeDecodeError):
+            continue  # pytest reports its own configuration's problems
+        return tuple(str((root / folder).resolve()) for folder in parser.get(section, "pythonpath", fallback="").split())
+    return ()
+
+
+def import_folders(root: Path, configured: tuple[str, ...] | list[str]) -> list[Path]:
+    """The configured folders, then `src/` (a src layout imports its packages from there), then the root."""
+    folders = [Path(folder) for folder in configured]
+    if (root / "src").is_dir():
+        folders.append(root / "src")
+    return list(dict.fromkeys([*folders, root]))
 
 
 def _is_below(file: str, folder: Path) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 import os
 import shutil
 import tempfile
@@ -35,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--graphlint-baseline", metavar="FILE", help="report only findings not in this baseline file")
     group.addoption("--graphlint-no-fail", action="store_true",
                     help="report graphlint's findings without failing the session")
+    group.addoption("--graphlint-configurations", type=int, default=4, metavar="N",
+                    help="lint at most N distinct configurations (constructor arguments) of a class built at one "
+                         "line, each as a target of its own (default: 4)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -61,14 +65,16 @@ class _GraphlintSession:
         if self.owner:
             os.environ[_FOLDER] = tempfile.mkdtemp(prefix="graphlint-pytest-")
         self.folder = Path(os.environ[_FOLDER])
-        self.recorder = ModelRecorder()
+        bound = getattr(config.known_args_namespace, "graphlint_configurations", None)
+        self.recorder = ModelRecorder(max_configurations=max(1, bound if bound is not None else 4))
         self.recorder.install()
         self.lines: list[str] = []
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.recorder.uninstall()  # before any child is forked from this process
         worker = hasattr(self.config, "workerinput")  # a pytest-xdist worker records; the main process lints
-        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker)
+        saved = _save(self.recorder.recordings.values(), self.folder, "worker-" + str(os.getpid()), not worker,
+                      _left_out(self.recorder))
         if worker:
             return
         try:
@@ -90,7 +96,20 @@ class _GraphlintSession:
             terminalreporter.write_line(line)
 
 
-def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dict]:
+def _left_out(recorder) -> list[dict]:
+    """An entry for each class and site with more configurations than the bound, saying how many were left out."""
+    entries = []
+    for (cls, site), configurations in recorder.left_out.items():
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        count = len(configurations)
+        entries.append({"key": [name, list(site or ()), f"{count} more"], "target": None, "problem":
+                        f"{count} more configuration{'s' if count > 1 else ''} (other constructor arguments) "
+                        f"{'were' if count > 1 else 'was'} left out: at most {recorder.max_configurations} are "
+                        "linted per class and line (--graphlint-configurations N)"})
+    return entries
+
+
+def _save(recordings, folder: Path, prefix: str, linting_here: bool, left_out: list[dict] = ()) -> list[dict]:
     """Each recording's data to a file in `folder`; their descriptions, which an index file in it also lists.
     What torch.save could not write stays in memory for the children of the process that lints (they are
     forked from it); a pytest-xdist worker's is named in a note instead."""
@@ -98,7 +117,8 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dic
 
     described = []
     for index, recording in enumerate(recordings):
-        entry = {"key": [recording.cls, list(recording.site or ())], "problem": recording.problem}
+        entry = {"key": [recording.cls, list(recording.site or ()), recording.configuration], "problem": recording.problem,
+                 "target": recording.target}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
@@ -107,6 +127,7 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool) -> list[dic
             entry["path"], entry["problem"] = f"memory:{prefix}-{index}", None
             IN_MEMORY[entry["path"]] = recording.kept
         described.append(entry)
+    described += left_out
     (folder / f"{prefix}.json").write_text(json.dumps(described), encoding="utf-8")
     return described
 
@@ -125,7 +146,7 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     from graphlint.errors import GraphlintError, single_line
     from graphlint.project import Project
     from graphlint.report import FORMATS as RENDER
-    from graphlint.report.text import diagnostics
+    from graphlint.report.text import diagnostics, render_text
     from graphlint.session import Options, check
     from graphlint.target import target_text
 
@@ -135,10 +156,13 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     root = project.root
+    sites = Counter((r["key"][0], tuple(r["key"][1])) for r in recordings if r.get("path"))
     for recording in recordings:
-        site = recording["key"][1]
+        cls, site, configuration = recording["key"]
         where = f"{_shown(site[0], root)}:{site[1]}" if site else "an unknown place"
-        recording["name"] = f"{recording['key'][0].rpartition('.')[2]} built at {where}"
+        recording["name"] = f"{cls.rpartition('.')[2]} built at {where}"
+        if recording.get("path") and sites[(cls, tuple(site))] > 1:  # one of several configurations built at that line: say which
+            recording["name"] += f" with ({configuration})"
     notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
     names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
              for r in recordings if r.get("path")}
@@ -151,7 +175,9 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     _rename(report, names)
-    text = RENDER["text"](report).rstrip("\n").splitlines()
+    commands = _commands(report, recordings, here)
+    hint = "the command named for each model below proves and applies it" if commands else None
+    text = render_text(report, *([hint] if hint else [])).rstrip("\n").splitlines() + commands
     output = pytest_config.getoption("graphlint_output")
     if output:
         try:
@@ -160,6 +186,35 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
             return [f"graphlint: error: cannot write {output}: {error.strerror or error}"], True
         text.append(f"graphlint: report written to {output}")
     return notes + diagnostics(report) + text, report.failing
+
+
+def _commands(report, recordings: list[dict], here: Path) -> list[str]:
+    """For each recorded model with findings, the command that lints it as a target (`--fix` when a fix is
+    offered), run from where pytest was started; a model whose arguments are no literals needs a factory."""
+    from graphlint.errors import GraphlintError
+    from graphlint.results import SAFE
+    from graphlint.target import TargetSpec
+
+    by_name = {r["name"]: r.get("target") for r in recordings if r.get("path")}
+    lines = []
+    for result in report.results:
+        findings = [f for f in report.findings if result.target in f.targets and not f.suppressed]
+        if not findings or result.target not in by_name:
+            continue
+        fixable = any(f.fix is not None and f.fix.applicability == SAFE for f in findings)
+        target = by_name[result.target]
+        if target is None:
+            lines.append(f"graphlint: {result.target}: its constructor arguments or inputs are no literals: write a "
+                         "factory function that builds it and returns (model, args), and run graphlint check "
+                         f"path/to/file.py:FACTORY{' --fix' if fixable else ''}")
+            continue
+        try:
+            spec = TargetSpec.parse(target, here)
+            shown = spec.relocated(os.path.relpath(spec.file, here) if spec.file is not None else spec.module)
+        except (GraphlintError, ValueError):
+            shown = target
+        lines.append(f"graphlint: {result.target}: graphlint check {shown}{' --fix' if fixable else ''}")
+    return lines
 
 
 def _rename(report, names: dict[str, str]) -> None:

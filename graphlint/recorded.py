@@ -1,10 +1,11 @@
 """Models recorded while a test session runs (the `pytest --graphlint` plugin), and rebuilt as targets.
 
 While installed, `ModelRecorder` sees every `nn.Module` construction (its class, its arguments and the line
-that built it) and every call. The first outermost call of each distinct model, one per class and construction
-site, is recorded: the constructor's arguments and the call's inputs, copied and detached on their devices,
-saved with `torch.save` right away, so that what the test does afterwards (in-place changes, more calls, other
-devices) cannot alter them. Each recording becomes the target `graphlint.recorded:rebuild --init path=FILE`,
+that built it) and every call. The first outermost call of each distinct model, one per class, construction
+site and configuration (its constructor's arguments, up to `max_configurations` per class and site), is
+recorded: the constructor's arguments and the call's inputs, copied and detached on their devices, saved with
+`torch.save` right away, so that what the test does afterwards (in-place changes, more calls, other devices)
+cannot alter them. Each recording becomes the target `graphlint.recorded:rebuild --init path=FILE`,
 whose child process calls the class again with the recorded arguments on the capture device (meta where
 possible) and runs the recorded inputs: the model's own construction is seen, as for any target.
 
@@ -19,7 +20,9 @@ linted; a recording that only memory holds cannot leave a pytest-xdist worker or
 from __future__ import annotations
 
 import io
+import re
 import sys
+from pathlib import Path
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -37,6 +40,8 @@ class Recording:
     data: bytes | None = None  # the torch.save'd {"cls", "args", "kwargs", "inputs"}
     kept: tuple | None = None  # (cls, args, kwargs, inputs) when torch.save could not write them
     problem: str | None = None  # why it cannot be linted, or saved, when it cannot
+    target: str | None = None  # the target text that builds it with literal --init and --input, when one can
+    configuration: str = ""  # its constructor's arguments, as text: what tells it from the others of its site
 
 
 @dataclass
@@ -44,6 +49,10 @@ class ModelRecorder:
     """Records the session's models; `install` patches `nn.Module` construction and calls, `uninstall` undoes it."""
 
     recordings: dict[tuple, Recording] = field(default_factory=dict)
+    max_configurations: int = 4  # distinct constructor arguments recorded per class and construction site
+    left_out: dict[tuple, set] = field(default_factory=dict)  # (class, site) -> configurations over the bound
+    _configurations: dict[tuple, list] = field(default_factory=dict)
+    _configuration_of: Any = field(default_factory=weakref.WeakKeyDictionary)  # module -> its configuration
     _built: Any = field(default_factory=weakref.WeakKeyDictionary)  # module -> (args, kwargs, site), confirmed
     _pending: Any = field(default_factory=weakref.WeakKeyDictionary)  # made by __new__, __init__ not yet run
     _local: threading.local = field(default_factory=threading.local)
@@ -115,10 +124,17 @@ class ModelRecorder:
         except TypeError:
             built = None
         site = built[2] if built is not None else None
-        key = (cls, site)
+        configuration = self._configuration(module, built)
+        key = (cls, site, configuration)
         if key in self.recordings:
             return
-        recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site)
+        same_site = self._configurations.setdefault((cls, site), [])
+        if len(same_site) >= self.max_configurations:
+            self.left_out.setdefault((cls, site), set()).add(configuration)
+            return
+        same_site.append(configuration)
+        recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site,
+                                                     configuration=configuration)
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
@@ -127,11 +143,102 @@ class ModelRecorder:
         except Exception as error:  # inputs that cannot be copied: say so, and leave the test alone
             recording.problem = f"its inputs cannot be copied ({one_line(error)})"
             return
+        recording.target = as_target(cls, built[0], built[1], inputs)
         try:
             recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
             recording.kept = (cls, built[0], built[1], inputs)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
+
+    def _configuration(self, module, built) -> str:
+        """The module's constructor arguments as text, worked out once per module (it is asked at every call)."""
+        if built is None:
+            return ""
+        try:
+            known = self._configuration_of.get(module)
+            if known is None:
+                known = self._configuration_of[module] = configuration_text(built[0], built[1])
+            return known
+        except TypeError:  # a module that cannot be weakly referenced
+            return configuration_text(built[0], built[1])
+
+
+def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
+    """The target text (`/abs/file.py:Class --init ... --input ...`) that builds this model again from the command
+    line, or None when the class has no top-level name, or an argument or input is no literal and no tensor."""
+    import inspect
+
+    from graphlint.errors import GraphlintError
+    from graphlint.target import TargetSpec, target_text
+
+    try:
+        file = inspect.getsourcefile(cls)
+        bound = inspect.signature(cls).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    if file is None or not cls.__qualname__.isidentifier():
+        return None  # defined in a function, or nested in a class
+    named = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            named[name] = value
+        else:
+            return None  # *args or positional-only: no --init spells it
+    specs = [_input_spec(value) for value in inputs[0]]
+    specs += [f"{key}={_input_spec(value)}" for key, value in inputs[1].items()]
+    if None in specs or any(spec.endswith("=None") for spec in specs):
+        return None
+    text = target_text(f"{file}:{cls.__name__}", specs, named)
+    try:  # what cannot be written as a literal reads back as something else
+        if TargetSpec.parse(text, Path(file).parent).kwargs != named:
+            return None
+    except GraphlintError:
+        return None
+    return text
+
+
+def _input_spec(value) -> str | None:
+    """A tensor's --input spec (integers with the range of their values), or None for anything else."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.is_complex():
+        return None
+    shape = ",".join(str(size) for size in value.shape)
+    dtype = str(value.dtype).removeprefix("torch.")
+    if value.dtype == torch.bool or value.is_floating_point() or value.numel() == 0 or value.is_meta:
+        return f"{dtype}[{shape}]"
+    return f"{dtype}[{shape}]:{int(value.min())}..{int(value.max()) + 1}"
+
+
+def configuration_text(args: tuple, kwargs: dict) -> str:
+    """Constructor arguments as short text that equal arguments share: tensors by dtype and shape, modules by
+    class, other values by repr without memory addresses."""
+    words = [_described(value) for value in args] + [f"{key}={_described(value)}" for key, value in kwargs.items()]
+    return ", ".join(words)
+
+
+def _described(value, depth: int = 0) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}[{','.join(str(size) for size in value.shape)}]"
+    if isinstance(value, torch.nn.Module):
+        return f"{type(value).__name__}(...)"
+    if isinstance(value, (list, tuple)) and depth < 3:
+        inner = ", ".join(_described(item, depth + 1) for item in value[:8]) + (", ..." if len(value) > 8 else "")
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict) and depth < 3:
+        items = list(value.items())[:8]
+        return "{" + ", ".join(f"{key!r}: {_described(item, depth + 1)}" for key, item in items) + "}"
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails is the object's own business
+        text = type(value).__name__
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # torch's wrappers that call the model they hold with their own inputs: the model is recorded, not the wrapper.

@@ -28,7 +28,7 @@ from graphlint.project import Project
 from graphlint.results import Finding, Report, RuleInfo, TargetResult
 from graphlint.run.heap import long_lived
 from graphlint.selection import select
-from graphlint.target import TargetSpec, target_vary
+from graphlint.target import TargetSpec, add_target_folders, target_vary
 
 if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing and the fix stage are not free
     from graphlint.fix.apply import FixPlan
@@ -82,7 +82,7 @@ class Session:
             except GraphlintError:
                 continue  # reported as that target's error when it is linted
             if spec.file is not None:
-                project.add_first_party(spec.file.parent)
+                add_target_folders(project, spec)
         self.cache = ResultCache(options.cache) if options.cache is not None else None
         self.rules = select(self.config, _rule_infos(self.cache))
         self.rule_ids = tuple(rule.id for rule in self.rules)

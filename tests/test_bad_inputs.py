@@ -36,7 +36,10 @@ ERRORS = {
     "good.py": "good.py: target 'good.py' has no ':NAME'; write path/to/file.py:NAME or package.module:NAME",
     "broken.py:make": "broken.py:make: cannot import broken.py: syntax error at broken.py:1:",
     "missing_dependency.py:make": "missing_dependency.py:make: cannot import missing_dependency.py: No module named "
-                                  "'not_a_real_package_xyz'; install it in this environment or fix the import",
+                                  "'not_a_real_package_xyz'; graphlint imported it from its folder .; if "
+                                  "not_a_real_package_xyz is this project's code, add the folder that holds it with "
+                                  "pythonpath = [\"DIR\"] in [tool.graphlint] of pyproject.toml (or --pythonpath DIR), "
+                                  "else install it in this environment",
     "good.py:nothing": "good.py:nothing: good.py has no 'nothing'; define a function nothing() that returns (model, args)",
     "constant.py:make": "constant.py:make: constant.py: 'make' is an int, not a function; make it a function",
     "raises.py:make": "raises.py:make: the factory raised ValueError: no weights here (at raises.py:2)",

@@ -4,6 +4,7 @@ without the option."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -183,6 +184,72 @@ def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytest
     assert result.ret == 0, result.stdout.str()
     assert "No findings in 1 target" in result.stdout.str()
 
+@pytest.mark.cli
+@pytest.mark.proof
+def test_the_summary_names_the_command_that_lints_and_fixes_the_recorded_model(pytester):
+    _project(pytester)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-k", "same_line", timeout=600)
+    section = result.stdout.str().split("= graphlint =", 1)[1]
+    assert "(the command named for each model below proves and applies it)" in section
+    commands = [line.split(": graphlint check ", 1)[1] for line in section.splitlines()
+                if line.startswith("graphlint: TinyLM built at tests/test_models.py:")]
+    # The class as a target, with its literal constructor argument and the recorded input's dtype, shape and range.
+    assert commands == ["src/zoo/models.py:TinyLM --input 'int64[1,3]:0..1' --init vocab=40 --fix"], section
+    fixed = subprocess.run([sys.executable, "-m", "graphlint", "check", *shlex.split(commands[0])],
+                           cwd=pytester.path, capture_output=True, text=True, timeout=600)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/models.py").read_text()
+
+
+CONFIGURED = """
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attn(nn.Module):
+    def __init__(self, dim, heads=1, fused=False):
+        super().__init__()
+        self.heads, self.fused = heads, fused
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in self.qkv(x).chunk(3, dim=-1))
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(c // self.heads), dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, t, c)
+
+
+@pytest.mark.parametrize("heads,fused", [(1, False), (2, True), (2, False)])
+def test_attn(heads, fused):
+    model = Attn(8, heads=heads, fused=fused)
+    assert model(torch.randn(2, 4, 8)).shape == (2, 4, 8)
+"""
+
+
+@pytest.mark.cli
+def test_configurations_of_one_class_are_distinct_targets_up_to_the_bound(pytester):
+    pytester.makepyfile(test_configured=textwrap.dedent(CONFIGURED))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-configurations", "2",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = (pytester.path / "test_configured.py").read_text().splitlines()
+    built = next(n for n, text in enumerate(lines, 1) if "Attn(8, heads" in text)
+    report = json.loads((pytester.path / "out.json").read_text())
+    # Two configurations linted, each a target of its own; the finding names the one it holds for.
+    assert [(f["rule"], f["targets"]) for f in report["findings"]] == [
+        ("GL101", [f"Attn built at test_configured.py:{built} with (8, heads=1, fused=False)"])]
+    assert "Found 1 finding in 2 targets" in result.stdout.str()
+    result.stdout.fnmatch_lines([f"graphlint: note: Attn built at test_configured.py:{built} was not linted: 1 more "
+                                 "configuration (other constructor arguments) was left out: at most 2 *"])
+
+
 CONFTEST = """
 from zoo.models import Clean
 
@@ -252,6 +319,9 @@ def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
     lines = (pytester.path / "test_local.py").read_text().splitlines()
     line = next(n for n, text in enumerate(lines, 1) if "torch.log(" in text)
     result.stdout.fnmatch_lines([f"test_local.py:{line}:20: GL204 *", "Found 1 finding in 1 target*"])
+    # A class defined in a test, built with a lambda: no command line can build it, a factory can.
+    result.stdout.fnmatch_lines(["graphlint: Local built at test_local.py:*: its constructor arguments or inputs are "
+                                 "no literals: write a factory function *"])
 
 
 BLOCKS = """

@@ -3,8 +3,8 @@ what it computed (the original tree) or compare with what the original computed 
 that cannot run in float64 (one that mixes dtypes on purpose: a float32 buffer it multiplies with) runs in its
 own dtypes, compared at the tolerance of the least precise, and the verdict says so.
 
-    python -m graphlint.fix.model_run save TARGET BASE RECORD
-    python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT
+    python -m graphlint.fix.model_run save TARGET BASE RECORD "" [PYTHONPATH...]
+    python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT [PYTHONPATH...]
 
 Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
 model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
@@ -24,7 +24,7 @@ import torch
 from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
 from graphlint.errors import one_line
-from graphlint.target import TargetSpec, load_factory, normalize_factory_result
+from graphlint.target import TargetSpec, load_factory, normalize_factory_result, search_path
 
 # float64 leaves room only for rounding differences between equivalent formulations.
 RTOL, ATOL = 1e-7, 1e-9
@@ -66,11 +66,14 @@ def _double(value: Any) -> Any:
     return value
 
 
-def _run(target: str, base: Path, record: dict | None, in_double: bool = True) -> dict:
+def _run(target: str, base: Path, record: dict | None, in_double: bool = True,
+         pythonpath: tuple[Path, ...] = ()) -> dict:
     spec = TargetSpec.parse(target, base)
-    sys.path.insert(0, str(spec.import_folder))
+    first, last = search_path(spec, pythonpath)  # for the whole process: the forward may import lazily
+    sys.path[:0] = [str(folder) for folder in first]
+    sys.path.extend(str(folder) for folder in last)
     seed_everything(0)  # both sides build, and draw in Python, alike
-    made = normalize_factory_result(load_factory(spec).factory())
+    made = normalize_factory_result(load_factory(spec, pythonpath).factory())
     model = made.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     args, kwargs = made.args, dict(made.kwargs or {})
@@ -95,12 +98,12 @@ def _run(target: str, base: Path, record: dict | None, in_double: bool = True) -
             "backward_error": backward_error, "lowest": str(lowest).removeprefix("torch."), "in_double": in_double}
 
 
-def _save(target: str, base: Path) -> dict:
+def _save(target: str, base: Path, pythonpath: tuple[Path, ...]) -> dict:
     """The original's record: in float64, else (a model that cannot run in float64) in its own dtypes."""
     try:
-        return _run(target, base, None)
+        return _run(target, base, None, pythonpath=pythonpath)
     except Exception as error:  # the model's own code mixes dtypes, or calls what has no float64 kernel
-        record = _run(target, base, None, in_double=False)
+        record = _run(target, base, None, in_double=False, pythonpath=pythonpath)
         record["float64_error"] = one_line(error)
         return record
 
@@ -153,18 +156,18 @@ def _differences(original: dict, rewritten: dict) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    mode, target, base, record_path = argv[:4]
+    mode, target, base, record_path, verdict_path = argv[:5]
+    pythonpath = tuple(Path(folder) for folder in argv[5:])
     with contextlib.redirect_stdout(sys.stderr):  # the user's prints
         if mode == "save":
-            torch.save(_save(target, Path(base)), record_path)
+            torch.save(_save(target, Path(base), pythonpath), record_path)
             return 0
-        verdict_path = argv[4]
         original = torch.load(record_path, weights_only=False)
         note = "" if original["in_double"] else (
             f"proven in {original['lowest']} at its tolerance, since the model cannot run in float64 "
             f"({original['float64_error']})")
         try:
-            rewritten = _run(target, Path(base), original, original["in_double"])
+            rewritten = _run(target, Path(base), original, original["in_double"], pythonpath)
             reason = _differences(original, rewritten)
         except StateDictChanged as error:
             reason = str(error)

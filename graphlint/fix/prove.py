@@ -105,25 +105,31 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         target = _target_text(spec, root)
         record, verdict = Path(scratch) / "original.pt", Path(scratch) / "verdict.json"
         for mode, tree, answer_to in (("save", "original", None), ("compare", "rewritten", str(verdict))):
-            job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to)
+            job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to,
+                           tuple(str(folder) for folder in _moved(project.pythonpath, root, trees[tree])))
             failed = run_job(parent, job, CHILD_TIMEOUT).failure
             if failed:
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
+        gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, parent,
+                     _moved(project.pythonpath, root, trees["rewritten"]))
         return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
-def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
-          parent: WarmParent) -> Verdict:
+def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
+          parent: WarmParent, pythonpath: list[Path]) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
     from graphlint.session import Options, check
+
+    where = rewritten / base
 
     rules = sorted({f.rule_id for f in fixed})
     try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports
         tree = Project.discover(where)
+        tree.add_pythonpath(pythonpath)  # the command line's --pythonpath, moved into the tree as well
+        tree.add_first_party(project.root)  # so that an original file the copy imports shows among its inputs
         config = tree.config.overridden(select=tuple(rules), fail_on="never")
         report = check([target], tree, config, Options(show_suppressed=True, timeout=CHILD_TIMEOUT), where, parent)
     except GraphlintError as error:
@@ -132,6 +138,11 @@ def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding
         error = report.errors[0]
         return Verdict(False, single_line(f"the rewritten target could not be linted (graphlint: error: "
                                           f"{error.target}: {error.message})"))
+    root = project.root.resolve()
+    leaked = [path for result in report.results for path in result.inputs
+              if _inside(Path(path), root) is not None and _inside(Path(path), rewritten.resolve()) is None]
+    if leaked:  # findings there would be counted as outside the tree, and the proof would hold for nothing
+        return Verdict(False, f"the rewritten copy imported the original {project.relative(leaked[0])}, not its copy")
     after = Counter((f.rule_id, tree.relative(f.location.path) or f.location.path) for f in report.findings)
     before = Counter((f.rule_id, project.relative(f.location.path)) for f in original if f.rule_id in rules)
     removed = Counter((f.rule_id, project.relative(f.location.path)) for f in fixed)
@@ -143,6 +154,15 @@ def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding
 
 def _target_text(spec: TargetSpec, root: Path) -> str:
     return spec.relocated(spec.file.name if spec.file is not None else spec.module)
+
+
+def _moved(folders: list[Path], root: Path, tree: Path) -> list[Path]:
+    """Import folders with those inside the project moved into the tree: the copy must import the copy."""
+    moved = []
+    for folder in folders:
+        relative = _inside(folder, root)
+        moved.append(folder if relative is None else tree / relative)
+    return moved
 
 
 def _inside(path: Path, root: Path) -> Path | None:

@@ -23,7 +23,7 @@ from graphlint.capture.session import model_tensors
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.memory.estimate import MemoryEstimate, estimate
 from graphlint.memory.step import StepTrace, run_step
-from graphlint.target import Target, TargetSpec, load_factory, normalize_factory_result
+from graphlint.target import Target, TargetSpec, importable, load_factory, normalize_factory_result
 
 DIMENSIONS = {"batch": 0, "seq": 1}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,11 +42,12 @@ class Request:
     device_memory: int | None = None
 
 
-def measure(text: str, base: Path, request: Request) -> MemoryEstimate:
-    """The estimate for one target; a problem with the target or the request raises TargetFailure."""
+def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = ()) -> MemoryEstimate:
+    """The estimate for one target; a problem with the target or the request raises TargetFailure. `pythonpath`:
+    the project's import folders (graphlint.project)."""
     spec = TargetSpec.parse(text, base)
-    with _importable(spec.import_folder), contextlib.redirect_stdout(sys.stderr):
-        loaded = load_factory(spec)
+    with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
+        loaded = load_factory(spec, pythonpath)
         notes: list[str] = []
         device = request.device
         if device == "auto":
@@ -234,13 +235,3 @@ def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
 def _has_sequence(tensor: torch.Tensor) -> bool:
     """Token ids (B, T) and embeddings (B, T, C) have a sequence dimension; images (B, C, H, W) have none."""
     return (tensor.dim() == 2 and not tensor.is_floating_point()) or (tensor.dim() == 3 and tensor.is_floating_point())
-
-
-@contextlib.contextmanager
-def _importable(folder: Path):
-    saved = list(sys.path)
-    sys.path.insert(0, str(folder))
-    try:
-        yield
-    finally:
-        sys.path[:] = saved

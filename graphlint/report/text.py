@@ -8,18 +8,22 @@ from graphlint.files import display_path, writable
 from graphlint.results import SAFE, UNSAFE, Report
 
 
-def render_text(report: Report) -> str:
+FIX_HINT = "graphlint check --fix proves and applies it"
+
+
+def render_text(report: Report, fix_hint: str = FIX_HINT) -> str:
+    """The findings and the summary; `fix_hint` says how to apply the fixes (the plugin names its commands)."""
     lines = [
         f"{display_path(f.location.path)}:{f.location.line}:{f.location.column}: {f.rule_id} {f.message}"
         + (" (suppressed)" if f.suppressed else "")
         + (" [*]" if f.fix is not None and f.fix.applicability == SAFE and not f.suppressed else "")
         for f in report.findings
     ]
-    lines.append(summary(report))
+    lines.append(summary(report, fix_hint))
     return writable("\n".join(lines) + "\n")
 
 
-def summary(report: Report) -> str:
+def summary(report: Report, fix_hint: str = FIX_HINT) -> str:
     count = len(report.findings)
     targets = len(report.results)
     failed = sum(1 for r in report.results if r.errors)
@@ -35,7 +39,7 @@ def summary(report: Report) -> str:
     fixable = sum(1 for f in report.findings if f.fix is not None and f.fix.applicability == SAFE and not f.suppressed)
     unsafe = sum(1 for f in report.findings if f.fix is not None and f.fix.applicability == UNSAFE and not f.suppressed)
     if fixable:
-        text += f"; [*] {fixable} with a fix (graphlint check --fix proves and applies it)"
+        text += f"; [*] {fixable} with a fix ({fix_hint})"
     if unsafe:
         text += f"; {unsafe} {'more ' if fixable else ''}with an unsafe fix (--fix --unsafe-fixes applies it)"
     return text + "."

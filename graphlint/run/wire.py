@@ -28,16 +28,18 @@ class LintJob:
     debug: bool = False
     vary: tuple[str, ...] = ("batch",)  # the input dimensions the torch.compile analysis grows (GL302)
     memory_budget: int | None = None  # bytes a training step may peak at (GL401)
+    pythonpath: tuple[str, ...] = ()  # the folders the target imports from (graphlint.project)
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
            debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None) -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
-                   tuple(rules), debug, tuple(vary), memory_budget)
+                   tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath))
 
     def project(self) -> Project:
-        """The project as the run knows it (its configuration is read again: only the root and folders matter)."""
-        return Project(root=Path(self.root), first_party_folders=[Path(f) for f in self.first_party_folders])
+        """The project as the run knows it (its configuration is not read again: only the folders matter)."""
+        return Project(root=Path(self.root), first_party_folders=[Path(f) for f in self.first_party_folders],
+                       pythonpath=[Path(f) for f in self.pythonpath])
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,11 @@ class ProofJob:
     base: str  # the tree's folder the target is read from; the child's working directory
     record: str
     verdict: str | None = None  # compare only: where the verdict goes
+    pythonpath: tuple[str, ...] = ()  # the tree's folders the target imports from
 
     @property
     def arguments(self) -> list[str]:
-        return [self.mode, self.target, self.base, self.record, *([self.verdict] if self.verdict else [])]
+        return [self.mode, self.target, self.base, self.record, self.verdict or "", *self.pythonpath]
 
 
 Job = LintJob | ProofJob
