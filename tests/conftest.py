@@ -42,6 +42,17 @@ _STARTS_A_PROCESS = ("run_graphlint(", "subprocess.run(", "runpytest_subprocess(
                      "_run_with_site(")
 
 
+@pytest.fixture(autouse=True)
+def _distribution_checks_as_before():
+    """A torch.compile in a test's own process switches torch.distributions' argument checks off for the whole
+    process (dynamo's first compile does it); later tests in that worker would see torch without them."""
+    import torch
+
+    before = torch.distributions.Distribution._validate_args
+    yield
+    torch.distributions.Distribution.set_default_validate_args(before)
+
+
 def _starts_the_command(item) -> bool:
     function = getattr(item, "function", None)
     try:
