@@ -4,7 +4,8 @@ The target's first-party files are copied twice into a scratch folder, keeping t
 project root; one copy gets the edits. A child of the warm parent builds the original and saves its state
 dict, inputs, float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state
 dict strictly and compares (graphlint.fix.model_run). Then a third lints the rewritten copy, as `graphlint
-check` would, and the fixed findings must be gone. The children are forked from the parent that linted the
+check` would, and the fixed findings must be gone; that lint is the caller's (`relint`, the session's), handed in so that
+the fix layer never imports the session that runs it. The children are forked from the parent that linted the
 targets, so none of them imports torch again; nothing of either copy is ever imported into this process.
 """
 
@@ -15,19 +16,25 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphlint.config import Config
 from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.fix.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
-from graphlint.results import Edit, Finding, TargetResult
+from graphlint.results import Edit, Finding, Report, TargetResult
 from graphlint.run.parent import WarmParent
 from graphlint.run.scheduler import run_job
 from graphlint.run.wire import ProofJob
 from graphlint.target import TargetSpec
 
 CHILD_TIMEOUT = 600.0
+
+# relint(target, project, config, base, parent, timeout): the report of linting one target in `base` as
+# `graphlint check --no-cache --show-suppressed` would, its children started from `parent`
+Relint = Callable[[str, Project, Config, Path, WarmParent, float], Report]
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,10 @@ def rewritten_files(edits: list[Edit]) -> dict[str, str] | str:
 
 
 def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Path, original: list[Finding],
-          parent: WarmParent) -> Verdict:
+          parent: WarmParent, relint: Relint) -> Verdict:
     """Whether applying every fix of `fixed` to the target `result` keeps its outputs and gradients and removes
     those findings; `original` are the target's findings before (to count what is left). The proof's
-    processes are children of `parent`."""
+    processes are children of `parent`; `relint` lints the rewritten copy."""
     texts = rewritten_files([e for f in fixed for e in f.fix.edits])
     if isinstance(texts, str):
         return Verdict(False, texts)
@@ -112,20 +119,18 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
-        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent)
+        gone = _gone(trees["rewritten"] / mapped_base, target, fixed, original, project, parent, relint)
         return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
 def _gone(where: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
-          parent: WarmParent) -> Verdict:
+          parent: WarmParent, relint: Relint) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
-    from graphlint.session import Options, check
-
     rules = sorted({f.rule_id for f in fixed})
     try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports
         tree = Project.discover(where)
         config = tree.config.overridden(select=tuple(rules), fail_on="never")
-        report = check([target], tree, config, Options(show_suppressed=True, timeout=CHILD_TIMEOUT), where, parent)
+        report = relint(target, tree, config, where, parent, CHILD_TIMEOUT)
     except GraphlintError as error:
         return Verdict(False, f"the rewritten target could not be linted (graphlint: error: {error})")
     if report.errors:
