@@ -59,24 +59,25 @@ def groups() -> list[tuple[str, list[str], dict[str, str]]]:
     sys.path.insert(0, str(REPO))
     from graphlint.engine import load_rules
 
-    found = []
-    for rule in load_rules():
+    found: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+    for rule in load_rules():  # one group per rule (and settings), one file per example
         for kind, examples in (("bad", rule.bad_examples), ("good", rule.good_examples)):
             for number, example in enumerate(examples):
-                options = ["--select", rule.id]
+                options = ("--select", rule.id)
                 budget = dict(example.settings).get("memory_budget")
                 if budget is not None:
-                    options += ["--memory-budget", str(budget)]
-                found.append((f"{rule.id}-{kind}-{number}", options, {"example.py": example.code}))
+                    options += ("--memory-budget", str(budget))
+                found.setdefault((rule.id, options), {})[f"{kind}{number}.py"] = example.code
+    named = [(rule_id + "".join(options[2:]), list(options), files) for (rule_id, options), files in found.items()]
     tests = {}
     for pattern in TEST_FILES:
         for path in sorted((REPO / "tests").glob(pattern)):
             for number, source in enumerate(model_strings(path)):
                 tests[f"{path.stem}_{number}.py"] = source
-    found.append(("tests", ["--select", FIX_RULES, "--jobs", "2"], tests))
-    found.append(("examples", ["--select", FIX_RULES],
+    named.append(("tests", ["--select", FIX_RULES, "--jobs", "2"], tests))
+    named.append(("examples", ["--select", FIX_RULES],
                   {"model.py": (REPO / "examples" / "attention" / "model.py").read_text(encoding="utf-8")}))
-    return found
+    return named
 
 
 def run(out: Path) -> None:
