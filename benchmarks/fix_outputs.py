@@ -95,7 +95,7 @@ def run(out: Path) -> None:
                 done = subprocess.run([*command, *options, *extra, *targets], cwd=root, capture_output=True,
                                       text=True, timeout=3600)
                 stdout, stderr = (text.replace(scratch, "<cases>") for text in (done.stdout, done.stderr))
-                if mode == "json":
+                if mode == "json" and stdout.startswith("{"):  # else the command failed: its output is kept
                     report = json.loads(stdout)
                     stdout = json.dumps({"findings": report["findings"], "errors": report["errors"],
                                          "internal_failures": report["internal_failures"]}, indent=1, sort_keys=True)

@@ -48,26 +48,22 @@ def _is_number(node: cst.BaseExpression, value: float | None = None) -> bool:
 
 # -- GL107 ----------------------------------------------------------------------------------------------------
 
-def activation_call(library: str):
-    """The fixer for one GL107 formula; `library` is the rule's name for the exact call ("F.silu(x)", ...)."""
-
-    def fix(site: FixSite) -> Rewrite | str:
-        node = site.node
-        x = _formula_input(node, library, site)
-        if isinstance(x, str):
-            return x
-        if library == "torch.softmax(x, dim)":
-            x, dim = x
-            callee, imports = site.imports.torch_call("softmax")
-            new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim).strip().rstrip(',')})")
-        else:
-            callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
-            extra = ', approximate="tanh"' if "tanh" in library else ""
-            new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
-        return Rewrite(*_without_parentheses(site, node, new), f"{one_line(node)} → {code_of(new)}",
-                       removed=dead_definitions(site.function, node, new), imports=imports)
-
-    return fix
+def activation_call(site: FixSite, library: str) -> Rewrite | str:
+    """GL107's fix of one formula; `library` is the rule's name for the exact call ("F.silu(x)", ...)."""
+    node = site.node
+    x = _formula_input(node, library, site)
+    if isinstance(x, str):
+        return x
+    if library == "torch.softmax(x, dim)":
+        x, dim = x
+        callee, imports = site.imports.torch_call("softmax")
+        new = cst.parse_expression(f"{callee}({code_of(x)}, {code_of(dim).strip().rstrip(',')})")
+    else:
+        callee, imports = site.imports.functional_call(library.split("(")[0].removeprefix("F."))
+        extra = ', approximate="tanh"' if "tanh" in library else ""
+        new = cst.parse_expression(f"{callee}({code_of(x)}{extra})")
+    return Rewrite(*_without_parentheses(site, node, new), f"{one_line(node)} → {code_of(new)}",
+                   removed=dead_definitions(site.function, node, new), imports=imports)
 
 
 def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
@@ -383,22 +379,19 @@ def _assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpre
 
 # -- GL106 ----------------------------------------------------------------------------------------------------
 
-def library_norm(kind: str, channel: int | None = None, dims: int = 1, flat: frozenset[str] = frozenset()):
-    """The fixer for a hand-written LayerNorm or RMSNorm over `dims` trailing dimensions, or over the one
+def library_norm(site: FixSite, kind: str, channel: int | None = None, dims: int = 1,
+                 flat: frozenset[str] = frozenset()) -> Rewrite | str:
+    """GL106's fix of a hand-written LayerNorm or RMSNorm over `dims` trailing dimensions, or over the one
     dimension `channel` of a channels-first tensor; `flat` names the module's parameters of exactly the
     normalised shape that scale or shift the result (those the library call can take). A method that is only the
     norm (a module's `forward`, or a helper such as Llama's `_norm(self, x)` that `forward` calls between casts)
     becomes the one call with the module's own weight, bias and eps; a norm inside a larger function becomes the
     call in place of the normalising expression."""
-
-    def fix(site: FixSite) -> Rewrite | str:
-        whole = _whole_method(site, kind, dims, flat) if channel is None else ""
-        if isinstance(whole, Rewrite):
-            return whole
-        inline = _inline_norm(site, kind, channel, dims)
-        return inline if isinstance(inline, Rewrite) else whole or inline
-
-    return fix
+    whole = _whole_method(site, kind, dims, flat) if channel is None else ""
+    if isinstance(whole, Rewrite):
+        return whole
+    inline = _inline_norm(site, kind, channel, dims)
+    return inline if isinstance(inline, Rewrite) else whole or inline
 
 
 def _norm_call(callee: str, kind: str, x: cst.BaseExpression, weight: str | None, bias: str | None, eps: str,

@@ -81,8 +81,9 @@ def _warm_up() -> None:
     the first time a Python meta kernel runs, and a child should not pay that again and again."""
     import torch
 
+    # Not libcst, which only locating a finding needs: the first child that imports it reports it, and `preload`
+    # imports it here for the children after it; a run with no finding never imports it.
     import graphlint.capture  # noqa: F401 - imported for the children
-    import graphlint.locate.spans  # noqa: F401 - libcst, which locating any finding needs
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
     from graphlint.libraries import loaded_libraries
