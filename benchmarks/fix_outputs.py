@@ -95,6 +95,8 @@ def run(out: Path) -> None:
                 done = subprocess.run([*command, *options, *extra, *targets], cwd=root, capture_output=True,
                                       text=True, timeout=3600)
                 stdout, stderr = (text.replace(scratch, "<cases>") for text in (done.stdout, done.stderr))
+                # torch's profiler (GL108's examples run it) logs a time and a process id on stderr
+                stderr = "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith("USDT:"))
                 if mode == "json" and stdout.startswith("{"):  # else the command failed: its output is kept
                     report = json.loads(stdout)
                     stdout = json.dumps({"findings": report["findings"], "errors": report["errors"],

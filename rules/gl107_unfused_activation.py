@@ -249,7 +249,7 @@ class UnfusedActivation(Rule):
                         node=outer,
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel and saves less for backward."),
-                        fix=FixerAt("graphlint.fix.library_calls:activation_call", library=library),
+                        fix=FixerAt("graphlint.fix.activations:activation_call", library=library),
                         saves_bytes=chain_savings(capture, outer),
                     )
 
