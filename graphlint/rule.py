@@ -8,11 +8,12 @@ and the locate step turns them into findings at the user's source spans, one per
 
 from __future__ import annotations
 
+import importlib
 import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from torch import fx
 
@@ -21,7 +22,7 @@ from graphlint.capture.frames import Frame
 from graphlint.results import Severity
 
 if TYPE_CHECKING:
-    from graphlint.fix.rewrite import Fixer
+    from graphlint.fix.rewrite import Fixer, FixSite, Rewrite
 
 # The generated rule reference (docs/rules.md) as published; pyproject.toml's [project.urls] Documentation.
 RULES_REFERENCE_URL = "https://github.com/torch-graphlint/torch-graphlint/blob/main/docs/rules.md"
@@ -58,6 +59,32 @@ class Example:
         return lines
 
 
+class FixerAt:
+    """A rule's fixer named by where it lives, `FixerAt("graphlint.fix.norm:library_norm", kind="rms")`, and
+    imported on its first call: loading the rules imports no fixer, so a run with nothing to fix never imports
+    libcst. The call is `function(site, **keywords)`, as `functools.partial(function, **keywords)` would make it."""
+
+    def __init__(self, where: str, **keywords: object) -> None:
+        module, _, name = where.partition(":")
+        if not module or not name:
+            raise ValueError(f"a fixer is named 'package.module:function', not {where!r}")
+        self.where = where
+        self.keywords = keywords
+
+    @property
+    def function(self) -> Callable[..., Rewrite | str]:
+        """The fixer's function, imported now."""
+        module, _, name = self.where.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def __call__(self, site: FixSite) -> Rewrite | str:
+        return self.function(site, **self.keywords)
+
+    def __repr__(self) -> str:
+        keywords = "".join(f", {name}={value!r}" for name, value in self.keywords.items())
+        return f"FixerAt({self.where!r}{keywords})"
+
+
 # Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
 MERGE_PLACEHOLDERS = frozenset({"where", "occurrences", "count", "parameters"})
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -87,7 +114,8 @@ class Problem:
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite); `roles` are
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite), a `FixerAt`
+    so that nothing imports it before a finding needs it; `roles` are
     the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
     nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.
     """

@@ -64,6 +64,13 @@ def check(
     return session.report(session.results(targets))
 
 
+def relint(target: str, project: Project, config: Config, base: Path, parent: WarmParent,
+           timeout: float) -> Report:
+    """What linting one target from `base` reports, suppressed findings included and no cache read: a fix's
+    proof lints the rewritten copy with it, handed in by the session so the fix layer never imports it back."""
+    return check([target], project, config, Options(show_suppressed=True, timeout=timeout), base, parent)
+
+
 class Session:
     """Linting targets of one project: the rules that run, the result cache, the baseline, the warm parent
     (made when a target first has to be captured); the results, the report the policy stage makes of them,
@@ -172,7 +179,7 @@ class Session:
         those that failed their proof."""
         from graphlint.fix.apply import plan_fixes
 
-        return plan_fixes(report, self.project, self.base, unsafe, self.warm_parent)
+        return plan_fixes(report, self.project, self.base, unsafe, relint, self.warm_parent)
 
     @staticmethod
     def without(report: Report, fixed: list[Finding]) -> Report:

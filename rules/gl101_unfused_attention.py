@@ -12,11 +12,10 @@ from torch import fx
 from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.memory.savings import attention_savings
-from graphlint.fix.attention import rewrite_attention, use_sdpa_in_transformers
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.ops import MAX_PATTERN_STEPS, MUL
 from graphlint.results import Severity
-from graphlint.rule import Example, Problem, Rule
+from graphlint.rule import Example, FixerAt, Problem, Rule
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul;
 # `scores[mask] = -inf` is recorded as a setitem.
@@ -347,12 +346,13 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = _meta(before[-1])
-        fix = partial(rewrite_attention, rank=len(meta.shape) if meta is not None else None,
+        fix = FixerAt("graphlint.fix.attention:rewrite_attention",
+                      rank=len(meta.shape) if meta is not None else None,
                       default_scale=_scaled_by_default(scores, before[1:]))
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
-            fix = use_sdpa_in_transformers
+            fix = FixerAt("graphlint.fix.attention:use_sdpa_in_transformers")
         related = [(scores, f"attention scores: {op(scores)}")]
         related += [(n, f"{name} of the scores") for n in before[1:] if (name := _step_name(n)) in ("scale", "mask")]
         related.append((values, f"probabilities times values: {op(values)}"))

@@ -10,8 +10,7 @@ from torch import fx
 from graphlint.capture import facts
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
-from graphlint.fix.library_calls import without_bias
-from graphlint.rule import Example, Problem, Rule
+from graphlint.rule import Example, FixerAt, Problem, Rule
 
 # Spatial dimensions after the channel axis of each layer's output; a Linear's features are its last axis.
 _LAYERS = {"linear": 0, "conv1d": 1, "conv2d": 2, "conv3d": 3,
@@ -279,7 +278,7 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
                  "with bias=False."),
         related=((norm, f"the {norm_name} that cancels it"),),
         at_build_site=True,
-        fix=without_bias,
+        fix=FixerAt("graphlint.fix.bias:without_bias"),
     )
 
 

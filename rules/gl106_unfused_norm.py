@@ -10,8 +10,7 @@ from graphlint.capture import facts
 from graphlint.memory.savings import norm_savings
 from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
-from graphlint.fix.library_calls import library_norm
-from graphlint.rule import Example, Problem, Rule
+from graphlint.rule import Example, FixerAt, Problem, Rule
 
 
 class UnfusedNorm(Rule):
@@ -359,7 +358,8 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=library_norm(kind, channel, len(dims), _flat_parameters(step, shape)),
+        fix=FixerAt("graphlint.fix.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
+                    flat=_flat_parameters(step, shape)),
     )
 
 

@@ -6,11 +6,10 @@ import math
 
 from torch import fx
 
-from graphlint.fix.library_calls import activation_call
 from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, Problem, Rule
+from graphlint.rule import Example, FixerAt, Problem, Rule
 
 _ADD = frozenset({"add"})
 _RANDOM = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")  # ops whose two calls differ
@@ -250,7 +249,7 @@ class UnfusedActivation(Rule):
                         node=outer,
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel and saves less for backward."),
-                        fix=activation_call(library),
+                        fix=FixerAt("graphlint.fix.activations:activation_call", library=library),
                         saves_bytes=chain_savings(capture, outer),
                     )
 

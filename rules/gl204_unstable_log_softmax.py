@@ -6,8 +6,7 @@ from torch import fx
 
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.fix.library_calls import log_probabilities
-from graphlint.rule import Example, Problem, Rule
+from graphlint.rule import Example, FixerAt, Problem, Rule
 
 _LOG = frozenset({"log", "log2", "log10"})
 # Picking probabilities out (a hand-written cross-entropy) keeps them probabilities.
@@ -250,5 +249,5 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:
         message=(f"{op(log)} of {what} in {{where}}{{occurrences}} is -inf, with NaN gradients, as soon as a "
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
-        fix=log_probabilities,
+        fix=FixerAt("graphlint.fix.log_softmax:log_probabilities"),
     )

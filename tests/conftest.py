@@ -81,6 +81,16 @@ def check_targets(folder: Path, targets: list[str], **settings):
     return check([str(folder / target) for target in targets], project, Config(**settings))
 
 
+def fix_plan(report, folder: Path, unsafe: bool = False, parent=None):
+    """What `--fix` (`--unsafe-fixes` when `unsafe`) does with a report of files in `folder`, the project root,
+    proving each fix as the session does; `parent()` gives the warm parent (default: a new one)."""
+    from graphlint.fix.apply import plan_fixes
+    from graphlint.session import relint
+
+    project = Project(root=folder, first_party_folders=[folder])
+    return plan_fixes(report, project, folder, unsafe, relint, parent)
+
+
 def backward_in_plain_pytorch(path: Path, name: str = "make"):
     """Build the target and run forward and backward with nothing of graphlint's; returns the model, so a test
     can check that a model really has the problem a rule reports (PyTorch raises, or a .grad stays None)."""

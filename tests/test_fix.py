@@ -9,10 +9,8 @@ import os
 
 import pytest
 
-from conftest import findings_of, lint_file, run_graphlint, validate_sarif, write
-from graphlint.fix.apply import plan_fixes
+from conftest import findings_of, fix_plan, lint_file, run_graphlint, validate_sarif, write
 from graphlint.fix.prove import rewritten_files
-from graphlint.project import Project
 from graphlint.report.sarif import render_sarif
 from graphlint.results import Edit, Fix, from_wire, to_wire
 
@@ -181,7 +179,7 @@ def test_the_proof_accepts_an_exact_sdpa_rewrite_and_refuses_a_flipped_mask(tmp_
     report = lint_file(files["model"], device="cpu")
     finding = _with_fix(report, "return torch.nn.functional.scaled_dot_product_attention("
                                 f"q, k, v, attn_mask={mask}, scale=1 / 4.0)")
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert (finding in plan.applied) is proven
     if not proven:
         [(refused, reason)] = plan.refused

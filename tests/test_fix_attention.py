@@ -9,9 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import findings_of, lint_file, run_graphlint, write
-from graphlint.fix.apply import plan_fixes
-from graphlint.project import Project
+from conftest import findings_of, fix_plan, lint_file, run_graphlint, write
 
 HEADER = '''
 import math
@@ -150,7 +148,7 @@ def test_each_supported_spelling_is_rewritten_and_proven_on_the_model(tmp_path, 
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix is not None, finding.no_fix
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert plan.refused == [] and plan.applied == [finding]
     fixed = plan.texts[str(path)]
     assert call in re.sub(r"\(\s+", "(", re.sub(r"\s+\)", ")", fixed))  # a long call is written over three lines

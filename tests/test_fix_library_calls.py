@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import findings_of, lint_file, write
+from conftest import findings_of, fix_plan, lint_file, write
 from graphlint.engine import load_rules
-from graphlint.fix.apply import plan_fixes
-from graphlint.project import Project
 
 pytestmark = pytest.mark.proof
 
@@ -24,13 +22,13 @@ def test_the_examples_fixes_are_proven_on_the_model_except_a_removed_bias(tmp_pa
     report = lint_file(path, device="cpu", extend_select=(rule.id,))
     fixable = [f for f in findings_of(report, rule.id) if f.fix is not None]
     assert fixable
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     if rule.id == "GL105":
         # The bias leaves the state dict: the fix is unsafe by declaration, never proven, applied only when unsafe.
         assert all(f.fix.applicability == "unsafe" for f in fixable)
         assert plan.applied == [] and {f for f, _ in plan.refused} == set(fixable)
         assert all(reason.startswith("declared unsafe: ") and "state dict" in reason for _, reason in plan.refused)
-        unsafe = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=True)
+        unsafe = fix_plan(report, tmp_path, unsafe=True)
         assert set(unsafe.applied) == set(fixable) and unsafe.texts[str(path)] == example.fixed_code
     else:
         assert plan.refused == [] and set(plan.applied) == set(fixable)
@@ -62,7 +60,7 @@ def test_the_sigmoid_logs_and_the_exponential_softmax_are_rewritten_and_proven(t
     write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
     path = write(tmp_path, "model.py", FORMULAS)
     report = lint_file(path, device="cpu", extend_select=("GL107", "GL204"))
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert plan.refused == [] and len(plan.applied) == 3
     fixed = plan.texts[str(path)]
     assert "        weights = torch.softmax(z, -1)\n" in fixed

@@ -13,10 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import findings_of, lint_file, write
-from graphlint.fix.apply import plan_fixes
+from conftest import findings_of, fix_plan, lint_file, write
 from graphlint.fix.edits import apply_edits
-from graphlint.project import Project
 
 HEADER = "import math\n\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
 
@@ -644,7 +642,7 @@ def test_each_spelling_is_found_and_its_fix_is_proven_on_the_model(tmp_path, cas
     found = [f for f in report.findings if f.rule_id in ("GL106", "GL107", "GL204")]
     assert rule in {f.rule_id for f in found}
     assert found and all(f.fix is not None for f in found), [f.no_fix for f in found]
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert [(f.rule_id, why) for f, why in plan.refused if f in found] == [] and set(found) <= set(plan.applied)
     fixed = plan.texts[str(path)]
     assert [fragment for fragment in present if fragment not in fixed and fragment not in _joined(fixed)] == [], fixed
@@ -777,7 +775,7 @@ def test_probabilities_read_elsewhere_get_their_logits_named_once_and_read_by_bo
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL204")
     assert finding.fix is not None, finding.no_fix
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert plan.refused == [] and plan.applied == [finding]
     fixed = plan.texts[str(path)]
     assert "        logits = self.fc(self.drop(x))\n        probs = " in fixed, fixed
@@ -887,7 +885,7 @@ def test_a_formatted_file_stays_formatted_after_its_norm_and_activation_fixes(tm
     path = write(tmp_path, "model.py", FORMATTED)
     assert subprocess.run([*ruff, str(path)], capture_output=True).returncode == 0  # formatted to begin with
     report = lint_file(path, device="cpu")
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=False)
+    plan = fix_plan(report, tmp_path)
     assert plan.refused == [] and {f.rule_id for f in plan.applied} == {"GL106", "GL107"} and len(plan.applied) == 3
     fixed = plan.texts[str(path)]
     assert "        return F.rms_norm(\n            hidden_states,\n" in fixed  # one argument a line, as ruff lays it out

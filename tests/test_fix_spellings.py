@@ -13,10 +13,8 @@ import textwrap
 
 import pytest
 
-from conftest import findings_of, lint_file, write
-from graphlint.fix.apply import plan_fixes
+from conftest import findings_of, fix_plan, lint_file, write
 from graphlint.fix.edits import apply_edits, deleted_lines
-from graphlint.project import Project
 from graphlint.report.json import render_json
 from graphlint.report.text import render_text
 
@@ -33,7 +31,7 @@ def _rewritten(finding) -> str:
 
 
 def _plan(tmp_path, report, unsafe=False):
-    return plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, unsafe=unsafe)
+    return fix_plan(report, tmp_path, unsafe=unsafe)
 
 
 def _one_line(text: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import lint_file, write
+from conftest import fix_plan, lint_file, write
 from graphlint.project import Project
 from graphlint.results import TargetResult
 from graphlint.run import parent as parent_module
@@ -47,14 +47,12 @@ def test_spawned_children_run_a_lint_job_like_forked_ones(tmp_path, monkeypatch)
 
 @pytest.mark.proof
 def test_spawned_children_prove_a_fix_like_forked_ones(tmp_path, monkeypatch):
-    from graphlint.fix.apply import plan_fixes
-
     path = write(tmp_path, "model.py", ATTENTION)
     report = lint_file(path)
     assert [f.rule_id for f in report.findings if f.fix is not None] == ["GL101"]
     monkeypatch.setattr(parent_module, "start_method", lambda: "spawn")
     spawned = parent_module.WarmParent()
-    plan = plan_fixes(report, Project(root=tmp_path, first_party_folders=[tmp_path]), tmp_path, False, lambda: spawned)
+    plan = fix_plan(report, tmp_path, parent=lambda: spawned)
     assert plan.refused == [] and [f.rule_id for f in plan.applied] == ["GL101"]
     assert "scaled_dot_product_attention" in plan.texts[str(path)]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from graphlint.fix.edits import unified_diff
 from graphlint.errors import UsageError, one_line
-from graphlint.fix.prove import Verdict, prove, read_text, rewritten_files
+from graphlint.fix.prove import Relint, Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
 from graphlint.results import SAFE, UNSAFE, Finding, Report
 
@@ -52,9 +52,9 @@ class FixPlan:
         return written
 
 
-def _prove(result, fixes, project, base, original, parent, failures: list[str]) -> Verdict:
+def _prove(result, fixes, project, base, original, parent, relint: Relint, failures: list[str]) -> Verdict:
     try:
-        return prove(result, fixes, project, base, original, parent)
+        return prove(result, fixes, project, base, original, parent, relint)
     except Exception as error:  # a bug in graphlint: the fix is refused, the finding stays, the run goes on
         failures.append(f"proving a fix for {result.target}: {one_line(error)}")
         return Verdict(False, f"graphlint could not prove this fix: {one_line(error)}; please report it with --debug")
@@ -66,11 +66,12 @@ def fixable(report: Report) -> list[Finding]:
             and not f.suppressed and not f.baselined and f.location.first_party]
 
 
-def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
+def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relint: Relint,
                parent: Callable[[], WarmParent] | None = None) -> FixPlan:
     """Prove each target's fixes (all together, else one by one, then the ones that passed together again), in
     children of the warm parent that `parent()` gives (asked for only when there is something to prove; by
-    default a new one)."""
+    default a new one); `relint` is the session's lint of one target (graphlint.session.relint), the proof's
+    last step."""
     candidates = fixable(report)
     made: list[WarmParent] = []
     failures: list[str] = []
@@ -83,7 +84,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool,
         return made[0]
 
     def proved(result, fixes, original) -> Verdict:
-        return _prove(result, fixes, project, base, original, (parent or warm)(), failures)
+        return _prove(result, fixes, project, base, original, (parent or warm)(), relint, failures)
 
     failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
                                   if f.fix.applicability == UNSAFE}

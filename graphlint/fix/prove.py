@@ -4,7 +4,8 @@ The target's first-party files are copied twice into a scratch folder, keeping t
 project root; one copy gets the edits. A child of the warm parent builds the original and saves its state
 dict, inputs, float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state
 dict strictly and compares (graphlint.fix.model_run). Then a third lints the rewritten copy, as `graphlint
-check` would, and the fixed findings must be gone. The children are forked from the parent that linted the
+check` would, and the fixed findings must be gone; that lint is the caller's (`relint`, the session's), handed in so that
+the fix layer never imports the session that runs it. The children are forked from the parent that linted the
 targets, so none of them imports torch again; nothing of either copy is ever imported into this process.
 """
 
@@ -15,19 +16,25 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphlint.config import Config
 from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.fix.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
-from graphlint.results import Edit, Finding, TargetResult
+from graphlint.results import Edit, Finding, Report, TargetResult
 from graphlint.run.parent import WarmParent
 from graphlint.run.scheduler import run_job
 from graphlint.run.wire import ProofJob
 from graphlint.target import TargetSpec
 
 CHILD_TIMEOUT = 600.0
+
+# relint(target, project, config, base, parent, timeout): the report of linting one target in `base` as
+# `graphlint check --no-cache --show-suppressed` would, its children started from `parent`
+Relint = Callable[[str, Project, Config, Path, WarmParent, float], Report]
 
 
 @dataclass(frozen=True)
@@ -70,10 +77,10 @@ def rewritten_files(edits: list[Edit]) -> dict[str, str] | str:
 
 
 def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Path, original: list[Finding],
-          parent: WarmParent) -> Verdict:
+          parent: WarmParent, relint: Relint) -> Verdict:
     """Whether applying every fix of `fixed` to the target `result` keeps its outputs and gradients and removes
     those findings; `original` are the target's findings before (to count what is left). The proof's
-    processes are children of `parent`."""
+    processes are children of `parent`; `relint` lints the rewritten copy."""
     texts = rewritten_files([e for f in fixed for e in f.fix.edits])
     if isinstance(texts, str):
         return Verdict(False, texts)
@@ -114,24 +121,21 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         if not answer["ok"]:
             return Verdict(False, answer["reason"])
         gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, parent,
-                     _moved(project.pythonpath, root, trees["rewritten"]))
+                     _moved(project.pythonpath, root, trees["rewritten"]), relint)
         return Verdict(gone.ok, gone.reason, answer.get("note", ""))
 
 
 def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
-          parent: WarmParent, pythonpath: list[Path]) -> Verdict:
+          parent: WarmParent, pythonpath: list[Path], relint: Relint) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
-    from graphlint.session import Options, check
-
     where = rewritten / base
-
     rules = sorted({f.rule_id for f in fixed})
     try:  # what `graphlint check --no-cache --fail-on never --show-suppressed --select RULES` run there reports
         tree = Project.discover(where)
         tree.add_pythonpath(pythonpath)  # the command line's --pythonpath, moved into the tree as well
         tree.add_first_party(project.root)  # so that an original file the copy imports shows among its inputs
         config = tree.config.overridden(select=tuple(rules), fail_on="never")
-        report = check([target], tree, config, Options(show_suppressed=True, timeout=CHILD_TIMEOUT), where, parent)
+        report = relint(target, tree, config, where, parent, CHILD_TIMEOUT)
     except GraphlintError as error:
         return Verdict(False, f"the rewritten target could not be linted (graphlint: error: {error})")
     if report.errors:

@@ -72,6 +72,11 @@ class Rewrite:
 Fixer = Callable[[FixSite], "Rewrite | str"]
 
 
+class Refused(Exception):
+    """Raised deep inside a fixer's reading when the rewrite cannot be exact; the message says why, in the user's
+    terms, and the fixer returns it as its reason."""
+
+
 # Expressions that need no parentheses as an operand, a receiver or after a unary operator.
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
 # Receivers whose functions take the tensor first, when the module's imports are not known.

@@ -10,6 +10,15 @@ import libcst as cst
 from graphlint.fix.rewrite import atom, call_parts, code_of, names_read
 
 
+def is_number(node: cst.BaseExpression, values: tuple[float, ...] = ()) -> bool:
+    """A number written as a literal (`2`, `0.5`, `-1e9`); one of `values` when they are given."""
+    try:
+        number = float(code_of(node))
+    except ValueError:
+        return False
+    return not values or number in values
+
+
 def plain_assignment(statement: cst.CSTNode, name: str) -> bool:
     """`name = ...` alone on its line."""
     return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \

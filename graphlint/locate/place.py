@@ -30,7 +30,7 @@ from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
 from graphlint.results import Finding, Fix, Location, Related
-from graphlint.rule import Problem, Rule, fill
+from graphlint.rule import FixerAt, Problem, Rule, fill
 
 if TYPE_CHECKING:
     from graphlint.locate.spans import SourceSpans
@@ -295,16 +295,19 @@ def _together(fixes: list[Fix]) -> Fix | None:
 
 
 def _fixer_key(fixer) -> object:
-    """Fixers that rewrite alike: the same function, or partials of it with equal arguments (a rule makes one
-    partial per problem)."""
-    if isinstance(fixer, functools.partial):
+    """Fixers that rewrite alike: the same function, or partials (or `FixerAt`s) of it with equal arguments (a
+    rule makes one per problem)."""
+    if isinstance(fixer, FixerAt):
+        key = (fixer.where, tuple(sorted(fixer.keywords.items())))
+    elif isinstance(fixer, functools.partial):
         key = (fixer.func, fixer.args, tuple(sorted(fixer.keywords.items())))
-        try:
-            hash(key)
-        except TypeError:  # an argument that cannot be compared: this partial is its own kind
-            return fixer
-        return key
-    return fixer
+    else:
+        return fixer
+    try:
+        hash(key)
+    except TypeError:  # an argument that cannot be compared: this fixer is its own kind
+        return fixer
+    return key
 
 
 def describe_where(paths: list[str]) -> str:

@@ -25,7 +25,8 @@ def start_method() -> str:
 
 
 class WarmParent:
-    """Starts one child process per job (graphlint.run.wire); `preload` imports libraries that children keep importing.
+    """Starts one child process per job (graphlint.run.wire); `preload` notes libraries that children keep importing,
+    imported before the next child starts.
     `close_in_children` are file descriptors of the parent that a forked child closes first (the language
     server's protocol pipes, which must close when the server does)."""
 
@@ -36,6 +37,7 @@ class WarmParent:
             with long_lived():
                 _warm_up()
         self._tried: set[str] = set()
+        self._wanted: list[str] = []
         self._compile_warm = False
 
     def start(self, job: Job):
@@ -45,6 +47,7 @@ class WarmParent:
         sys.stderr.flush()
         launch = Launch()
         if self.context.get_start_method() == "fork":
+            self._import_wanted()
             if (not self._compile_warm and isinstance(job, LintJob)
                     and any(rule.startswith("GL3") for rule in job.rules)):
                 from graphlint.capture.compile import warm_up  # the torch.compile rules: dynamo, once for all
@@ -62,10 +65,14 @@ class WarmParent:
         return process, receiving
 
     def preload(self, names: list[str]) -> None:
-        """Import installed libraries that a child imported, once, so that later children inherit them."""
-        if self.context.get_start_method() != "fork":
-            return
-        for name in names:
+        """Note installed libraries that a child imported, to import them once before the next child starts, so
+        that it and later ones inherit them; a run whose last child imported them never pays for them twice."""
+        if self.context.get_start_method() == "fork":
+            self._wanted.extend(name for name in names if name not in self._tried and name not in self._wanted)
+
+    def _import_wanted(self) -> None:
+        wanted, self._wanted = self._wanted, []
+        for name in wanted:
             if name in self._tried or name in sys.modules:
                 continue
             self._tried.add(name)
@@ -81,8 +88,9 @@ def _warm_up() -> None:
     the first time a Python meta kernel runs, and a child should not pay that again and again."""
     import torch
 
+    # Not libcst, which only locating a finding needs: the first child that imports it reports it, and `preload`
+    # imports it here for the children after it; a run with no finding never imports it.
     import graphlint.capture  # noqa: F401 - imported for the children
-    import graphlint.locate.spans  # noqa: F401 - libcst, which locating any finding needs
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
     from graphlint.libraries import loaded_libraries

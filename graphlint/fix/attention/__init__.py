@@ -1,0 +1,90 @@
+"""GL101's fix: softmax attention written by hand in one function, rewritten as one
+`F.scaled_dot_product_attention` call, or for `transformers` models, `attn_implementation="sdpa"`.
+
+The rule hands over what it matched in the graph (whether dropout follows the softmax, the scores' rank); the
+rewrite then reads the chain from the source, starting at the softmax the finding points at: backwards through
+the statements that compute the scores (scales, one mask, casts, a mask under `if mask is not None:` or
+`if flag:`) to the `q · kᵀ` product, and forwards through casts and dropout to the product with the values.
+Each piece maps to one argument of the fused call:
+
+- `q @ k.transpose(-2, -1)` (also `matmul`, `bmm`, `baddbmm`, an `einsum` in any layout) gives `q` and `k`,
+  transposed or permuted into (batch..., sequence, head dim); any other right operand `kt` gives
+  `kt.transpose(-2, -1)`, which is the same key;
+- every `* s` and `/ d`, on the scores or on `q`/`k`, multiplies into `scale=`; no scale at all is `scale=1.0`,
+  since the fused call's default is 1/sqrt(head dim);
+- `+ m` is `attn_mask=m` (scaled with the scores when a scale follows it); `masked_fill(c, -inf)` is
+  `attn_mask=` "not c" (the fused call's boolean mask says which positions take part); `torch.where(c, scores,
+  fill)` is `attn_mask=c`; a mask built from `tril`/`triu` of ones is `is_causal=True`;
+- dropout on the probabilities is `dropout_p=<p> if self.training else 0.0`; float32 upcasts are dropped
+  (the fused kernels accumulate in float32 themselves).
+
+The statements that only fed the chain are deleted. Probabilities also read after the values product
+(returned or stored for visualisation) give an unsafe fix that puts None there. Anything else is left alone
+with the reason: a chain across functions, two masks, an input reassigned between the scores and the values.
+Whatever a safe rewrite produces is proven on the model before `--fix` writes it (graphlint.fix.prove), so a
+mistake here is refused, never written.
+
+The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
+scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
+checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
+`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_input
+from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names
+from graphlint.fix.attention.emit import fused_call
+from graphlint.fix.attention.implementation import use_sdpa_in_transformers
+from graphlint.fix.attention.masks import inline_setup
+from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores
+from graphlint.fix.attention.values import walk_to_values
+from graphlint.fix.rewrite import FixSite, Refused, Rewrite, code_of, dead_definitions
+from graphlint.results import UNSAFE
+
+__all__ = ["rewrite_attention", "use_sdpa_in_transformers"]
+
+
+def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False) -> Rewrite | str:
+    """The fused call in place of the product with the values, and the chain's statements deleted.
+
+    The rule hands over what it matched in the graph as the site's roles (the products, the steps between them,
+    other uses of the probabilities), the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
+    read as the transpose of its last two dimensions) and whether the numbers the graph scaled them by came to
+    the fused call's default (so that `scale=self.scale` holding 1/sqrt(head dim) is left out)."""
+    try:
+        walk = Walk(site, rank, default_scale)
+        anchor_at_the_values(walk)
+        return _rewrite(walk)
+    except Refused as why:
+        return str(why)
+
+
+def _rewrite(walk: Walk) -> Rewrite:
+    """Read the chain (scores, values, masks), check it, and build the fused call that replaces it."""
+    chain = walk.chain
+    scores, statement = walk.start or (softmax_input(walk, walk.softmax), walk.softmax_statement)
+    walk_to_scores(walk, scores, statement)
+    walk_to_values(walk, walk.softmax, walk.softmax_statement)
+    inline_setup(walk)
+    fold_prescaled(walk)
+    check_matches_the_graph(walk)
+    check_names(walk)
+    check_inputs_unchanged(walk)
+    callee, imports = walk.names.functional_call("scaled_dot_product_attention")
+    call = fused_call(walk, callee)
+    removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
+    # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
+    removed += tuple(s for s in dead_definitions(walk.function, (*removed, chain.values_product), call)
+                     if s not in removed)
+    if chain.elsewhere:
+        # The documented trade: the weights are no longer computed, so what read them gets None.
+        shown = ", ".join(dict.fromkeys(f"`{code_of(n)}`" for n in chain.elsewhere))
+        return Rewrite(chain.values_product, call,
+                       f"hand-written attention → {callee}(...); {shown} returned or stored as None",
+                       removed=removed, imports=imports,
+                       also=(*chain.renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
+    return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
+                   imports=imports, also=tuple(chain.renamed))

@@ -1,0 +1,136 @@
+"""What must hold before the chain is rewritten: the products are the ones the graph ran, the chain's variables
+are read nowhere else (or only returned, for an unsafe fix), and its inputs do not change before the values."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.attention.chain import Walk
+from graphlint.fix.rewrite import Refused, atom, call_parts, code_of, names_read, one_line
+from graphlint.fix.source import assigned_names, binding_names, inside, mutated_in_place, path_to, plain_assignment
+
+
+def check_matches_the_graph(walk: Walk) -> None:
+    """The products the source's chain leads to are the ones the rule matched in the graph: the rewrite is
+    built from the match, and a reading of the source that strays from it is refused, never written."""
+    chain = walk.chain
+    for role, found in (("scores", chain.scores_product), ("values", chain.values_product)):
+        matched = walk.site.role(role)
+        if not matched or found is None:
+            continue
+        node = matched[0].node
+        if node is not found and path_to(found, node) is None and path_to(node, found) is None:
+            raise Refused(f"the source leads to another {role} product (`{code_of(found).strip()}`) than the one "
+                          f"the graph ran (`{code_of(node).strip()}`)")
+
+
+def check_names(walk: Walk) -> None:
+    """The chain's variables are used nowhere else: the fused call does not give them back. Reads after the
+    values product (weights returned or stored for visualisation) are kept for an unsafe fix that puts
+    None there; any other use leaves the chain alone."""
+    chain = walk.chain
+    read_inside = set()
+    for statement in chain.consumed:
+        read_inside.update(id(n) for n in names_read(statement))
+    if chain.values_product is not None:
+        read_inside.update(id(n) for n in names_read(chain.values_product))
+    everywhere = names_read(walk.function)
+    product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
+    after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
+    bound = {id(n) for n in binding_names(walk.function)}
+    for name in chain.names:
+        for index, node in enumerate(everywhere):
+            if node.value != name or id(node) in read_inside:
+                continue
+            if index >= after and _detached_again(walk, node):
+                read_inside.update(id(n) for n in names_read(chain.consumed[-1]))
+                continue
+            if name in chain.scores_names and id(node) not in bound and _metadata(walk, node):
+                continue
+            returned = None if index < after or id(node) in bound else _returned_or_stored(walk, node)
+            if returned is None:
+                what = "scores" if name in chain.scores_names else "probabilities"
+                use = next((s for s in walk.block if inside(node, s)), None)
+                shown = f" (`{one_line(use)}`)" if use is not None and len(one_line(use)) <= 60 else ""
+                raise Refused(f"`{name}` is used outside the attention{shown}; the fused call does not give the "
+                              f"{what} back")
+            chain.elsewhere.append(returned)
+
+
+def _detached_again(walk: Walk, name: cst.Name) -> bool:
+    """`qk = qk.detach()` after the values product, before the weights are returned: the statement goes
+    with the chain, and the later reads of `qk` are the weights returned (noted in `chain.consumed`)."""
+    statement = next((s for s in walk.block if inside(name, s)), None)
+    if statement is None or not plain_assignment(statement, name.value):
+        return False
+    value = statement.body[0].value
+    while call_parts(value)[0] in _PASSED_ON and call_parts(value)[1] is not None:
+        value = call_parts(value)[1]
+    if not isinstance(value, cst.Name) or value.value != name.value:
+        return False
+    if statement not in walk.chain.consumed:
+        walk.chain.consumed.append(statement)
+    return True
+
+
+def _metadata(walk: Walk, name: cst.Name) -> bool:
+    """`scores.device` (and `scores.dtype` when no cast made the scores) read to build a bias or a mask: the
+    query's, which is the same, takes its place (noted in `chain.renamed`)."""
+    path = path_to(walk.function, name) or []
+    parent = path[-2] if len(path) >= 2 else None
+    allowed = ("device",) if walk.chain.scores_cast else ("device", "dtype")
+    if not isinstance(parent, cst.Attribute) or parent.value is not name or parent.attr.value not in allowed or \
+            walk.chain.q is None:
+        return False
+    query = walk.chain.q
+    while not isinstance(query, cst.Name) and call_parts(query)[1] is not None:  # `q.permute(...)` is on q's device
+        query = call_parts(query)[1]
+    walk.chain.renamed.append((parent, parent.with_changes(value=atom(query))))
+    return True
+
+
+def _returned_or_stored(walk: Walk, name: cst.Name) -> cst.BaseExpression | None:
+    """`return out, name`, `self.weights = name`, `cache = (out, name.detach())`: the expression None can
+    take the place of; None when the value is used otherwise."""
+    path = path_to(walk.function, name) or []
+    parents = path[-2::-1]
+    expression: cst.BaseExpression = name
+    # `name.detach()`, `name.float().cpu()`: what is returned is still only the weights.
+    while len(parents) >= 2 and isinstance(parents[0], cst.Attribute) and isinstance(parents[1], cst.Call) and \
+            parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON:
+        expression, parents = parents[1], parents[2:]
+    if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
+        parents = parents[2:]
+        if parents and isinstance(parents[0], cst.IfExp):  # `(out, probs) if output_attentions else (out,)`
+            parents = parents[1:]
+    stored = bool(parents) and (isinstance(parents[0], cst.Return) or
+                                (isinstance(parents[0], cst.Assign) and parents[0].value in path))
+    return expression if stored else None
+
+
+def check_inputs_unchanged(walk: Walk) -> None:
+    """q, k, the mask and the scale are read where the values product is; they must not change before."""
+    chain = walk.chain
+    body = list(walk.block)
+    statements = [s for s in chain.consumed if s in body]
+    if not statements or chain.values_statement not in body:
+        return
+    first = min(body.index(s) for s in statements)
+    last = body.index(chain.values_statement)
+    # The values are read where they always were, at the values product; the rest moves there, so each part
+    # must not change between the statement that read it and the values product.
+    reads = [(names, next((i for i, s in enumerate(body) if at is s or inside(at, s)), first))
+             for names, at in walk.reads]
+    reads.append(({n.value for part in (chain.guard, chain.dropout_p) if part is not None for n in names_read(part)},
+                  first - 1))
+    for names, read_at in reads:
+        for statement in body[read_at + 1:last]:
+            if statement in statements or statement is walk.guard_if:  # its setup runs before the mask is read
+                continue
+            changed = {n for n in names if n in assigned_names(statement) or mutated_in_place(statement, n)}
+            if changed:
+                raise Refused(f"`{sorted(changed)[0]}` changes between the scores and the values product")
+
+
+# Methods that hand the weights on unchanged in value, as when they are returned for inspection: `attn.detach()`.
+_PASSED_ON = ("detach", "cpu", "float", "clone", "contiguous", "to", "type_as", "half", "bfloat16")

@@ -1,0 +1,216 @@
+"""The mask: an additive one (two summed), a `masked_fill` or `torch.where` fill turned into the fused call's
+boolean "take part" mask, a causal one read as `is_causal=True`, and a guard that prepares it."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.attention.chain import Walk, as_operand, definition, here
+from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, names_read
+from graphlint.fix.source import (assigned_names, inside, keeps_a_tensor, local_assignments, plain_name_assignment,
+                                  presence_test, redefinition, root_name, self_assignments, substituted)
+
+
+def fill_of(walk: Walk, node: cst.BaseExpression) -> cst.BaseExpression:
+    """A fill value as written where it is made: `max_neg_value = -torch.finfo(sim.dtype).max` for the
+    variable, the value of `torch.full([], value, ...)`."""
+    function = walk.scopes[-1].function if walk.scopes else walk.function
+    for _ in range(4):
+        if isinstance(node, cst.Name):
+            made = local_assignments(function, node.value)
+            if len(made) != 1:
+                return node
+            node = made[0]
+            continue
+        name, _, positional, keywords = call_parts(node)
+        if name in ("full", "full_like", "tensor", "as_tensor") and (len(positional) >= (2 if name != "tensor" and
+                                                                                      name != "as_tensor" else 1)):
+            node = positional[1] if name in ("full", "full_like") else positional[0]
+            continue
+        return node
+    return node
+
+
+def _scaled_mask(walk: Walk, mask: cst.BaseExpression, scaled: bool) -> cst.BaseExpression:
+    """An additive mask met before a scale on the way back is scaled with the scores: `(s + m) * c` is
+    `s * c + m * c`, so `attn_mask=m * c`."""
+    if not scaled:
+        return mask
+    chain = walk.chain
+    text = " / ".join([" * ".join([code_of(as_operand(mask, cst.Multiply))] +
+                                  [code_of(as_operand(f, cst.Multiply)) for f in chain.factors])] +
+                      [code_of(as_operand(d, cst.Divide)) for d in chain.divisors])
+    return cst.parse_expression(text)
+
+
+def set_mask(walk: Walk, mask, keep_when_true: bool, additive: bool = False, scaled: bool = False) -> None:
+    """The one mask: `mask` is the user's expression, added (`additive`, scaled with the scores when a scale
+    follows it) or saying which positions take part (`keep_when_true`) or are filled."""
+    chain = walk.chain
+    if chain.mask is not None:
+        _add_mask(walk, mask, additive, scaled)
+        return
+    mask = here(walk, mask)
+    if additive:
+        chain.mask, chain.mask_source = _scaled_mask(walk, mask, scaled), None
+    else:
+        chain.mask, chain.mask_source = mask if keep_when_true else _negated(mask), mask
+    chain.keep_when_true = keep_when_true
+
+
+def _add_mask(walk: Walk, mask, additive: bool, scaled: bool) -> None:
+    """A second additive mask met on the way back (`s = s + bias`, later `s = s + mask`): the fused call
+    takes their sum, with the condition either is added under (`bias + mask if g else bias`)."""
+    chain = walk.chain
+    if not additive or chain.mask_source is not None:
+        raise Refused("the scores are masked twice; the fused call takes one mask")
+    earlier_guard = here(walk, walk.guarded.test) if walk.guarded is not None else None
+    if earlier_guard is not None and chain.guard is not None:
+        raise Refused("the scores take two masks under two conditions; the fused call takes one mask")
+    earlier = _scaled_mask(walk, here(walk, mask), scaled)
+    later = chain.mask
+    total = f"{_summand(earlier)} + {_summand(later)}"
+    if chain.guard is not None:
+        total = f"{total} if {code_of(chain.guard)} else {code_of(earlier)}"
+    elif earlier_guard is not None:
+        total = f"{total} if {code_of(earlier_guard)} else {code_of(later)}"
+    chain.mask, chain.guard = cst.parse_expression(total), None
+
+
+def is_causal(walk: Walk) -> bool:
+    """The mask keeps exactly the lower triangle, diagonal included: `tril(ones)`, or `triu(ones, 1)` as
+    the positions to drop, directly or through a buffer or a local variable, sliced to the sequence."""
+    chain = walk.chain
+    if chain.mask_source is None:
+        return False
+    node, keep = chain.mask_source, chain.keep_when_true
+    for _ in range(8):
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            comparison = node.comparisons[0]
+            value = code_of(comparison.comparator)
+            if isinstance(comparison.operator, cst.Equal) and value in ("0", "0.0", "False"):
+                keep = not keep
+            elif not ((isinstance(comparison.operator, cst.NotEqual) and value in ("0", "0.0", "False")) or
+                      (isinstance(comparison.operator, cst.Equal) and value in ("1", "1.0", "True"))):
+                return False
+            node = node.left
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            keep, node = not keep, node.expression
+        elif isinstance(node, cst.Subscript):
+            if not all(isinstance(e.slice, cst.Slice) for e in node.slice):
+                return False
+            node = node.value
+        elif call_parts(node)[0] in ("bool", "logical_not") and call_parts(node)[1] is not None:
+            name, node = call_parts(node)[:2]
+            keep = keep if name == "bool" else not keep
+        else:
+            break
+    built = _built_from(walk, node)
+    if built is None:
+        return False
+    text = code_of(built).replace(" ", "")
+    root = root_name(built)
+    if root is not None and "tril(" not in text and "triu(" not in text and walk.classdef is not None:
+        made = local_assignments(walk.classdef, root)  # `causal = torch.tril(...)`, then the buffer
+        if len(made) == 1:
+            text += code_of(made[0]).replace(" ", "")
+    if "ones" not in text:
+        return False
+    if "tril(" in text and "diagonal" not in text and text.count("tril(") == 1:
+        return keep
+    if "triu(" in text and ("diagonal=1" in text or ",1)" in text or ".triu(1)" in text):
+        return not keep
+    return False
+
+
+def _built_from(walk: Walk, node) -> cst.BaseExpression | None:
+    """The expression a mask variable or buffer was made from, when it is made once."""
+    if isinstance(node, cst.Name):
+        try:
+            return redefinition(definition(walk, node.value, walk.softmax_statement), node.value)
+        except Refused:
+            return None
+    if isinstance(node, cst.Attribute) and code_of(node.value) == "self" and walk.classdef is not None:
+        found = self_assignments(walk.classdef, node.attr.value)
+        return found[0] if len(found) == 1 else None
+    return node if isinstance(node, cst.Call) else None  # made where it is used
+
+
+def inline_setup(walk: Walk) -> None:
+    """A guard that prepares the mask (`if mask is not None: m = mask[:, None]; s = s + m`): a variable made
+    only for the mask is written into `attn_mask=` and its statement goes; what is left stays in the `if`,
+    which must then still mean the same after it ran (it tests whether a mask was given)."""
+    chain = walk.chain
+    if walk.guard_if is None:
+        return
+    masking = walk.guard_if.body.body[-1]
+    for statement in reversed(list(walk.setup)):
+        if not plain_name_assignment(statement) or chain.mask is None:
+            continue
+        name, value = statement.body[0].targets[0].target.value, statement.body[0].value
+        reads = [n for n in names_read(walk.function) if n.value == name and not inside(n, statement)]
+        later = walk.setup[walk.setup.index(statement) + 1:]
+        if not reads or any(not inside(n, masking) for n in reads) or name in {n.value for n in names_read(value)} or \
+                {n.value for n in names_read(value)} & set().union(set(), *(assigned_names(s) for s in later)):
+            continue
+        # Read only by the masking statement: the mask takes its value, or it only made the fill.
+        chain.mask = substituted(chain.mask, {name: value})
+        if chain.mask_source is not None:
+            chain.mask_source = substituted(chain.mask_source, {name: value})
+        walk.reads.append(({n.value for n in names_read(value)}, walk.guard_if))
+        walk.setup.remove(statement)
+        chain.consumed.append(statement)
+    if not walk.setup:
+        chain.consumed = [s for s in chain.consumed if s is not masking and not inside(s, walk.guard_if)]
+        chain.consumed.append(walk.guard_if)
+        walk.guard_if = None
+        return
+    changed = set().union(*(assigned_names(s) for s in walk.setup)) & {n.value for n in names_read(chain.guard)}
+    moved = {n.value for part in (chain.q, chain.k, chain.dropout_p, *chain.factors, *chain.divisors) if part is not None
+             for n in names_read(part)} & set().union(*(assigned_names(s) for s in walk.setup))
+    if moved:  # the scores were made before the `if`; the fused call would read the new value
+        raise Refused(f"`{sorted(moved)[0]}` changes between the scores and the values product")
+    given = presence_test(chain.guard)
+    if changed and (changed != {given} or not all(keeps_a_tensor(s, given) for s in walk.setup
+                                                  if given in assigned_names(s))):
+        raise Refused(f"`if {code_of(chain.guard)}:` changes `{sorted(changed)[0]}`, which it tests")
+
+
+_NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",
+            "float(\"-Inf\")", "-np.inf", "-numpy.inf")
+
+
+def _summand(node: cst.BaseExpression) -> str:
+    """`node` as an operand of `+`, parenthesised only where it would bind looser."""
+    loose = (cst.IfExp, cst.Lambda, cst.BooleanOperation, cst.Comparison, cst.UnaryOperation)
+    if isinstance(node, loose) or (isinstance(node, cst.BinaryOperation) and
+                                   isinstance(node.operator, (cst.BitOr, cst.BitAnd, cst.BitXor, cst.LeftShift, cst.RightShift))):
+        return code_of(atom(node))
+    return code_of(node)
+
+
+def very_negative(node: cst.BaseExpression, names: ImportNames) -> bool:
+    text = names.as_torch(code_of(node)).replace(" ", "")
+    if text in {t.replace(" ", "") for t in _NEG_INF} or (text.startswith("torch.finfo(") and text.endswith(").min")) \
+            or (text.startswith("-torch.finfo(") and text.endswith(").max")):
+        return True
+    if text.startswith("-"):
+        try:
+            return float(text[1:]) >= 1e4
+        except ValueError:
+            return False
+    return False
+
+
+def _negated(condition: cst.BaseExpression) -> cst.BaseExpression:
+    """The positions that take part, given those a `masked_fill` fills."""
+    if isinstance(condition, cst.Comparison) and len(condition.comparisons) == 1:
+        comparison = condition.comparisons[0]
+        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(comparison.operator))
+        if flipped is not None:
+            operator = flipped(whitespace_before=comparison.operator.whitespace_before,
+                               whitespace_after=comparison.operator.whitespace_after)
+            return condition.with_changes(comparisons=[comparison.with_changes(operator=operator)], lpar=[], rpar=[])
+    if isinstance(condition, cst.UnaryOperation) and isinstance(condition.operator, cst.BitInvert):
+        return condition.expression
+    return cst.UnaryOperation(operator=cst.BitInvert(), expression=atom(condition))

@@ -1,0 +1,320 @@
+"""Backwards from the softmax's input to the `q · kᵀ` product: the scales (into `scale=`), casts, helpers the
+scores pass through, and the masks met on the way (graphlint.fix.attention.masks)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, definition, einsum_spec, helper_called, here,
+                                           is_parameter, to_layout, transposed, without_transpose)
+from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
+from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.fix.source import inside, is_number, redefinition
+
+
+def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
+    """Walk back from the softmax's input to the scores product, collecting scale and mask."""
+    chain = walk.chain
+    node = expression
+    scaled = False  # met a scale on the way back: it runs after anything met from here on
+    while True:
+        walk.at = walk.scopes[0].call_statement if walk.scopes else statement
+        if isinstance(node, cst.Name):
+            if walk.guarded is not None and chain.mask is None:
+                raise Refused(f"`if {code_of(walk.guarded.test)}:` does more to the scores than mask them")
+            walk.guarded = None
+            if walk.scopes and is_parameter(walk, node.value, statement):
+                scope = walk.scopes.pop()  # back in the caller, at what it passed
+                node, statement = scope.args[node.value], scope.call_statement
+                continue
+            # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
+            assigned = definition(walk, node.value, statement, guarded=walk.guard_if is None)
+            if not walk.scopes:  # a helper's own statements stay: other callers may need them
+                chain.consumed.append(assigned)
+                chain.names.add(node.value)
+                chain.scores_names.add(node.value)
+            statement = assigned
+            upcast = _upcast_only(assigned, node.value)
+            if upcast is not None:  # `if self.upcast: s = s.float()`: the fused kernels accumulate in float32
+                node = upcast
+                continue
+            if isinstance(assigned, cst.If):
+                walk.guarded = assigned
+                if chain.mask is None:
+                    chain.guard = here(walk, assigned.test)
+                *setup, masking = assigned.body.body
+                if setup and chain.mask is not None:
+                    raise Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
+                if setup and walk.scopes:
+                    raise Refused(f"`{walk.scopes[-1].function.name.value}` prepares the mask under "
+                                  f"`if {code_of(assigned.test)}:`; graphlint rewrites such a guard only where "
+                                  "the fused call goes")
+                if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
+                    walk.guard_if, walk.setup = assigned, list(setup)
+                    chain.consumed[-1] = masking
+                node = redefinition(masking, node.value)
+            else:
+                node = redefinition(assigned, node.value)
+            continue
+        if isinstance(node, cst.BinaryOperation):
+            operator = node.operator
+            if isinstance(operator, cst.MatrixMultiply):
+                chain.scores_product = node
+                _product(walk, node.left, node.right)
+                return
+            if isinstance(operator, cst.Divide):
+                scaled = _scaled(walk)
+                chain.divisors.append(here(walk, node.right))
+                node = node.left
+                continue
+            if isinstance(operator, cst.Multiply):
+                scaled = _scaled(walk)
+                tensor, factor = _split_scale(node)
+                chain.factors.append(here(walk, factor))
+                node = tensor
+                continue
+            if isinstance(operator, cst.Add):
+                tensor, mask = _chain_side(walk, node.left, node.right, statement)
+                set_mask(walk, mask, True, additive=True, scaled=scaled)
+                node = tensor
+                continue
+            raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+        if isinstance(node, cst.Call):
+            name, receiver, positional, keywords = call_parts(node)
+            if name in CASTS and receiver is not None and not is_namespace(receiver, walk.names):
+                chain.scores_cast |= statement is not walk.softmax_statement  # a variable holds the cast
+                node = receiver
+                continue
+            if name == "masked_fill":
+                target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver, walk.names) \
+                    else (positional[0] if positional else None, positional[1:])
+                condition = args[0] if args else keywords.get("mask")
+                fill = args[1] if len(args) > 1 else keywords.get("value")
+                if target is None or condition is None or fill is None:
+                    raise Refused("masked_fill's arguments could not be read")
+                if not very_negative(fill_of(walk, fill), walk.names):
+                    raise Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
+                set_mask(walk, condition, False)
+                node = target
+                continue
+            if name == "where" and len(positional) == 3:
+                condition, when_true, when_false = positional
+                if very_negative(fill_of(walk, when_false), walk.names):
+                    set_mask(walk, condition, True)
+                    node = when_true
+                elif very_negative(fill_of(walk, when_true), walk.names):
+                    set_mask(walk, condition, False)
+                    node = when_false
+                else:
+                    raise Refused("torch.where does not fill with -inf or the dtype's minimum")
+                continue
+            if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, walk.names) and \
+                    len(positional) == 1:
+                scaled = _scaled(walk)
+                (chain.factors if name == "mul" else chain.divisors).append(here(walk, positional[0]))
+                node = receiver
+                continue
+            if name in MATMULS:
+                left, right = _operands(receiver, positional, walk.names)
+                chain.scores_product = node
+                _product(walk, left, right)
+                return
+            if name == "einsum":
+                chain.scores_product = node
+                _einsum_scores(walk, positional)
+                return
+            if name in ("baddbmm", "addmm") and is_namespace(receiver, walk.names) and len(positional) == 3:
+                chain.scores_product = node
+                _baddbmm(walk, positional, keywords, scaled)
+                return
+            inlined = helper_called(walk, node, statement)
+            if inlined is not None:
+                walk.scopes.append(inlined)
+                statement = inlined.block[-1]
+                node = statement.body[0].value
+                continue
+        raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+
+
+def _scaled(walk: Walk) -> bool:
+    if walk.guarded is not None:
+        raise Refused(f"the scores are scaled only `if {code_of(walk.guarded.test)}:`, which the fused call "
+                      "cannot express")
+    return True
+
+
+def _baddbmm(walk: Walk, positional, keywords, scaled: bool) -> None:
+    """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` (or `addmm`) is `s * q @ kᵀ + bias`: `scale=s`,
+    `attn_mask=bias`; with `beta=0` the bias is ignored."""
+    bias, left, right = positional
+    beta = keywords.get("beta")
+    if beta is not None and not is_number(beta, (0.0, 1.0)):
+        raise Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
+    if keywords.get("alpha") is not None:
+        walk.chain.factors.append(here(walk, keywords["alpha"]))
+    if beta is None or not is_number(beta, (0.0,)):
+        set_mask(walk, bias, True, additive=True, scaled=scaled)
+    _product(walk, left, right)
+
+
+def _chain_side(walk: Walk, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """Of `a + b`, (the scores, the mask): the scores are the side that leads back to the product."""
+    for tensor, other in ((left, right), (right, left)):
+        if _leads_to_product(walk, tensor, statement):
+            return tensor, other
+    raise Refused("neither side of the addition leads back to the scores product")
+
+
+def _leads_to_product(walk: Walk, node, statement, depth: int = 0) -> bool:
+    if depth > 12:
+        return False
+    if isinstance(node, cst.Name):
+        try:
+            assigned = definition(walk, node.value, statement, guarded=True)
+        except Refused:
+            return False
+        value = redefinition(assigned.body.body[-1] if isinstance(assigned, cst.If) else assigned, node.value)
+        return value is not None and _leads_to_product(walk, value, assigned, depth + 1)
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, cst.MatrixMultiply) or any(
+            _leads_to_product(walk, n, statement, depth + 1) for n in (node.left, node.right))
+    if isinstance(node, cst.Call):
+        name, receiver, positional, _ = call_parts(node)
+        if name in MATMULS or name == "einsum":
+            return True
+        try:
+            if helper_called(walk, node, statement) is not None:
+                return True  # a helper of the project's: the walk reads it
+        except Refused:
+            return False
+        candidates = ([receiver] if receiver is not None and not is_namespace(receiver, walk.names) else []) + positional
+        return any(_leads_to_product(walk, n, statement, depth + 1) for n in candidates)
+    return False
+
+
+def _product(walk: Walk, left: cst.BaseExpression, right: cst.BaseExpression) -> None:
+    chain = walk.chain
+    chain.q = here(walk, _peel_scale(walk, left))
+    key = here(walk, _peel_scale(walk, right))
+    untransposed = without_transpose(key, walk.rank)
+    if untransposed is None and isinstance(key, cst.Name):
+        untransposed = _transposed_variable(walk, key)
+    chain.k = untransposed if untransposed is not None else transposed(key)
+
+
+def _transposed_variable(walk: Walk, key: cst.Name) -> cst.BaseExpression | None:
+    """`k` for `kt` made by `kt = k.transpose(2, 3)` in this block and read nowhere else; the statement goes."""
+    try:
+        statement = definition(walk, key.value, walk.softmax_statement)
+    except Refused:
+        return None
+    untransposed = without_transpose(redefinition(statement, key.value), walk.rank)
+    reads = [n for n in names_read(walk.function) if n.value == key.value]
+    if untransposed is None or len(reads) != 2:  # the assignment and the product
+        return None
+    walk.chain.consumed.append(statement)
+    walk.chain.names.add(key.value)
+    return untransposed
+
+
+def _peel_scale(walk: Walk, operand: cst.BaseExpression) -> cst.BaseExpression:
+    """`q * s` or `q / d` as an operand of the product, also under a reshape (`(q * s).view(...)`): the
+    scale moves into `scale=`."""
+    name, receiver, _, _ = call_parts(operand)
+    if name in ("view", "reshape") and isinstance(receiver, cst.BinaryOperation) and \
+            isinstance(receiver.operator, (cst.Multiply, cst.Divide)):
+        # The product was a fresh contiguous tensor; its input may not be, so `view` becomes `reshape`.
+        return operand.with_changes(func=operand.func.with_changes(
+            value=atom(_peel_scale(walk, receiver.with_changes(lpar=[], rpar=[]))), attr=cst.Name("reshape")))
+    while isinstance(operand, cst.BinaryOperation) and isinstance(operand.operator, (cst.Multiply, cst.Divide)):
+        if isinstance(operand.operator, cst.Divide):
+            walk.chain.divisors.append(here(walk, operand.right))
+            operand = operand.left
+        else:
+            operand, factor = _split_scale(operand)
+            walk.chain.factors.append(here(walk, factor))
+    return operand
+
+
+def _einsum_scores(walk: Walk, positional: list[cst.BaseExpression]) -> None:
+    """Any layout of `q·k` over one shared dimension, the scores ending in (query, key): q and k are
+    transposed or permuted into the fused call's (batch..., sequence, head dim)."""
+    spec = einsum_spec(positional)
+    why = "the scores einsum does not contract one dimension of q and k into scores ending in (query, key)"
+    if spec is None:
+        raise Refused(why)
+    (a, b), out = spec
+    shared = [c for c in a if c in b and c not in out]
+    if len(out) < 2 or len(shared) != 1 or len(a) != len(out) or len(b) != len(out):
+        raise Refused(why)
+    batch, i, j, d = out[:-2], out[-2], out[-1], shared[0]
+    if set(a) != set(batch + i + d) or set(b) != set(batch + j + d):
+        raise Refused(why)
+    walk.chain.q = here(walk, to_layout(_peel_scale(walk, positional[1]), a, batch + i + d))
+    walk.chain.k = here(walk, to_layout(_peel_scale(walk, positional[2]), b, batch + j + d))
+
+
+def fold_prescaled(walk: Walk) -> None:
+    """`q = q * self.scale` on its own line before the scores, with nothing else reading the scaled `q`: the
+    factor moves into `scale=` and the statement goes (the fused call scales the scores itself)."""
+    chain = walk.chain
+    if walk.scopes or chain.values_statement is None:
+        return
+    body = list(walk.block)
+    first = min((body.index(s) for s in chain.consumed if s in body), default=None)
+    for part in ("q", "k"):
+        name = getattr(chain, part)
+        if not isinstance(name, cst.Name) or first is None:
+            continue
+        try:
+            statement = definition(walk, name.value, body[first])
+        except Refused:
+            continue
+        value = redefinition(statement, name.value)
+        if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, (cst.Multiply, cst.Divide)):
+            continue
+        tensor, factor = (_split_scale(value) if isinstance(value.operator, cst.Multiply) else (value.left, value.right))
+        if not isinstance(tensor, cst.Name) or tensor.value != name.value or not _scalar_like(factor):
+            continue
+        later = body[body.index(statement) + 1:]
+        reads = [n for s in later if s not in chain.consumed for n in names_read(s) if n.value == name.value]
+        if any(not inside(n, chain.values_product) for n in reads):  # the scaled `q` is read elsewhere too
+            continue
+        (chain.factors if isinstance(value.operator, cst.Multiply) else chain.divisors).append(factor)
+        walk.reads.append(({n.value for n in names_read(factor)}, statement))
+        chain.consumed.append(statement)
+
+
+def _upcast_only(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it); None otherwise."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock) \
+            or len(statement.body.body) != 1:
+        return None
+    value = redefinition(statement.body.body[0], name)
+    cast, receiver, _, _ = call_parts(value)
+    if cast in CASTS and isinstance(receiver, cst.Name) and receiver.value == name:
+        return receiver
+    return None
+
+
+def _operands(receiver, positional, names: ImportNames) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    if receiver is not None and not is_namespace(receiver, names):
+        if len(positional) != 1:
+            raise Refused("the scores product's operands could not be read")
+        return receiver, positional[0]
+    if len(positional) != 2:
+        raise Refused("the scores product's operands could not be read")
+    return positional[0], positional[1]
+
+
+def _split_scale(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """(tensor, factor) of `a * b`: the factor is the side that is plainly a number or computed from shapes."""
+    if _scalar_like(node.left) and not _scalar_like(node.right):
+        return node.right, node.left
+    return node.left, node.right
+
+
+def _scalar_like(node: cst.BaseExpression) -> bool:
+    text = code_of(node)
+    return isinstance(node, (cst.Integer, cst.Float)) or any(
+        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))

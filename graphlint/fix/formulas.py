@@ -1,0 +1,103 @@
+"""Reading a formula written by hand, shared by the fixes that put a library call in its place (GL106, GL107,
+GL204): the input of `torch.<name>(x)` in any spelling, its factors, a variable's one value, a formula's
+parentheses."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from graphlint.fix.rewrite import FixSite, ImportNames, call_parts, code_of, is_namespace, names_read
+from graphlint.fix.source import all_nodes, is_number
+
+
+def input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -> cst.BaseExpression | None:
+    """`x` of `torch.<name>(x)`, `F.<name>(x)` or `x.<name>()`, for one of `names`."""
+    name, receiver, positional, _ = call_parts(node)
+    if name not in names:
+        return None
+    if is_namespace(receiver, imports):
+        return positional[0] if positional else None
+    return receiver
+
+
+def without_parentheses(site: FixSite, node: cst.CSTNode, new: cst.CSTNode) -> tuple[cst.CSTNode, cst.CSTNode]:
+    """(what to replace, by what): a formula a formatter wrapped in parentheses over several lines (`return (`,
+    the formula, `)`) is replaced with its parentheses when it is the statement's whole value and the call
+    needs none; else just the formula."""
+    if getattr(node, "lpar", None) and not getattr(new, "lpar", None) and isinstance(new, cst.Call) and \
+            site.function is not None:
+        for statement in all_nodes(site.function):
+            if isinstance(statement, (cst.Assign, cst.Return)) and statement.value is node:
+                return statement, statement.with_changes(value=new)
+    return node, new
+
+
+def calls_any(node: cst.CSTNode, names: tuple[str, ...]) -> bool:
+    """Whether `node` calls one of `names` anywhere inside."""
+    return any(call_parts(n)[0] in names for n in all_nodes(node) if isinstance(n, cst.Call))
+
+
+def factors_of(node: cst.BaseExpression, function: cst.FunctionDef | None = None) -> list[cst.BaseExpression]:
+    """The operands of a product, flattened: `0.5 * x * (1 + t)` is [0.5, x, (1 + t)]; a division by a number
+    is a factor too (`x * (1 + t) / 2` is [x, (1 + t), 2]), and with `function`, a variable it assigns once to a
+    product with a tanh or erf in it is read as what it holds (`x * cdf`)."""
+    if function is not None and isinstance(node, cst.Name):
+        value = assigned_once(function, node.value)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Multiply, cst.Divide)) and \
+                calls_any(value, ("tanh", "erf")):
+            return factors_of(value, function)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        bare = node.with_changes(lpar=[], rpar=[])
+        return factors_of(bare.left, function) + factors_of(bare.right, function)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and is_number(node.right):
+        return factors_of(node.with_changes(lpar=[], rpar=[]).left, function) + [node.right]
+    return [node]
+
+
+def assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpression | None:
+    """What `name = ...` sets, when the function assigns `name` once and every variable that expression reads
+    at most once too (so it means the same where the log is)."""
+    if function is None:
+        return None
+    assigned: dict[str, list[cst.BaseExpression | None]] = {}
+
+    class _Assignments(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                for bound in names_read(target.target):  # a name bound by unpacking holds no one expression
+                    plain = isinstance(target.target, cst.Name)
+                    assigned.setdefault(bound.value, []).append(node.value if plain else None)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Name):
+                assigned.setdefault(node.target.value, []).extend([node.value, node.value])
+
+        def visit_For(self, node: cst.For) -> None:
+            for bound in names_read(node.target):
+                assigned.setdefault(bound.value, []).extend([node.iter, node.iter])
+
+    function.visit(_Assignments())
+    values = assigned.get(name, [])
+    if len(values) != 1 or values[0] is None or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
+        return None
+    return values[0]
+
+
+def unparenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node` without its own parentheses."""
+    return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node
+
+
+def value_of(node: cst.BaseExpression, function: cst.FunctionDef | None) -> cst.BaseExpression:
+    """What a variable the function assigns once holds (`xc` of `xc = x - mu`), else `node`; without parentheses."""
+    if isinstance(node, cst.Name):
+        node = assigned_once(function, node.value) or node
+    return unparenthesized(node)
+
+
+def is_difference(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract)
+
+
+def is_self_attribute(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Attribute) and code_of(node.value) == "self"

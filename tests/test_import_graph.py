@@ -1,0 +1,156 @@
+"""No import cycle among graphlint's modules and the rules, read statically from the source with `ast`.
+
+Every import that runs counts, at module level or inside a function: a function-level import only delays when a
+dependency is paid (torch, libcst), the layer still reaches back up, and the cycle this test was written for
+(fix/apply → fix/prove → session → fix/apply) was made of function-level imports. Imports under
+`if TYPE_CHECKING:` never run and only name types for annotations, so they do not count. Importing a submodule
+also runs its package's `__init__`, but that implicit edge is left out: a package re-exporting its own parts is
+no layer reaching back up.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("graphlint", "rules")
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the packages by its dotted name; a package by its `__init__.py`."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def imported(name: str, source: str, is_package: bool = False) -> set[str]:
+    """The dotted names a module's source imports when it runs (a `from a import b` names `a` and `a.b`)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for other in child.orelse:  # the `else:` branch runs
+                    visit(ast.Module(body=[other], type_ignores=[]))
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: from the package, up one level per dot after the first
+                    parts = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module → the modules of the packages it imports."""
+    modules = module_files(root)
+    return {name: {other for other in imported(name, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+                   if other in modules and other != name}
+            for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle through each group of modules that import each other, as [a, b, ..., a]."""
+    return [_shortest_cycle(graph, group, min(group)) for group in _strongly_connected(graph)]
+
+
+def _shortest_cycle(graph: dict[str, set[str]], group: set[str], start: str) -> list[str]:
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth first inside the group, until an import leads back to `start`
+        following = []
+        for node in frontier:
+            for other in sorted(graph[node] & group):
+                if other == start:
+                    return paths[node] + [start]
+                if other not in paths:
+                    paths[other] = paths[node] + [other]
+                    following.append(other)
+        frontier = following
+    raise AssertionError(f"{start} is in a group of modules that import each other, yet no path leads back")
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of more than one module, or of one importing itself, that reach each other (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return groups
+
+
+def test_graphlint_and_the_rules_have_no_import_cycle():
+    graph = import_graph()
+    assert "graphlint.session" in graph and "rules.gl101_unfused_attention" in graph  # the graph was read
+    assert [" → ".join(cycle) for cycle in cycles(graph)] == []
+
+
+def test_a_cycle_is_found_and_named():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert sorted(cycles(graph)) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_function_level_imports_count_and_type_checking_ones_do_not():
+    source = '''
+from typing import TYPE_CHECKING
+from . import sibling
+from .. import up
+
+if TYPE_CHECKING:
+    from graphlint.session import Session
+else:
+    import graphlint.config
+
+def later():
+    from graphlint.fix.apply import plan_fixes
+'''
+    names = imported("graphlint.fix.prove", source)
+    assert {"graphlint.fix.sibling", "graphlint.up", "graphlint.config", "graphlint.fix.apply"} <= names
+    assert "graphlint.session" not in names
+    assert "graphlint.run.parent" in imported("graphlint.run", "from .parent import WarmParent", is_package=True)
