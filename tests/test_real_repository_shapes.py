@@ -1,12 +1,17 @@
 """Code shapes met in real repositories' own test suites under `pytest --graphlint` (docs/real-repositories.md),
 written by hand in those repositories' style: each finding there was judged by reading the code and checked in
-plain PyTorch, and each false one became a test here."""
+plain PyTorch, and each false one (or failure to lint) became a test here."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from conftest import findings_of, line_of, lint_file, write
+
+pytest_plugins = ("pytester",)
 
 # EfficientNet-PyTorch's memory-efficient Swish: x * sigmoid(x) inside a custom autograd.Function, whose forward
 # autograd does not record; it keeps only its input for backward, as F.silu does.
@@ -86,3 +91,56 @@ def test_swish_in_a_custom_autograd_function_is_reported_without_claiming_it_kee
 
     [plain] = findings_of(lint_file(path, "make_plain"), "GL107")
     assert "saves less for backward" in plain.message and plain.saves_bytes > 0
+
+
+# vector-quantize-pytorch's VectorQuantize(vq_bridge=ContinuousTransformerWrapper(...),
+# in_place_codebook_optimizer=lambda params: SGD(params)): a module argument, and a lambda that keeps the
+# recording in memory; its forward branches on a buffer's value, so the meta capture fails and the CPU retry
+# builds the model again from the same recorded arguments.
+QUANTIZER = '''
+import torch
+from torch import nn
+
+
+class Quantizer(nn.Module):
+    def __init__(self, dim, codebook_size, bridge=None, codebook_optimizer=None):
+        super().__init__()
+        self.codebook = nn.Parameter(torch.randn(codebook_size, dim))
+        self.bridge = bridge if bridge is not None else nn.Identity()
+        self.optimizer = codebook_optimizer(self.parameters()) if codebook_optimizer is not None else None
+        self.register_buffer("initted", torch.tensor(False))
+
+    def forward(self, x):
+        if not self.initted:
+            self.codebook.data.copy_(x[0, : self.codebook.shape[0]])
+            self.initted.fill_(True)
+        codebook = self.bridge(self.codebook)
+        index = torch.cdist(x, codebook).argmin(dim=-1)
+        return codebook[index]
+'''
+QUANTIZER_TEST = '''
+import torch
+from torch import nn
+
+from quantizer import Quantizer
+
+
+def test_quantizer_with_a_bridge():
+    bridge = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16))
+    vq = Quantizer(16, 8, bridge=bridge, codebook_optimizer=lambda params: torch.optim.SGD(params, lr=1e-3))
+    assert vq(torch.randn(1, 32, 16)).shape == (1, 32, 16)
+'''
+
+
+@pytest.mark.cli
+def test_a_recorded_model_with_a_module_argument_is_rebuilt_on_cpu_after_the_meta_attempt(pytester):
+    pytester.makepyfile(**{"quantizer.py": QUANTIZER.lstrip(), "tests/test_quantizer.py": QUANTIZER_TEST.lstrip()})
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json",
+                                           timeout=600)
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "out.json").read_text())
+    assert report["errors"] == [], report["errors"]
+    assert report["summary"]["targets"] == 1 and report["summary"]["failed_targets"] == 0
+    assert any("captured on CPU" in note["message"] for note in report["notes"]), report["notes"]
