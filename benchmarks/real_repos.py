@@ -7,8 +7,9 @@ For each checkout this runs, in the checkout's folder and with the Python that r
         --graphlint-no-fail --graphlint-output <tmp>/graphlint.json --graphlint-format json
 
 and prints, per repository: its commit, the tests passed/failed in each run, the wall time of each run, the
-seconds the plugin added, the slowest test's duration in each run (the plugin should make no test slower:
-the models are linted when the session ends), and the findings (rule, path:line).
+seconds the plugin added, split into what it added inside the tests (the sum of pytest's `--durations`: the
+recording of each model's first call) and after them (the lint when the session ends), the test it slowed
+most (the plugin should make no test slower), and the findings (rule, path:line).
 
 Usage:
 
@@ -76,6 +77,9 @@ def run_repository(spec: str, repeat: int = 1) -> dict:
         "plain": {k: plain[k] for k in ("returncode", "seconds", "counts")},
         "graphlint": {k: linted[k] for k in ("returncode", "seconds", "counts")},
         "added_seconds": linted["seconds"] - plain["seconds"],
+        # the tests' own time (pytest's --durations, all phases) in each run; what the plugin added outside
+        # the tests is its lint when the session ends (and its start-up)
+        "tests_seconds": {"plain": sum(plain["durations"].values()), "graphlint": sum(linted["durations"].values())},
         "most_slowed_test": slower[0] if slower else None,
         "report_written": data is not None,
         "targets": data["summary"]["targets"] if data else None,
@@ -94,13 +98,15 @@ def _counts(counts: dict[str, int]) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print("| repository | commit | tests (plain) | tests (--graphlint) | plain s | --graphlint s | added s "
-          "| targets | findings |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| in tests s | after tests s | targets | findings |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         findings = ", ".join(f"{f['rule']} {f['path']}:{f['line']}" for f in r["findings"]) or "none"
+        in_tests = r["tests_seconds"]["graphlint"] - r["tests_seconds"]["plain"]
         print(f"| {r['repository']} | {r['commit'][:10]} | {_counts(r['plain']['counts'])} "
               f"| {_counts(r['graphlint']['counts'])} | {r['plain']['seconds']:.1f} "
-              f"| {r['graphlint']['seconds']:.1f} | {r['added_seconds']:+.1f} | {r['targets']} | {findings} |")
+              f"| {r['graphlint']['seconds']:.1f} | {r['added_seconds']:+.1f} | {in_tests:+.1f} "
+              f"| {r['added_seconds'] - in_tests:+.1f} | {r['targets']} | {findings} |")
     for r in rows:
         if r["most_slowed_test"]:
             delta, test = r["most_slowed_test"]
@@ -119,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--repeat", type=int, default=1, help="run each command N times, keep the fastest")
     args = parser.parse_args(argv)
-    rows = [run_repository(spec, args.repeat) for spec in args.checkouts]
+    rows = []
+    for spec in args.checkouts:
+        rows.append(run_repository(spec, args.repeat))
+        row = rows[-1]
+        print(f"done: {row['repository']} plain {row['plain']['seconds']:.1f} s, --graphlint "
+              f"{row['graphlint']['seconds']:.1f} s", file=sys.stderr, flush=True)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
