@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from conftest import findings_of, line_of, lint_file, write
+from conftest import backward_in_plain_pytorch, findings_of, line_of, lint_file, write
 
 pytest_plugins = ("pytester",)
 
@@ -144,3 +144,42 @@ def test_a_recorded_model_with_a_module_argument_is_rebuilt_on_cpu_after_the_met
     assert report["errors"] == [], report["errors"]
     assert report["summary"]["targets"] == 1 and report["summary"]["failed_targets"] == 0
     assert any("captured on CPU" in note["message"] for note in report["notes"]), report["notes"]
+
+
+# vector-quantize-pytorch's LatentQuantize: the codebook values are parameters, but the straight-through
+# estimator `z + (quantize - z).detach()` is their only way to the loss, so they never get a gradient (a true
+# GL202, kept found here).
+LATENT = '''
+import torch
+from torch import nn
+
+
+class LatentQuantize(nn.Module):
+    def __init__(self, levels=(5, 5, 8), dim=16):
+        super().__init__()
+        self.project_in = nn.Linear(dim, len(levels))
+        self.project_out = nn.Linear(len(levels), dim)
+        self.values_per_latent = nn.ParameterList(
+            [nn.Parameter(torch.linspace(-0.5, 0.5, level)) for level in levels])
+
+    def forward(self, x):
+        z = self.project_in(x)
+        index = [torch.argmin((z[..., i, None] - v).abs(), dim=-1) for i, v in enumerate(self.values_per_latent)]
+        quantize = torch.stack([v[index[i]] for i, v in enumerate(self.values_per_latent)], dim=-1)
+        quantize = z + (quantize - z).detach()
+        return self.project_out(quantize)
+
+
+def make():
+    return LatentQuantize(), (torch.randn(2, 64, 16),)
+'''
+
+
+def test_a_straight_through_estimator_that_cuts_the_codebook_parameters_off_is_found(tmp_path):
+    path = write(tmp_path, "latent_quantization.py", LATENT)
+    [finding] = findings_of(lint_file(path), "GL202")
+    assert finding.location.line == line_of(path, "quantize = z + (quantize - z).detach()")
+    assert "values_per_latent" in finding.message
+    model = backward_in_plain_pytorch(path)
+    assert all(p.grad is None for p in model.values_per_latent)
+    assert model.project_in.weight.grad is not None
