@@ -183,3 +183,50 @@ def test_a_straight_through_estimator_that_cuts_the_codebook_parameters_off_is_f
     model = backward_in_plain_pytorch(path)
     assert all(p.grad is None for p in model.values_per_latent)
     assert model.project_in.weight.grad is not None
+
+
+# The same shape for a norm: a LayerNorm written out inside a custom autograd.Function's forward keeps nothing
+# for backward beyond what the Function saves itself.
+NORM_FUNCTION = '''
+import torch
+from torch import nn
+
+
+class LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, eps):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        y = (x - mu) / torch.sqrt(var + eps)
+        ctx.save_for_backward(x)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            y = torch.nn.functional.layer_norm(x, x.shape[-1:], eps=ctx.eps)
+            (grad,) = torch.autograd.grad(y, x, grad_output)
+        return grad, None
+
+
+class Norm(nn.Module):
+    def forward(self, x):
+        return LayerNormFunction.apply(x, 1e-5)
+
+
+def make():
+    model = nn.Sequential(nn.Linear(16, 16), Norm(), nn.Linear(16, 16))
+    return model, (torch.randn(4, 16),)
+'''
+
+
+def test_a_norm_in_a_custom_autograd_function_is_reported_without_claiming_it_keeps_more(tmp_path):
+    path = write(tmp_path, "norm_function.py", NORM_FUNCTION)
+    findings = findings_of(lint_file(path), "GL106")
+    assert findings, "the hand-written LayerNorm is still reported"
+    for finding in findings:
+        assert "one kernel" in finding.message and "saves less" not in finding.message, finding.message
+        assert finding.saves_bytes == 0
