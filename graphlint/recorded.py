@@ -19,6 +19,7 @@ linted; a recording that only memory holds cannot leave a pytest-xdist worker or
 
 from __future__ import annotations
 
+import copy
 import io
 import re
 import sys
@@ -290,6 +291,12 @@ def rebuild(path: str):
             raise TargetFailure("the model's constructor arguments or inputs cannot be saved, and on this system "
                                 "the lint runs in a new process rather than a fork of the test session")
         cls, args, kwargs, inputs = IN_MEMORY[path]
+        # Each build gets its own copy: the meta attempt moves a module argument (a bridge network passed to
+        # the constructor) to meta in place, and the CPU retry must not get it there.
+        try:
+            args, kwargs, inputs = copy.deepcopy((args, kwargs, inputs))
+        except Exception:  # an argument that cannot be copied is used as it is, as before
+            pass
     else:
         data = torch.load(path, map_location="cpu", weights_only=False)
         cls, args, kwargs, inputs = data["cls"], data["args"], data["kwargs"], data["inputs"]

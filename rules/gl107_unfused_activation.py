@@ -245,12 +245,16 @@ class UnfusedActivation(Rule):
             if found is not None:
                 outer, library = found
                 if not ran_in_library(outer):
+                    # Inside a custom autograd.Function's forward (a hand-written memory-efficient Swish) autograd
+                    # keeps none of the chain's steps: say "saves less" only when the chain keeps more.
+                    saves = chain_savings(capture, outer)
                     yield Problem(
                         node=outer,
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
-                                 f"{library} runs it as one kernel and saves less for backward."),
+                                 f"{library} runs it as one kernel"
+                                 + (" and saves less for backward." if saves > 0 else ".")),
                         fix=FixerAt("graphlint.fix.activations:activation_call", library=library),
-                        saves_bytes=chain_savings(capture, outer),
+                        saves_bytes=saves,
                     )
 
 
