@@ -38,13 +38,16 @@ def _first_bash_block(text: str) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", text, re.S)[0].strip().splitlines()
 
 
-def test_the_readmes_first_commands_install_graphlint_and_lint_a_shipped_example():
-    install, check = _first_bash_block(README)
-    assert install.startswith("python3 -m venv .venv && ") and "pip install -c constraints.txt ." in install
+def test_the_readmes_two_commands_install_and_lint_a_shipped_example_then_run_the_tests():
+    first, tests = _first_bash_block(README)
+    install, check = first.rsplit(" && ", 1)
+    contributing_install, contributing_tests = _first_bash_block(CONTRIBUTING)
+    assert install == contributing_install  # the same environment the tests need
     command, target = check.split(" check ")
     assert command == ".venv/bin/graphlint"
     path, name = target.split(":")
     assert path.startswith("examples/") and f"def {name}(" in (REPO / path).read_text(encoding="utf-8")
+    assert tests == contributing_tests  # which .ci/run runs (the test below)
 
 
 def test_contributings_two_commands_are_the_ones_ci_runs():
