@@ -16,6 +16,7 @@ import dataclasses
 import json
 from collections import Counter
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -118,7 +119,7 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool, left_out: l
     described = []
     for index, recording in enumerate(recordings):
         entry = {"key": [recording.cls, list(recording.site or ()), recording.configuration], "problem": recording.problem,
-                 "target": recording.target}
+                 "target": recording.target, "factory": recording.factory}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
@@ -175,7 +176,9 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     _rename(report, names)
-    commands = _commands(report, recordings, here)
+    from graphlint.cache import default_folder
+
+    commands = _commands(report, recordings, here, default_folder(project, None) / "factories")
     hint = "the command named for each model below proves and applies it" if commands else None
     text = render_text(report, *([hint] if hint else [])).rstrip("\n").splitlines() + commands
     output = pytest_config.getoption("graphlint_output")
@@ -188,14 +191,16 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     return notes + diagnostics(report) + text, report.failing
 
 
-def _commands(report, recordings: list[dict], here: Path) -> list[str]:
+def _commands(report, recordings: list[dict], here: Path, factories: Path) -> list[str]:
     """For each recorded model with findings, the command that lints it as a target (`--fix` when a fix is
-    offered), run from where pytest was started; a model whose arguments are no literals needs a factory."""
+    offered), run from where pytest was started. A model whose arguments are no literals gets a factory file in
+    `factories`, written from its recorded constructor calls, where they can be written; else it needs one."""
     from graphlint.errors import GraphlintError
     from graphlint.results import SAFE
     from graphlint.target import TargetSpec
 
     by_name = {r["name"]: r.get("target") for r in recordings if r.get("path")}
+    factory_of = {r["name"]: r.get("factory") for r in recordings if r.get("path")}
     lines = []
     for result in report.results:
         findings = [f for f in report.findings if result.target in f.targets and not f.suppressed]
@@ -203,6 +208,13 @@ def _commands(report, recordings: list[dict], here: Path) -> list[str]:
             continue
         fixable = any(f.fix is not None and f.fix.applicability == SAFE for f in findings)
         target = by_name[result.target]
+        if target is None and factory_of.get(result.target):
+            written = _write_factory(factories, result.target, factory_of[result.target])
+            if written is not None:
+                lines.append(f"graphlint: {result.target}: graphlint check {os.path.relpath(written, here)}:make"
+                             f"{' --fix' if fixable else ''} (a factory written from the test's constructor calls: "
+                             "keep it beside your code and edit it freely)")
+                continue
         if target is None:
             lines.append(f"graphlint: {result.target}: its constructor arguments or inputs are no literals: write a "
                          "factory function that builds it and returns (model, args), and run graphlint check "
@@ -215,6 +227,18 @@ def _commands(report, recordings: list[dict], here: Path) -> list[str]:
             shown = target
         lines.append(f"graphlint: {result.target}: graphlint check {shown}{' --fix' if fixable else ''}")
     return lines
+
+
+def _write_factory(folder: Path, name: str, source: str) -> Path | None:
+    """Write a generated factory as `folder/<Class>_<line>.py`; None when the folder cannot be written."""
+    stem = re.sub(r"\W+", "_", name.replace(" built at ", "_")).strip("_")[:80]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{stem}.py"
+        path.write_text(source, encoding="utf-8")
+    except OSError:
+        return None
+    return path
 
 
 def _rename(report, names: dict[str, str]) -> None:

@@ -42,6 +42,7 @@ class Recording:
     kept: tuple | None = None  # (cls, args, kwargs, inputs) when torch.save could not write them
     problem: str | None = None  # why it cannot be linted, or saved, when it cannot
     target: str | None = None  # the target text that builds it with literal --init and --input, when one can
+    factory: str | None = None  # else the source of a factory that builds it, when its arguments can be written
     configuration: str = ""  # its constructor's arguments, as text: what tells it from the others of its site
 
 
@@ -145,11 +146,21 @@ class ModelRecorder:
             recording.problem = f"its inputs cannot be copied ({one_line(error)})"
             return
         recording.target = as_target(cls, built[0], built[1], inputs)
+        if recording.target is None:
+            recording.factory = as_factory(cls, built[0], built[1], inputs, self._constructor_call)
         try:
             recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
             recording.kept = (cls, built[0], built[1], inputs)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
+
+    def _constructor_call(self, module) -> tuple[tuple, dict] | None:
+        """The arguments a module seen being built was called with; None for one built elsewhere."""
+        try:
+            built = self._built.get(module)
+        except TypeError:
+            return None
+        return None if built is None else (built[0], built[1])
 
     def _configuration(self, module, built) -> str:
         """The module's constructor arguments as text, worked out once per module (it is asked at every call)."""
@@ -199,6 +210,77 @@ def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
     except GraphlintError:
         return None
     return text
+
+
+def as_factory(cls, args: tuple, kwargs: dict, inputs: tuple, constructor_call) -> str | None:
+    """The source of a factory module whose `make()` builds this model as the test did and returns it with inputs
+    of the recorded shapes, for a model a command line cannot spell: an argument that is a module the session
+    saw built is written as its own constructor call (`Wrapper(attn_layers=Decoder(dim=8))`). None when an
+    argument is neither that nor a literal, or a class has no importable top-level name."""
+    imports: dict[str, set[str]] = {}
+    try:
+        call = _constructor_source(cls, args, kwargs, constructor_call, imports, depth=0)
+        values = [_value_source(value, constructor_call, imports, 1) for value in inputs[0]]
+        values += [f"{key}={_value_source(value, constructor_call, imports, 1)}" for key, value in inputs[1].items()]
+    except _Unwritable:
+        return None
+    lines = ['"""A factory graphlint wrote from what a test built and called (pytest --graphlint); edit it freely."""',
+             "", "import torch", ""]
+    lines += [f"from {module} import {', '.join(sorted(names))}" for module, names in sorted(imports.items())]
+    arguments = f"({', '.join(values)},)" if values else "()"
+    lines += ["", "", "def make():", f"    return {call}, {arguments}", ""]
+    return "\n".join(lines)
+
+
+class _Unwritable(Exception):
+    """A value no Python literal or recorded constructor call writes."""
+
+
+def _constructor_source(cls, args, kwargs, constructor_call, imports, depth: int) -> str:
+    module = sys.modules.get(cls.__module__)
+    if depth > 4 or not cls.__qualname__.isidentifier() or getattr(module, cls.__qualname__, None) is not cls \
+            or cls.__module__ == "__main__":
+        raise _Unwritable(cls.__qualname__)  # defined in a function, or not importable by its name
+    imports.setdefault(cls.__module__, set()).add(cls.__qualname__)
+    words = [_value_source(value, constructor_call, imports, depth + 1) for value in args]
+    words += [f"{key}={_value_source(value, constructor_call, imports, depth + 1)}" for key, value in kwargs.items()]
+    return f"{cls.__qualname__}({', '.join(words)})"
+
+
+def _value_source(value, constructor_call, imports, depth: int) -> str:
+    import ast
+
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        call = constructor_call(value)
+        if call is None:
+            raise _Unwritable(type(value).__name__)
+        return _constructor_source(type(value), *call, constructor_call, imports, depth)
+    if isinstance(value, torch.Tensor):
+        spec = _input_spec(value)
+        if spec is None:
+            raise _Unwritable("tensor")
+        shape = tuple(value.shape)
+        dtype = f"torch.{str(value.dtype).removeprefix('torch.')}"
+        if value.dtype == torch.bool:
+            return f"torch.ones({shape}, dtype=torch.bool)"
+        if value.is_floating_point():
+            return f"torch.randn({shape}, dtype={dtype})"
+        if ":" not in spec:  # an empty integer tensor: no range to draw from
+            return f"torch.zeros({shape}, dtype={dtype})"
+        low, high = spec.rsplit(":", 1)[1].split("..")
+        return f"torch.randint({low}, {high}, {shape}, dtype={dtype})"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (torch.nn.Module, torch.Tensor)) for v in value):
+        inner = ", ".join(_value_source(v, constructor_call, imports, depth + 1) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
+    try:  # a literal is written as what reads back equal
+        text = repr(value)
+        if ast.literal_eval(text) == value:
+            return text
+    except Exception:
+        pass
+    raise _Unwritable(type(value).__name__)
 
 
 def _input_spec(value) -> str | None:

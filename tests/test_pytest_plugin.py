@@ -372,3 +372,60 @@ def test_the_plugin_places_every_layer_of_repeated_blocks_at_its_construction_on
     conv = next(n for n, line in enumerate((pytester.path / "blocks.py").read_text().splitlines(), 1)
                 if "nn.Conv2d" in line)
     assert reports[0] == reports[1] == [("GL105", conv)]
+
+
+NESTED = """
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    def __init__(self, dim=16, depth=1):
+        super().__init__()
+        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim) for _ in range(depth))
+
+    def forward(self, x):
+        for qkv in self.qkv:
+            q, k, v = qkv(x).chunk(3, dim=-1)
+            x = x + (q @ k.transpose(-2, -1) / 4.0).softmax(dim=-1) @ v
+        return x
+
+
+class Wrapper(nn.Module):
+    def __init__(self, attn_layers, vocab=40):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, attn_layers.qkv[0].in_features)
+        self.attn_layers = attn_layers
+
+    def forward(self, ids):
+        return self.attn_layers(self.embed(ids))
+"""
+
+NESTED_TESTS = """
+import torch
+from zoo.nested import Decoder, Wrapper
+
+
+def test_wrapper():
+    model = Wrapper(attn_layers=Decoder(dim=16, depth=2), vocab=40)
+    assert model(torch.randint(0, 40, (2, 5))).shape == (2, 5, 16)
+"""
+
+
+@pytest.mark.cli
+def test_a_model_built_from_another_module_gets_a_factory_file_whose_command_fixes_it(pytester):
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/nested.py": textwrap.dedent(NESTED),
+                           "tests/test_nested.py": textwrap.dedent(NESTED_TESTS)})
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    [line] = [line for line in result.stdout.lines if line.startswith("graphlint: Wrapper built at")]
+    command = line.split(": graphlint check ", 1)[1].split(" (a factory", 1)[0].split()
+    assert command[0].startswith(".graphlint_cache/factories/") and command[1:] == ["--fix"], line
+    factory = (pytester.path / command[0].split(":")[0]).read_text()
+    assert "Wrapper(attn_layers=Decoder(dim=16, depth=2), vocab=40)" in factory  # the test's own calls
+    from conftest import run_graphlint
+
+    fixed = run_graphlint("check", *command, cwd=pytester.path)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/nested.py").read_text()
