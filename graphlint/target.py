@@ -309,10 +309,18 @@ class _Builder:
         self._check_arguments(kwargs)
         try:
             made = call_user_code(self.build, **kwargs)
-        except (AttributeError, TypeError) as error:
+        except Exception as error:
             words = {key: value for key, value in kwargs.items() if isinstance(value, str)}
-            if not words or "'str'" not in str(error):
-                raise
+            if not words or not isinstance(error, (AttributeError, TypeError)) or "'str'" not in str(error):
+                unset = _unset_objects(self.build, kwargs)
+                if not unset:
+                    raise
+                # A constructor that needs an object it defaults to None (EfficientNet's blocks_args) fails its own way.
+                raise TargetFailure(f"{self.spec.name}() raised {one_line(error)}{raised_at(error)}; it was built with "
+                                    f"{', '.join(unset)} left at None: if it needs {(them := 'them' if len(unset) > 1 else 'it')}"
+                                    f" and no --init literal can give {them}, write a factory function that builds "
+                                    f"{self.spec.name}(...) and returns (model, args), and name it as the target"
+                                    ) from error
             # `--init attn_layers=Decoder` reaches the constructor as the text "Decoder", never as an object.
             given = ", ".join(f"{key} as the text {value!r}" for key, value in words.items())
             raise TargetFailure(f"{self.spec.name}() raised {one_line(error)}{raised_at(error)}; --init gave {given}: "
@@ -373,6 +381,18 @@ class _Builder:
         raise TargetFailure(f"{self.spec.name}() cannot be called with keyword arguments only "
                             f"({', '.join(p.name for p in parameters if p.kind is p.POSITIONAL_ONLY)} are positional-only); "
                             "wrap it in a factory function")
+
+
+def _unset_objects(build: Callable, kwargs: dict[str, Any]) -> list[str]:
+    """A class's constructor parameters that default to None and were not given: what it may need as objects."""
+    if not inspect.isclass(build):
+        return []
+    try:
+        parameters = inspect.signature(build).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is None and p.name not in kwargs
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 _LITERAL_TYPES = {"int", "float", "str", "bool", "list", "dict", "tuple", "None", "Optional", "Union", "Sequence",

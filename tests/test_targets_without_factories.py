@@ -260,3 +260,26 @@ def test_a_class_target_fix_is_proven_with_its_inputs_and_arguments(tmp_path):
     assert "+        return F.log_softmax(self.conv(x).flatten(1), dim=-1)" in result.stdout
     assert "graphlint: 1 fix would be applied" in result.stderr
     assert "torch.log(torch.softmax" in nets.read_text()  # --diff writes nothing
+
+
+@pytest.mark.cli
+def test_a_class_that_needs_an_object_it_defaults_to_none_says_to_write_a_factory(tmp_path):
+    write(tmp_path, "effnet.py", '''
+        import torch
+        from torch import nn
+
+
+        class EfficientNet(nn.Module):
+            def __init__(self, blocks_args=None, global_params=None):
+                super().__init__()
+                assert isinstance(blocks_args, list), "blocks_args should be a list"
+                self.stem = nn.Conv2d(3, 8, 3)
+
+            def forward(self, x):
+                return self.stem(x)
+    ''')
+    done = run_graphlint("check", "effnet.py:EfficientNet", "--input", "float32[1,3,8,8]", cwd=tmp_path)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert "blocks_args should be a list" in line and f"effnet.py:{line_of(tmp_path / 'effnet.py', 'assert')}" in line
+    assert "blocks_args, global_params left at None" in line and "write a factory function" in line
