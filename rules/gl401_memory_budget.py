@@ -84,10 +84,11 @@ class MemoryBudget(Rule):
 
 
 def _fix_savings(findings) -> list[str]:
-    """What fixing the other findings would keep less for backward, per rule, largest first."""
+    """What fixing the other findings would keep less for backward, per rule, largest first. Rules run before
+    the policy stage, so a finding a comment will suppress still counts here."""
     by_rule: dict[str, list] = {}
     for finding in findings:
-        if finding.saves_bytes and not finding.suppressed:
+        if finding.saves_bytes:
             by_rule.setdefault(finding.rule_id, []).append(finding)
     ranked = sorted(by_rule.items(), key=lambda item: -sum(f.saves_bytes for f in item[1]))
     return [f"fixing {rule_id} ({len(found)} finding{'s' if len(found) > 1 else ''}) would keep about "
