@@ -107,9 +107,10 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         result.notes.extend(compile_notes(capture.compiled, project))
     result.files = tuple(sorted(f for f in capture.source_files if project.is_first_party(f)))
     # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
-    imported = {m.__file__ for m in list(sys.modules.values())
-                if isinstance(getattr(m, "__file__", None), str) and os.path.isabs(m.__file__)
-                and os.path.isfile(m.__file__)}
+    # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
+    imported = {m.__file__ for name, m in list(sys.modules.items())
+                if name not in ("__main__", "__mp_main__") and isinstance(getattr(m, "__file__", None), str)
+                and os.path.isabs(m.__file__) and os.path.isfile(m.__file__)}
     extra = {str(spec.file)} if spec.file is not None else set()
     result.libraries, local_library_files = loaded_libraries()
     result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra

@@ -56,6 +56,19 @@ def test_the_shipped_example_reports_gl101_at_the_softmax_line():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.proof
+def test_the_shipped_example_fix_is_proven_from_the_checkout():
+    # From a checkout graphlint's own package lies inside the project being linted; the proof must not count it
+    # as an original file the rewritten copy imported.
+    before = EXAMPLE.read_bytes()
+    result = run_graphlint("check", "--diff", "examples/attention/model.py:make_model", cwd=REPO)
+    assert result.returncode == 1, result.stderr
+    assert "fix not applied" not in result.stderr
+    assert result.stderr.strip().endswith("graphlint: 1 fix would be applied")
+    assert "scaled_dot_product_attention(" in result.stdout
+    assert EXAMPLE.read_bytes() == before
+
+
 def test_the_console_script_and_python_m_are_the_same_command():
     script = Path(sys.executable).parent / "graphlint"
     import subprocess

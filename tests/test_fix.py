@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -111,6 +113,21 @@ def test_diff_prints_the_proven_fixes_and_writes_nothing(tmp_path):
     assert "+        gate = gate * 2   # scale the gate" in result.stdout
     assert "probs[:, 0]" not in result.stdout.replace(" probs[:, 0] = 0\n", "")  # context only, never changed
     assert _stamp(files["model"]) == before
+
+
+@pytest.mark.proof
+@pytest.mark.cli
+def test_a_fix_is_proven_when_the_program_running_graphlint_lies_inside_the_project(tmp_path):
+    # A virtual environment made in the checkout (`python -m venv .venv`) runs graphlint as .venv/bin/graphlint,
+    # a script inside the project: it is the process's __main__, not a file the model imports.
+    files = _project(tmp_path, model=GATE)
+    launcher = write(tmp_path, ".venv/bin/graphlint", "import sys\nfrom graphlint.cli import main\nsys.exit(main())\n")
+    result = subprocess.run([sys.executable, str(launcher), "check", "--diff", "model.py:make"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 1, result.stderr
+    assert "imported the original" not in result.stderr
+    assert "+        self.act = nn.Sequential(nn.Sigmoid(), nn.ReLU())" in result.stdout
+    assert files["model"].read_text(encoding="utf-8").count("inplace=True") == 1  # --diff writes nothing
 
 
 @pytest.mark.proof

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from graphlint.config import Config
 from graphlint.errors import GraphlintError, one_line, single_line
+from graphlint.files import is_graphlint_file
 from graphlint.fix.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
 from graphlint.results import Edit, Finding, Report, TargetResult
@@ -143,8 +144,10 @@ def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], origin
         return Verdict(False, single_line(f"the rewritten target could not be linted (graphlint: error: "
                                           f"{error.target}: {error.message})"))
     root = project.root.resolve()
+    # graphlint's own files lie in the project when graphlint lints its own examples from a checkout.
     leaked = [path for result in report.results for path in result.inputs
-              if _inside(Path(path), root) is not None and _inside(Path(path), rewritten.resolve()) is None]
+              if _inside(Path(path), root) is not None and _inside(Path(path), rewritten.resolve()) is None
+              and not is_graphlint_file(path)]
     if leaked:  # findings there would be counted as outside the tree, and the proof would hold for nothing
         return Verdict(False, f"the rewritten copy imported the original {project.relative(leaked[0])}, not its copy")
     after = Counter((f.rule_id, tree.relative(f.location.path) or f.location.path) for f in report.findings)
