@@ -14,13 +14,18 @@ import warnings
 import torch
 from torch import nn
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from torch.nn.utils import weight_norm
+from torch.nn.utils import weight_norm as _weight_norm
 
 STYLE = "bottom-up-attention-vqa (weight-normed FCNet, in-place classifier dropout)"
 REPOSITORY = "hengyuan-hu/bottom-up-attention-vqa"
 BACKWARD_FAILS = True  # nn.Dropout(inplace=True) after nn.ReLU()
+
+
+def weight_norm(module, dim=None):
+    """torch.nn.utils.weight_norm, as the repository calls it, without its deprecation warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return _weight_norm(module, dim=dim)
 
 
 class FCNet(nn.Module):
