@@ -23,7 +23,10 @@ Robust and deterministic by construction: each module is copied alone into a fre
 empty pyproject.toml (so no project configuration, cache or virtual environment of a checkout takes part),
 linted with only GL101 and GL201 selected, with PYTHONHASHSEED=0, modules in name order, findings in line
 order. Nothing is read from the checkout but the modules and the graphlint executable (by default the one
-beside this Python, `--graphlint` to name another). Exit code 0 unless a module could not be linted (1).
+beside this Python, `--graphlint` to name another). A module whose `--diff` run reports a number of applied
+fixes other than the findings counted as proven is marked as an error (the messages this script reads changed
+shape). Exit code 0 unless a module could not be linted or was so marked (1); a module that times out
+(`--timeout`, per graphlint run) is such an error and the others are still measured.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ RULES = ("GL101", "GL201")
 HERE = Path(__file__).resolve().parent
 _REFUSED = re.compile(r"^graphlint: (?P<path>.+?):(?P<line>\d+): (?P<rule>GL\d+) fix not applied: (?P<reason>.*?)"
                       r"(?: \(--unsafe-fixes applies it\))?$")
+_NOTE = re.compile(r"^graphlint: (?P<path>.+?):(?P<line>\d+): (?P<rule>GL\d+) fix (?P<note>proven .*)$")
 _APPLIED = re.compile(r"^graphlint: (?P<count>\d+) fix(?:es)? would be applied$")
 
 
@@ -68,6 +72,16 @@ def _run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedP
 
 
 def measure(path: Path, graphlint: str, timeout: float) -> dict:
+    try:
+        return _measure(path, graphlint, timeout)
+    except subprocess.TimeoutExpired as error:
+        facts = module_facts(path)
+        return {"module": path.stem, "style": facts["STYLE"], "repository": facts["REPOSITORY"],
+                "fused": bool(facts["FUSED"]), "findings": [], "error": f"timed out after {error.timeout} s",
+                "seconds": error.timeout}
+
+
+def _measure(path: Path, graphlint: str, timeout: float) -> dict:
     facts = module_facts(path)
     row = {"module": path.stem, "style": facts["STYLE"], "repository": facts["REPOSITORY"],
            "fused": bool(facts["FUSED"]), "findings": [], "error": None, "seconds": 0.0}
@@ -88,11 +102,14 @@ def measure(path: Path, graphlint: str, timeout: float) -> dict:
         if report.get("errors"):
             row["error"] = "; ".join(error["message"] for error in report["errors"])
         diff = _run([graphlint, "check", "--diff", "--select", select, target], root, timeout)
-        refused, applied = {}, None
+        refused, notes, applied = {}, {}, None
         for line in diff.stderr.splitlines():
             match = _REFUSED.match(line.strip())
             if match:
                 refused[(match["rule"], Path(match["path"]).name, int(match["line"]))] = match["reason"]
+            match = _NOTE.match(line.strip())
+            if match:
+                notes[(match["rule"], Path(match["path"]).name, int(match["line"]))] = match["note"]
             match = _APPLIED.match(line.strip())
             if match:
                 applied = int(match["count"])
@@ -113,12 +130,16 @@ def measure(path: Path, graphlint: str, timeout: float) -> dict:
             elif key in refused:
                 status, reason = "not proven", refused[key]
             else:
-                status, reason = "proven", ""
+                status, reason = "proven", notes.get(key, "")
             row["findings"].append({"rule": finding["rule"], "line": where["line"], "path": where["path"],
                                     "occurrences": finding.get("occurrences", 1), "status": status,
                                     "reason": reason, "fix": fix["message"] if fix else None})
         row["findings"].sort(key=lambda f: (f["line"], f["rule"]))
         row["applied"] = applied
+        proven = sum(1 for f in row["findings"] if f["status"] == "proven")
+        if applied is not None and applied != proven and row["error"] is None:
+            # The diff run's own count disagrees with the findings counted as proven: its messages changed shape.
+            row["error"] = f"--diff applied {applied} fixes where {proven} findings were counted as proven"
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -147,7 +168,7 @@ def table(rows: list[dict]) -> str:
         proven = sum(1 for f in row["findings"] if f["status"] == "proven")
         unsafe = sum(1 for f in row["findings"] if f["status"] == "unsafe")
         rest = [f"{f['rule']} :{f['line']} ({f['status']}): {f['reason']}" for f in row["findings"]
-                if f["status"] not in ("proven",)]
+                if f["status"] != "proven" or f["reason"]]
         if row["error"]:
             rest.insert(0, f"ERROR: {row['error']}")
         if row["fused"]:
