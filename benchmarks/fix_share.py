@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows and totals to this file")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per graphlint run")
     args = parser.parse_args(argv)
+    if shutil.which(args.graphlint) is None:
+        parser.error(f"no graphlint command at {args.graphlint}; name one with --graphlint")
     paths = sorted(p for p in args.modules.glob("*.py") if not p.name.startswith("_"))
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
