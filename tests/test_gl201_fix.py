@@ -104,6 +104,12 @@ REFUSED = {
     "a view of a tensor read after": (
         model_source("s = torch.sigmoid(h)\nv = s[:, :4]\nv += 1  # write\ny = s * 2"),
         f"v is a view of s (v = s[:, :4]), and s is read after the write: {_ELSEWHERE} it"),
+    "kept in the module": (
+        model_source("y = torch.sigmoid(h)\nself.last = y\ny.mul_(2)  # write"),
+        f"self.last = y keeps y where a later read may see the write (in this call or the next): {_ELSEWHERE} it"),
+    "an index assignment through .data": (
+        model_source("y = torch.sigmoid(h)\ny.data[:, 0] = 0  # write"),
+        "a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the gradients"),
     "a registered buffer": (
         model_source("y = h * self.scale\nself.scale.mul_(0.5)  # write", 'self.register_buffer("scale", torch.ones(8))'),
         "self.scale is a registered buffer of the module, kept from step to step: rebinding it to a new tensor is "

@@ -74,6 +74,10 @@ def unshared(site: FixSite, statement: cst.BaseSmallStatement, target: cst.BaseE
         return
     last_own: cst.BaseExpression | None = None
     for small, _ in order[:index]:
+        kept = _kept(small, name)
+        if kept:
+            raise Refused(f"{kept} keeps {name} where a later read may see the write (in this call or the next): "
+                          f"made out-of-place or into a copy, the write would no longer reach it")
         for bound, value in _bindings(small):
             source = viewed(value) if value is not None else None
             if bound == name:
@@ -164,6 +168,22 @@ def _bindings(small: cst.BaseSmallStatement) -> list[tuple[str, cst.BaseExpressi
     if isinstance(small, (cst.AnnAssign, cst.AugAssign)) and isinstance(small.target, cst.Name):
         return [(small.target.value, getattr(small, "value", None) if isinstance(small, cst.AnnAssign) else None)]
     return []
+
+
+def _kept(small: cst.BaseSmallStatement, name: str) -> str:
+    """The code of a statement that stores `name` (or a view of it) in an object: `self.cache = y`,
+    `outputs.append(y)`; "" for any other statement."""
+    stored = []
+    if isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Attribute) for t in small.targets):
+        stored = [small.value]
+    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
+            isinstance(small.value.func, cst.Attribute) and small.value.func.attr.value in ("append", "extend", "insert"):
+        stored = [a.value for a in small.value.args]
+    for value in stored:
+        source = viewed(value)
+        if isinstance(source, cst.Name) and source.value == name:
+            return code_of(small).strip()
+    return ""
 
 
 def _binds_here(root: cst.CSTNode, name: cst.Name) -> bool:

@@ -128,8 +128,7 @@ def _method(site: FixSite, statement: cst.BaseSmallStatement, call: cst.Call) ->
     """`y.mul_(2)` → `y = y.mul(2)`, `y.mul_(2).add_(1)` → `y = y.mul(2).add(1)`, `r = y.relu_()` →
     `r = y = y.relu()`; `y.view(-1).zero_()` or a method with no out-of-place twin: a copy first."""
     top, receiver, calls = _chain(call, statement)
-    if isinstance(receiver, cst.Attribute) and receiver.attr.value == "data":
-        raise Refused("a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the gradients")
+    _not_through_data(receiver)
     target = viewed(receiver)
     if target is None:
         raise Refused(f"the write goes into what {code_of(receiver)} returns, which may be a tensor held elsewhere")
@@ -158,6 +157,7 @@ def _function(site: FixSite, statement: cst.BaseSmallStatement, call: cst.Call) 
     first = next((a.value for a in call.args if a.keyword is None and not a.star), None)
     if not name.endswith("_") or first is None:
         raise Refused(f"{code_of(call.func)} is not an in-place function of a tensor")
+    _not_through_data(first)
     target = viewed(first)
     if target is None:
         raise Refused(f"the write goes into what {code_of(first)} returns, which may be a tensor held elsewhere")
@@ -188,9 +188,8 @@ def _assigned(site: FixSite, statement: cst.BaseSmallStatement, old: cst.Call, n
 
 def _own_copy(site: FixSite, statement: cst.BaseSmallStatement, written: cst.BaseExpression, what: str) -> Rewrite:
     """`y = y.clone()` just before the write: it goes into a copy, and the tensor autograd saved keeps its value."""
+    _not_through_data(written)
     target = viewed(written)
-    if isinstance(written, cst.Attribute) and written.attr.value == "data":
-        raise Refused("a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the gradients")
     if target is None:
         raise Refused(f"the write goes into what {code_of(written)} returns, which may be a tensor held elsewhere")
     unshared(site, statement, target)
@@ -207,6 +206,16 @@ def _line_of(site: FixSite, statement: cst.BaseSmallStatement) -> cst.SimpleStat
         if len(line.body) == 1 and line.body[0] is statement:
             return line
     return None
+
+
+def _not_through_data(written: cst.BaseExpression) -> None:
+    """Refused when the write goes through `.data` (`y.data.mul_(2)`, `y.data[:, 0] = 0`)."""
+    node = written
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        if isinstance(node, cst.Attribute) and node.attr.value == "data":
+            raise Refused("a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the "
+                          "gradients")
+        node = node.func if isinstance(node, cst.Call) else node.value
 
 
 def _in_place_name(name: str) -> bool:
