@@ -63,12 +63,14 @@ class InplaceOnSaved(Rule):
         `self.h *= g`) becomes `x = x * 2`, `x.mul_(2)` becomes `x = x.mul(2)`, a chain `x.mul_(y).add_(z)`
         becomes `x = x.mul(y).add(z)`, `torch.sigmoid_(x)` becomes `x = torch.sigmoid(x)`, `out = x.relu_()`
         becomes `out = x = x.relu()`, and a call inside an expression loses its write where nothing reads the
-        tensor again. `x.copy_(src)` becomes `x = torch.empty_like(x).copy_(src)` and `x.zero_()`
-        `x = torch.zeros_like(x)`. `nn.ReLU(inplace=True)` becomes `nn.ReLU()`, `F.relu(x, True)` `F.relu(x)`,
-        and a flag that is not the literal True (`inplace=inplace`) `inplace=False`. A write with no out-of-place
-        form (index assignment `x[:, 0] = 0`, `x[..., :d] += y`, a write through a view `x.view(-1)[:4].zero_()`)
-        gets a copy of its own just before it (`x = x.clone()`), so the tensor autograd saved keeps its value.
-        Left alone, with the reason: `out=`, writes through `.data` (autograd does not see them, so the gradients
+        tensor again. `x.copy_(src)` becomes `x = torch.empty_like(x).copy_(src)`, `x.zero_()`
+        `x = torch.zeros_like(x)`, and `torch.mul(x, 2, out=x)` `x = torch.mul(x, 2, out=torch.empty_like(x))`
+        (out= casts and resizes as before, into a new tensor). `nn.ReLU(inplace=True)` becomes `nn.ReLU()`,
+        `F.relu(x, True)` `F.relu(x)`, and a flag that is not the literal True (`inplace=inplace`)
+        `inplace=False`. A write with no out-of-place
+        form (index assignment `x[:, 0] = 0`, `x[..., :d] += y`, a write through a view `x.view(-1)[:4].zero_()`,
+        `out=x[0]`) gets a copy of its own just before it (`x = x.clone()`), so the tensor autograd saved keeps its
+        value. Left alone, with the reason: writes through `.data` (autograd does not see them, so the gradients
         would change), into what a call returns (`x.contiguous().mul_(2)`), and writes that another holder of the
         tensor must see: another name for it or the tensor it is a view of read after the write, a function's
         argument (the caller's tensor), a registered buffer or parameter.
@@ -231,7 +233,7 @@ class InplaceOnSaved(Rule):
                         y.data.mul_(0.5)  # expect: GL201
                         keep = torch.ones_like(x)
                         z = F.relu(y * keep)
-                        torch.mul(keep, 0.5, out=keep)  # expect: GL201
+                        keep = torch.mul(keep, 0.5, out=torch.empty_like(keep))  # expect: GL201
                         return z
 
 

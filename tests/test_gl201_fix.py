@@ -84,6 +84,12 @@ FIXED = {
     "zero_": _case(
         "y = torch.exp(h)\nz = y * 2\ny.zero_()  # write\ny = y + z",
         "y = torch.exp(h)\nz = y * 2\ny = torch.zeros_like(y)  # write\ny = y + z"),
+    "out= into a saved tensor": _case(
+        "keep = torch.ones_like(x)\ny = h * keep\ntorch.mul(keep, 0.5, out=keep)  # write",
+        "keep = torch.ones_like(x)\ny = h * keep\nkeep = torch.mul(keep, 0.5, out=torch.empty_like(keep))  # write"),
+    "out= into a view of a saved tensor": _case(
+        "keep = torch.ones_like(x)\ny = h * keep\ntorch.mul(keep[0], 0.5, out=keep[0])  # write",
+        "keep = torch.ones_like(x)\ny = h * keep\nkeep = keep.clone()\ntorch.mul(keep[0], 0.5, out=keep[0])  # write"),
     "the result assigned and the tensor read again": _case(
         "s = torch.sigmoid(h)\nr = s.relu_()  # write\ny = r + s",
         "s = torch.sigmoid(h)\nr = s = s.relu()  # write\ny = r + s"),

@@ -54,10 +54,11 @@ def _rewrite(site: FixSite) -> Rewrite:
     flag = _inplace_argument(node)
     if flag is not None:
         return _flag(node, flag)
-    if any(a.keyword is not None and a.keyword.value == "out" for a in node.args):
-        raise Refused("out= writes into an existing tensor; use the returned tensor instead")
     if statement is None:
         raise Refused("the write is not inside a statement of a function")
+    out = next((a for a in node.args if a.keyword is not None and a.keyword.value == "out"), None)
+    if out is not None:
+        return _out(site, statement, node, out)
     if isinstance(node.func, cst.Attribute) and is_namespace(node.func.value, site.imports):
         return _function(site, statement, node)
     return _method(site, statement, node)
@@ -148,6 +149,19 @@ def _fresh(site: FixSite, statement: cst.BaseSmallStatement, call: cst.Call, tar
     fresh = cst.parse_expression(f"{like}({code_of(target)})")
     new = fresh if method == "zero_" else call.with_changes(func=call.func.with_changes(value=fresh))
     rewrite = _assigned(site, statement, call, new, target)
+    return Rewrite(rewrite.old, rewrite.new, rewrite.message, imports=imports)
+
+
+def _out(site: FixSite, statement: cst.BaseSmallStatement, call: cst.Call, out: cst.Arg) -> Rewrite:
+    """`torch.mul(keep, 0.5, out=keep)` → `keep = torch.mul(keep, 0.5, out=torch.empty_like(keep))`: the result
+    goes into a new tensor of the same kind (dtype, device, shape, as out= casts and resizes), not the saved one;
+    out= into a view: a copy first."""
+    if viewed(out.value) is not out.value:  # into a view (out=keep[0]): the view's tensor gets a copy of its own
+        return _own_copy(site, statement, out.value, code_of(call))
+    like, imports = site.imports.torch_call("empty_like")
+    fresh = cst.parse_expression(f"{like}({code_of(out.value)})")
+    new = call.with_changes(args=[a.with_changes(value=fresh) if a is out else a for a in call.args])
+    rewrite = _assigned(site, statement, call, new, out.value)
     return Rewrite(rewrite.old, rewrite.new, rewrite.message, imports=imports)
 
 
