@@ -116,6 +116,12 @@ REFUSED = {
     "an index assignment through .data": (
         model_source("y = torch.sigmoid(h)\ny.data[:, 0] = 0  # write"),
         "a write through .data bypasses autograd on purpose; an out-of-place rewrite changes the gradients"),
+    "an attribute written inside an expression": (
+        model_source("self.g = torch.sigmoid(h)\ny = self.g.relu_() * 2  # write"),
+        "self.g is kept by its object, and an out-of-place call inside y = self.g.relu_() * 2 would not update it"),
+    "a torch.nn.init function": (
+        model_source("y = torch.sigmoid(h)\nnn.init.zeros_(y)  # write\ny = y + h"),
+        "nn.init.zeros_ is not an in-place method of a tensor"),
     "a registered buffer": (
         model_source("y = h * self.scale\nself.scale.mul_(0.5)  # write", 'self.register_buffer("scale", torch.ones(8))'),
         "self.scale is a registered buffer of the module, kept from step to step: rebinding it to a new tensor is "
