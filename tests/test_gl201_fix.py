@@ -84,6 +84,12 @@ FIXED = {
     "zero_": _case(
         "y = torch.exp(h)\nz = y * 2\ny.zero_()  # write\ny = y + z",
         "y = torch.exp(h)\nz = y * 2\ny = torch.zeros_like(y)  # write\ny = y + z"),
+    "fill_": _case(
+        "y = torch.exp(h)\nz = y * 2\ny.fill_(1.0)  # write\ny = y + z",
+        "y = torch.exp(h)\nz = y * 2\ny = torch.empty_like(y).fill_(1.0)  # write\ny = y + z"),
+    "fill_diagonal_, which has no out-of-place twin": _case(
+        "y = torch.sigmoid(h)\ny.fill_diagonal_(0.0)  # write",
+        "y = torch.sigmoid(h)\ny = y.clone()\ny.fill_diagonal_(0.0)  # write"),
     "out= into a saved tensor": _case(
         "keep = torch.ones_like(x)\ny = h * keep\ntorch.mul(keep, 0.5, out=keep)  # write",
         "keep = torch.ones_like(x)\ny = h * keep\nkeep = torch.mul(keep, 0.5, out=torch.empty_like(keep))  # write"),
