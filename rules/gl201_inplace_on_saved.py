@@ -73,7 +73,7 @@ class InplaceOnSaved(Rule):
         value. Left alone, with the reason: writes through `.data` (autograd does not see them, so the gradients
         would change), into what a call returns (`x.contiguous().mul_(2)`), and writes that another holder of the
         tensor must see: another name for it or the tensor it is a view of read after the write, a function's
-        argument (the caller's tensor), a registered buffer or parameter.
+        argument (the caller's tensor), a registered buffer or parameter, an attribute of a submodule.
     """
     bad_examples = (
         Example(

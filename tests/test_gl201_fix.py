@@ -128,6 +128,15 @@ REFUSED = {
     "a torch.nn.init function": (
         model_source("y = torch.sigmoid(h)\nnn.init.zeros_(y)  # write\ny = y + h"),
         "nn.init.zeros_ is not an in-place method of a tensor"),
+    "a submodule's parameter written under no_grad": (
+        model_source("y = self.other(h)\nwith torch.no_grad():\n    self.other.weight[:, 0] = 0  # write"),
+        "self.other.weight belongs to self.other, another object: rebinding it would replace what that object holds "
+        "(a submodule's parameter or buffer, for one)"),
+    "a parameter of the module written under no_grad": (
+        model_source("y = h * self.gain\nwith torch.no_grad():\n    self.gain.mul_(0.5)  # write",
+                     "self.gain = nn.Parameter(torch.ones(8))"),
+        "self.gain is a registered parameter of the module: nn.Module does not let it be rebound to a computed "
+        "tensor, and the optimizer updates the one it holds"),
     "a registered buffer": (
         model_source("y = h * self.scale\nself.scale.mul_(0.5)  # write", 'self.register_buffer("scale", torch.ones(8))'),
         "self.scale is a registered buffer of the module, kept from step to step: rebinding it to a new tensor is "

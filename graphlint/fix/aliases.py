@@ -56,7 +56,13 @@ def unshared(site: FixSite, statement: cst.BaseSmallStatement, target: cst.BaseE
     """Raise Refused when something other than `target` reads the tensor it names after `statement` writes it:
     a made out-of-place write, or one into a copy, would no longer reach that reader."""
     if isinstance(target, cst.Attribute):
+        if isinstance(target.value, cst.Attribute):  # `self.fc.weight`
+            raise Refused(f"{code_of(target)} belongs to {code_of(target.value)}, another object: rebinding it would "
+                          f"replace what that object holds (a submodule's parameter or buffer, for one)")
         registered = _registered(site.classdef, target)
+        if registered == "parameter":
+            raise Refused(f"{code_of(target)} is a registered parameter of the module: nn.Module does not let it be "
+                          f"rebound to a computed tensor, and the optimizer updates the one it holds")
         if registered:
             raise Refused(f"{code_of(target)} is a registered {registered} of the module, kept from step to step: "
                           f"rebinding it to a new tensor is not the same update (other holders of it would not see "
