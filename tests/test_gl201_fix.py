@@ -128,6 +128,10 @@ REFUSED = {
     "a torch.nn.init function": (
         model_source("y = torch.sigmoid(h)\nnn.init.zeros_(y)  # write\ny = y + h"),
         "nn.init.zeros_ is not an in-place method of a tensor"),
+    "a function of a module imported by name": (
+        model_source("y = torch.sigmoid(h)\ninit.zeros_(y)  # write\ny = y + h").replace(
+            "from torch import nn\n", "from torch import nn\nfrom torch.nn import init\n"),
+        "init.zeros_ is not an in-place method of a tensor"),
     "a submodule's parameter written under no_grad": (
         model_source("y = self.other(h)\nwith torch.no_grad():\n    self.other.weight[:, 0] = 0  # write"),
         "self.other.weight belongs to self.other, another object: rebinding it would replace what that object holds "

@@ -13,7 +13,7 @@ import torch
 
 from graphlint.fix.aliases import is_attribute_path, is_read_after, lines_of, statement_of, unshared, viewed
 from graphlint.fix.rewrite import FixSite, Refused, Rewrite, atom, code_of, is_namespace
-from graphlint.fix.source import path_to, root_name
+from graphlint.fix.source import import_bindings, path_to, root_name
 
 _AUGMENTED = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
               cst.DivideAssign: cst.Divide, cst.PowerAssign: cst.Power, cst.MatrixMultiplyAssign: cst.MatrixMultiply,
@@ -129,8 +129,8 @@ def _method(site: FixSite, statement: cst.BaseSmallStatement, call: cst.Call) ->
     """`y.mul_(2)` → `y = y.mul(2)`, `y.mul_(2).add_(1)` → `y = y.mul(2).add(1)`, `r = y.relu_()` →
     `r = y = y.relu()`; `y.view(-1).zero_()` or a method with no out-of-place twin: a copy first."""
     top, receiver, calls = _chain(call, statement)
-    modules = {*site.imports.torch, *site.imports.nn, *site.imports.functional, *site.imports.modules}
-    if root_name(receiver) in modules or code_of(receiver) == "self":  # `nn.init.zeros_(w)`, a module's method
+    imported = import_bindings(site.module) if site.module is not None else {}
+    if root_name(receiver) in imported or code_of(receiver) == "self":  # `nn.init.zeros_(w)`, a module's method
         raise Refused(f"{code_of(top.func)} is not an in-place method of a tensor")
     _not_through_data(receiver)
     target = viewed(receiver)
