@@ -90,6 +90,9 @@ FIXED = {
     "fill_diagonal_, which has no out-of-place twin": _case(
         "y = torch.sigmoid(h)\ny.fill_diagonal_(0.0)  # write",
         "y = torch.sigmoid(h)\ny = y.clone()\ny.fill_diagonal_(0.0)  # write"),
+    "returned from a helper": _case(
+        "def gate(a):\n    s = torch.sigmoid(a)\n    return s.relu_()  # write\n\ny = gate(h)",
+        "def gate(a):\n    s = torch.sigmoid(a)\n    return s.relu()  # write\n\ny = gate(h)"),
     "out= into a saved tensor": _case(
         "keep = torch.ones_like(x)\ny = h * keep\ntorch.mul(keep, 0.5, out=keep)  # write",
         "keep = torch.ones_like(x)\ny = h * keep\nkeep = torch.mul(keep, 0.5, out=torch.empty_like(keep))  # write"),
