@@ -128,6 +128,9 @@ REFUSED = {
     "an attribute written inside an expression": (
         model_source("self.g = torch.sigmoid(h)\ny = self.g.relu_() * 2  # write"),
         "self.g is kept by its object, and an out-of-place call inside y = self.g.relu_() * 2 would not update it"),
+    "kept in a list": (
+        model_source("outs = []\ny = torch.sigmoid(h)\nouts.append(y)\ny.mul_(2)  # write\ny = outs[0] + y"),
+        f"outs.append(y) keeps y where a later read may see the write (in this call or the next): {_ELSEWHERE} it"),
     "a torch.nn.init function": (
         model_source("y = torch.sigmoid(h)\nnn.init.zeros_(y)  # write\ny = y + h"),
         "nn.init.zeros_ is not an in-place method of a tensor"),
