@@ -59,11 +59,21 @@ class InplaceOnSaved(Rule):
         self.act = nn.Sequential(nn.Sigmoid(), nn.ReLU())
     """
     fixes = """
-        `--fix` makes the write out-of-place, where that computes the same thing: `x *= 2` becomes
-        `x = x * 2`, a statement `x.mul_(2)` becomes `x = x.mul(2)`, `nn.ReLU(inplace=True)` becomes
-        `nn.ReLU()` and `F.relu(x, inplace=True)` becomes `F.relu(x)`. Left alone, with the reason: index
-        assignment, `out=`, writes through `.data` or through a view (an out-of-place result would not reach the
-        tensor the view belongs to), and in-place method calls whose result is used in an expression.
+        `--fix` makes the write out-of-place, where that computes the same thing: `x *= 2` (also on an attribute,
+        `self.h *= g`) becomes `x = x * 2`, `x.mul_(2)` becomes `x = x.mul(2)`, a chain `x.mul_(y).add_(z)`
+        becomes `x = x.mul(y).add(z)`, `torch.sigmoid_(x)` becomes `x = torch.sigmoid(x)`, `out = x.relu_()`
+        becomes `out = x = x.relu()`, and a call inside an expression loses its write where nothing reads the
+        tensor again. `x.copy_(src)` becomes `x = torch.empty_like(x).copy_(src)`, `x.zero_()`
+        `x = torch.zeros_like(x)`, and `torch.mul(x, 2, out=x)` `x = torch.mul(x, 2, out=torch.empty_like(x))`
+        (out= casts and resizes as before, into a new tensor). `nn.ReLU(inplace=True)` becomes `nn.ReLU()`,
+        `F.relu(x, True)` `F.relu(x)`, and a flag that is not the literal True (`inplace=inplace`)
+        `inplace=False`. A write with no out-of-place
+        form (index assignment `x[:, 0] = 0`, `x[..., :d] += y`, a write through a view `x.view(-1)[:4].zero_()`,
+        `out=x[0]`) gets a copy of its own just before it (`x = x.clone()`), so the tensor autograd saved keeps its
+        value. Left alone, with the reason: writes through `.data` (autograd does not see them, so the gradients
+        would change), into what a call returns (`x.contiguous().mul_(2)`), and writes that another holder of the
+        tensor must see: another name for it or the tensor it is a view of read after the write, a function's
+        argument (the caller's tensor), a registered buffer or parameter, an attribute of a submodule.
     """
     bad_examples = (
         Example(
@@ -113,6 +123,7 @@ class InplaceOnSaved(Rule):
                         gate = torch.sigmoid(self.proj(x))
                         gate = gate * 2  # expect: GL201
                         probs = torch.softmax(self.proj(x), dim=-1)
+                        probs = probs.clone()
                         probs[:, 0] = 0  # expect: GL201
                         return self.mlp(gate * probs)
 
@@ -196,6 +207,33 @@ class InplaceOnSaved(Rule):
                         keep = torch.ones_like(x)
                         z = F.relu(y * keep)
                         torch.mul(keep, 0.5, out=keep)  # expect: GL201
+                        return z
+
+
+                def make():
+                    return Net(), (torch.randn(4, 16),)
+            ''',
+            fixed='''
+                import torch
+                import torch.nn.functional as F
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.inp = nn.Linear(16, 16)
+                        self.out = nn.Linear(16, 16)
+
+                    def forward(self, x):
+                        h = torch.exp(self.inp(x))
+                        h = h.clone()
+                        h.view(-1).clamp_(max=10.0)  # expect: GL201
+                        y = torch.tanh(self.out(h))
+                        y.data.mul_(0.5)  # expect: GL201
+                        keep = torch.ones_like(x)
+                        z = F.relu(y * keep)
+                        keep = torch.mul(keep, 0.5, out=torch.empty_like(keep))  # expect: GL201
                         return z
 
 
