@@ -105,6 +105,11 @@ FIXED = {
     "the result in an expression, the tensor not read again": _case(
         "s = torch.sigmoid(h)\ny = s.relu_() * 2  # write",
         "s = torch.sigmoid(h)\ny = s.relu() * 2  # write"),
+    "augmented assignment into a slot of a list the function builds": _case(
+        "levels = [torch.sigmoid(h), torch.tanh(h)]\nfor i in range(len(levels) - 1, 0, -1):\n"
+        "    levels[i - 1] += levels[i]  # write\ny = levels[0]",
+        "levels = [torch.sigmoid(h), torch.tanh(h)]\nfor i in range(len(levels) - 1, 0, -1):\n"
+        "    levels[i - 1] = levels[i - 1] + levels[i]  # write\ny = levels[0]"),
 }
 
 _ELSEWHERE = "made out-of-place or into a copy, the write would no longer reach"

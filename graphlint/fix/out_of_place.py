@@ -66,9 +66,14 @@ def _rewrite(site: FixSite) -> Rewrite:
 
 def _augmented(site: FixSite, statement: cst.AugAssign) -> Rewrite:
     """`x op= y` → `x = x op y`; into a subscript (`x[..., :d] += y`), on a copy of its own."""
+    operator = _AUGMENTED.get(type(statement.operator))
+    if isinstance(statement.target, cst.Subscript) and operator is not None and _list_slot(site, statement.target):
+        # `laterals[i - 1] += y` on a Python list: rebinding the slot writes no tensor.
+        new = cst.Assign(targets=[cst.AssignTarget(statement.target)],
+                         value=cst.BinaryOperation(statement.target, operator(), atom(statement.value)))
+        return Rewrite(statement, new, f"{code_of(statement)} → {code_of(new)} (a slot of a list, not a tensor)")
     if isinstance(statement.target, cst.Subscript):
         return _own_copy(site, statement, statement.target, code_of(statement))
-    operator = _AUGMENTED.get(type(statement.operator))
     if operator is None:
         raise Refused(f"{code_of(statement.operator).strip()} has no binary operator to write it with")
     if not isinstance(statement.target, cst.Name) and not is_attribute_path(statement.target):
@@ -219,6 +224,46 @@ def _own_copy(site: FixSite, statement: cst.BaseSmallStatement, written: cst.Bas
     copy = f"{code_of(target)} = {code_of(target)}.clone()"
     return Rewrite(statement, statement, f"{what}: {copy} before it, so the write goes into a copy",
                    inserted=((line, copy),))
+
+
+def _list_slot(site: FixSite, target: cst.Subscript) -> bool:
+    """Whether `target` is `name[index]` where the function binds `name` only to a list it builds (a literal, a
+    comprehension or `list(...)`) and the index reads only names and numbers, so evaluating it twice is the same."""
+    if not isinstance(target.value, cst.Name) or len(target.slice) != 1 or \
+            not isinstance(target.slice[0].slice, cst.Index) or site.function is None:
+        return False
+    index = target.slice[0].slice.value
+    if any(not isinstance(n, (cst.Name, cst.Integer, cst.BinaryOperation, cst.UnaryOperation, cst.Add,
+                              cst.Subtract, cst.Minus, cst.Multiply, cst.FloorDivide))
+           for n in _nodes(index)):
+        return False
+    name, bound = target.value.value, []
+    for line in lines_of(site.function):
+        for small in line.body:
+            if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                if any(isinstance(t, cst.Name) and t.value == name for t in targets):
+                    bound.append(small)
+    return bool(bound) and all(isinstance(b, cst.Assign) and _builds_a_list(b.value) for b in bound)
+
+
+def _builds_a_list(value: cst.BaseExpression | None) -> bool:
+    return isinstance(value, (cst.List, cst.ListComp)) or (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "list")
+
+
+def _nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class _All(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            if not isinstance(visited, (cst.LeftParen, cst.RightParen, cst.ParenthesizedWhitespace,
+                                        cst.SimpleWhitespace)):
+                found.append(visited)
+            return True
+
+    node.visit(_All())
+    return found
 
 
 def _line_of(site: FixSite, statement: cst.BaseSmallStatement) -> cst.SimpleStatementLine | None:
