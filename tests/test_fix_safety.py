@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import findings_of, fix_plan, lint_file, write
+from conftest import findings_of, fix_plan, lint_file, prove_fix, write
 from graphlint.fix import edge_cases
 from graphlint.results import SAFE, UNSAFE
 
@@ -127,6 +127,7 @@ def _fixed_pair(tmp_path, fill):
     [finding] = findings_of(report, "GL101")
     plan = fix_plan(report, tmp_path, unsafe=True)
     fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
+    _fixed_pair.report = report
     return _import(path, f"original_{abs(hash(fill))}"), _import(fixed, f"fixed_{abs(hash(fill))}"), finding, plan
 
 
@@ -151,6 +152,11 @@ def test_a_dtype_minimum_fill_becomes_an_additive_mask_that_gives_a_fully_masked
     before, after = _run_fully_masked(original), _run_fully_masked(fixed)
     assert torch.allclose(before[0], after[0], rtol=1e-7, atol=1e-9)
     assert not torch.allclose(before[1], after[1], rtol=1e-7, atol=1e-9)
+    # Were it declared safe, the proof would refuse it: its edge case of a fully masked row tells them apart.
+    verdict = prove_fix(_fixed_pair.report, tmp_path, finding)
+    assert not verdict.ok and verdict.reason.startswith(
+        "on an input the factory's do not cover (argument 1 with its first row all False), the gradient of "), \
+        verdict.reason
 
 
 @pytest.mark.proof
@@ -213,3 +219,35 @@ def test_edge_cases_force_one_row_of_each_boolean_mask_and_cut_the_sequence_to_o
     assert short_x.shape == (2, 1, 16) and short_mask.shape == (2, 1, 1, 1) and notes == []
     assert edge_cases.variants((torch.randn(3),), {})[1] == [
         "proven without a sequence of length one: no input has a sequence dimension to cut"]
+
+
+SQUEEZED = """
+import torch
+from torch import nn
+
+
+class Pool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.proj(x).SQUEEZE
+
+
+def make():
+    return Pool(), (torch.randn(2, 6, 16),)
+"""
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_a_rewrite_that_differs_only_on_a_sequence_of_length_one_is_caught_by_the_edge_case_proof(tmp_path):
+    original, rewritten = tmp_path / "original", tmp_path / "rewritten"
+    write(original, "model.py", SQUEEZED.replace("SQUEEZE", "view(x.shape[0], x.shape[1], -1)"))
+    write(rewritten, "model.py", SQUEEZED.replace("SQUEEZE", "squeeze()"))  # a no-op unless a dimension is 1
+    _model_run("save", original, tmp_path / "record.pt")
+    _model_run("compare", rewritten, tmp_path / "record.pt", tmp_path / "verdict.json")
+    verdict = json.loads((tmp_path / "verdict.json").read_text(encoding="utf-8"))
+    assert verdict == {"ok": False, "note": "", "reason": "on an input the factory's do not cover (a sequence of "
+                       "length one), output 0 has shape (2, 16) instead of (2, 1, 16)"}
