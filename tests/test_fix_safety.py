@@ -251,3 +251,30 @@ def test_a_rewrite_that_differs_only_on_a_sequence_of_length_one_is_caught_by_th
     verdict = json.loads((tmp_path / "verdict.json").read_text(encoding="utf-8"))
     assert verdict == {"ok": False, "note": "", "reason": "on an input the factory's do not cover (a sequence of "
                        "length one), output 0 has shape (2, 16) instead of (2, 1, 16)"}
+
+
+def test_the_log_of_a_softmax_module_gets_no_fix_that_would_call_log_softmax_on_self(tmp_path):
+    # Made unsafe (a Softmax module no longer called), GL204's fix would go unproven: it must not be wrong.
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    path = write(tmp_path, "model.py", '''
+        import torch
+        from torch import nn
+
+
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(16, 10)
+                self.softmax = nn.Softmax(dim=-1)
+
+            def forward(self, x):
+                return torch.log(self.softmax(self.proj(x)))
+
+
+        def make():
+            return Head(), (torch.randn(4, 16),)
+    ''')
+    [finding] = findings_of(lint_file(path, device="meta"), "GL204")
+    assert finding.fix is None
+    assert finding.no_fix == "the softmax is the module `self.softmax`; take the log of the logits with " \
+                             "F.log_softmax instead"
