@@ -104,8 +104,12 @@ class UnfusedAttention(Rule):
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
         transposed. `scores.device` and `scores.dtype` read to build a bias become the query's.
 
-        A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes a boolean mask like `-inf`: they differ only
-        on a row whose every key is masked, which the original spreads evenly and the fused call does not.
+        A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes an additive float mask, 0 where a key takes part
+        and the fill elsewhere (`attn_mask=torch.where(keep, q.new_zeros(()), -1e9)`; a dtype's lowest number is
+        written in the query's dtype, `torch.finfo(q.dtype).min`), and the fix is unsafe: on a row whose every
+        key is masked the original spreads the weights evenly with no gradient to the scores, which no mask of
+        the fused call reproduces (with the dtype's lowest number the outputs agree and the gradients do not;
+        with `-1e9` the outputs differ too). A `-inf` fill gives the boolean mask, and a safe fix.
 
         The chain may run through the project's helpers, in the same file or another one: scores or a mask made
         by a method or function (`self._scores(q, k)`, `apply_mask(s, mask)`), or probabilities made by one
@@ -120,6 +124,9 @@ class UnfusedAttention(Rule):
         Unsafe: when the probabilities (or the scores) are also returned or stored after the values product
         (attention maps for visualisation, `qk.detach()`), the fused call cannot give them back; the fix is
         declared unsafe, puts `None` where they were returned or stored, and only `--unsafe-fixes` applies it.
+        Also unsafe: a finite fill (above), and a chain that calls a submodule (`self.attend = nn.Softmax(-1)`,
+        `self.attn_drop = nn.Dropout(p)`), which the fused call no longer calls: hooks registered on it (an
+        attention recorder's forward hook) would stop firing.
 
         Left alone, with the reason: two masks, a guard that also scales or casts the scores, probabilities used
         before the values product, an input reassigned between the statement that read it and the values
@@ -230,7 +237,7 @@ class UnfusedAttention(Rule):
                     def forward(self, x, keep):
                         q, k, v = self.q(x), self.k(x), self.v(x)
                         scores = torch.einsum("bqd,bkd->bqk", q * q.shape[-1] ** -0.5, k)
-                        scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
+                        scores = torch.where(keep, scores, float("-inf"))
                         probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)  # expect: GL101
                         return torch.bmm(probs, v)
 

@@ -91,6 +91,18 @@ def fix_plan(report, folder: Path, unsafe: bool = False, parent=None):
     return plan_fixes(report, project, folder, unsafe, relint, parent)
 
 
+def prove_fix(report, folder: Path, finding):
+    """The proof's verdict on one finding's fix, whatever its declared applicability (`--fix` never proves an
+    unsafe one): what the fix computes on the factory's inputs and the edge cases."""
+    from graphlint.fix.prove import prove
+    from graphlint.run.parent import WarmParent
+    from graphlint.session import relint
+
+    project = Project(root=folder, first_party_folders=[folder])
+    [result] = [r for r in report.results if r.target in finding.targets]
+    return prove(result, [finding], project, folder, report.all_findings, WarmParent(), relint)
+
+
 def backward_in_plain_pytorch(path: Path, name: str = "make"):
     """Build the target and run forward and backward with nothing of graphlint's; returns the model, so a test
     can check that a model really has the problem a rule reports (PyTorch raises, or a .grad stays None)."""

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from conftest import findings_of, fix_plan, lint_file, run_graphlint, write
+from graphlint.results import UNSAFE
 
 HEADER = '''
 import math
@@ -80,7 +81,8 @@ FORMS = {
         probs = scores.float().softmax(-1).type_as(q)
         probs = F.dropout(probs, p=0.2, training=self.training)
         return probs @ v
-''', "F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=0.2 if self.training else 0.0, scale=0.5)"),
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(keep, q.new_zeros(()), "
+     "torch.finfo(q.dtype).min), dropout_p=0.2 if self.training else 0.0, scale=0.5)"),
     "flipped-where-and-a-pre-transposed-key": ('''
     def forward(self, x, mask, keep):
         q, k, v = self.split(x)
@@ -96,6 +98,13 @@ FORMS = {
         scores = scores / 4
         return scores.softmax(-1) @ v
 ''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask / 4, scale=1 / 4)"),
+}
+
+# Forms whose fix is declared unsafe, and a piece of the reason its message gives: one that stops calling a
+# submodule (its hooks would stop firing), one whose finite fill no mask of the fused call reproduces.
+UNSAFE_FORMS = {
+    "causal-buffer-masked-fill-and-dropout-module": "no longer calls self.drop (a Dropout module); hooks",
+    "where-keep-float32-softmax-functional-dropout-scaled-query": "the fill `torch.finfo(scores.dtype).min`",
 }
 
 # (the forward, the start of the reason the fix is left alone)
@@ -148,10 +157,15 @@ def test_each_supported_spelling_is_rewritten_and_proven_on_the_model(tmp_path, 
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix is not None, finding.no_fix
-    plan = fix_plan(report, tmp_path)
-    assert plan.refused == [] and plan.applied == [finding]
+    unsafe = form in UNSAFE_FORMS
+    assert (finding.fix.applicability == UNSAFE) == unsafe, finding.fix.message
+    assert not unsafe or UNSAFE_FORMS[form] in finding.fix.message, finding.fix.message
+    plan = fix_plan(report, tmp_path, unsafe=unsafe)
+    assert plan.refused == ([(finding, f"declared unsafe: {finding.fix.message}")] if unsafe else [])
+    assert plan.applied == [finding]
     fixed = plan.texts[str(path)]
-    assert call in re.sub(r"\(\s+", "(", re.sub(r"\s+\)", ")", fixed))  # a long call is written over three lines
+    # A long call is written over three lines, or one argument a line with a trailing comma.
+    assert call in re.sub(r"\(\s+", "(", re.sub(r",?\s+\)", ")", re.sub(r",\n\s+", ", ", fixed)))
     assert "softmax" not in fixed  # the chain's statements are gone, not left as dead code
     compile(fixed, str(path), "exec")
 
@@ -168,12 +182,12 @@ def test_chains_the_fused_call_cannot_express_are_left_alone_with_the_reason(tmp
 @pytest.mark.proof
 @pytest.mark.cli
 def test_fix_rewrites_the_attention_and_the_finding_is_gone(tmp_path):
-    path = _project(tmp_path, _source(FORMS["causal-buffer-masked-fill-and-dropout-module"][0]))
+    path = _project(tmp_path, _source(FORMS["triu-made-in-the-forward-no-scale-matmul"][0]))
     first = run_graphlint("check", "--fix", "model.py:make", cwd=tmp_path)
     assert "fixed 1 finding in 1 file" in first.stderr, first.stderr
     assert first.returncode == 0, first.stdout
     fixed = path.read_text(encoding="utf-8")
-    assert "is_causal=True" in fixed and "att.masked_fill" not in fixed
+    assert "is_causal=True" in fixed and "masked_fill(future" not in fixed
     again = run_graphlint("check", "model.py:make", cwd=tmp_path)
     assert again.returncode == 0 and "GL101" not in again.stdout
 

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import findings_of, fix_plan, lint_file, write
+from conftest import findings_of, fix_plan, lint_file, prove_fix, write
 from graphlint.fix.edits import apply_edits, deleted_lines
 from graphlint.report.json import render_json
 from graphlint.report.text import render_text
@@ -264,7 +264,8 @@ class Attention(nn.Module):
 def make():
     q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
     return Attention(), (q, k, v, torch.tril(torch.ones(6, 6)))
-''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0 if mask is not None else None)", ("masked_fill",)),
+''', "F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(mask != 0, q.new_zeros(()), -1e9) "
+    "if mask is not None else None)", ("masked_fill",)),
     "causal-under-a-python-flag": ('''
 class Attention(nn.Module):
     def __init__(self, causal=True):
@@ -364,20 +365,42 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(ATTENTION))
 def test_attention_spellings_of_real_files_are_rewritten_and_proven(tmp_path, case):
-    _, fixed = _proven_attention_fix(tmp_path, *ATTENTION[case])
+    _, fixed = _proven_attention_fix(tmp_path, *ATTENTION[case], unsafe=UNSAFE_CASES.get(case))
     assert "softmax" not in fixed.split("def forward", 1)[1].split("def make", 1)[0]
 
 
-def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[str, ...], only_forward=False):
-    """The model's one GL101 finding gets a safe fix that the proof applies; the fixed file contains `expected`
-    (calls joined on one line) and none of `absent` before `make` (in `forward` only, with `only_forward`),
-    and keeps no doubled blank lines. Returns the plan and the fixed text."""
+# Cases whose fix is declared unsafe, and a piece of its reason: a submodule the fix stops calling (its hooks
+# would stop firing), a finite fill (a fully masked row changes).
+UNSAFE_CASES = {
+    "masked-fill-under-a-guard-with-a-scale-after": "the fill `-1e9`",
+    "helper-with-a-guarded-dropout-module-passed-in": "on a row whose every key is masked",
+    "a-guard-that-reshapes-the-mask-it-tests": "the fill `-torch.finfo(sim.dtype).max`",
+    "probabilities-transposed-onto-the-right-of-the-values-product": "no longer calls self.softmax (a Softmax module)",
+    "a-query-scaled-on-its-own-line-in-the-unfused-branch": "no longer calls self.attn_drop (a Dropout module)",
+    "an-in-place-fill-with-a-fill-variable-made-under-the-guard": "the fill `-torch.finfo(sim.dtype).max`",
+    "a-softmax-method-between-the-products": "no longer calls self.drop (a Dropout module)",
+}
+
+
+def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[str, ...], only_forward=False,
+                          unsafe: str | None = None):
+    """The model's one GL101 finding gets a safe fix that the proof applies (with `unsafe`, a piece of its
+    reason, an unsafe fix that --unsafe-fixes applies); the fixed file contains `expected` (calls joined on one
+    line) and none of `absent` before `make` (in `forward` only, with `only_forward`), and keeps no doubled
+    blank lines. Returns the plan and the fixed text."""
     path = _model(tmp_path, ATTENTION_HEADER + source.lstrip("\n"))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
-    plan = _plan(tmp_path, report)
-    assert plan.refused == [] and plan.applied == [finding]
+    assert finding.fix is not None and finding.fix.applicability == ("unsafe" if unsafe else "safe"), finding.no_fix
+    plan = _plan(tmp_path, report, unsafe=bool(unsafe))
+    assert plan.refused == ([(finding, f"declared unsafe: {finding.fix.message}")] if unsafe else [])
+    assert plan.applied == [finding]
+    if unsafe:
+        assert unsafe in finding.fix.message, finding.fix.message
+        # Proven anyway: it computes what the original did on the factory's inputs, and only a fully masked row
+        # (the reason a finite fill's fix is unsafe) may tell them apart.
+        verdict = prove_fix(report, tmp_path, finding)
+        assert verdict.ok or ("no longer calls" not in unsafe and "with its first row all" in verdict.reason), verdict.reason
     fixed = plan.texts[str(path)]
     assert expected in _one_line(fixed), fixed
     body = fixed.split("def make", 1)[0].split("def forward" if only_forward else "\n\n\n", 1)[1]
@@ -452,7 +475,7 @@ def make():
     mask[1, 4:] = False
     return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), mask)
 """, "mask = mask[:, None, None, :]\n        return F.scaled_dot_product_attention("
-        "q, k, v, attn_mask=mask if exists(mask) else None)",
+        "q, k, v, attn_mask=torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min) if exists(mask) else None)",
         ("masked_fill", "einsum")),
     "probabilities-transposed-onto-the-right-of-the-values-product": ("""
 class SelfAttention(nn.Module):
@@ -517,7 +540,8 @@ def make():
     mask[0, 5:] = False
     return Attention(), (*(torch.randn(4, 6, 8) for _ in range(3)), mask)
 """, "mask = mask[:, None, :].repeat_interleave(2, dim=0)\n"
-     "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)",
+     "        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(mask, q.new_zeros(()), "
+     "torch.finfo(q.dtype).min) if mask is not None else None)",
         ("sim", "max_neg_value", "scale=")),
     "a-position-bias-and-a-mask-under-a-guard": ("""
 class Attention(nn.Module):
@@ -624,7 +648,7 @@ def make():
 @pytest.mark.proof
 @pytest.mark.parametrize("case", list(GUARDS_AND_LAYOUTS))
 def test_guards_that_prepare_the_mask_and_permuted_probabilities_are_rewritten_and_proven(tmp_path, case):
-    _proven_attention_fix(tmp_path, *GUARDS_AND_LAYOUTS[case])
+    _proven_attention_fix(tmp_path, *GUARDS_AND_LAYOUTS[case], unsafe=UNSAFE_CASES.get(case))
 
 
 @pytest.mark.parametrize("guard, body, reason", [
@@ -1082,7 +1106,8 @@ def make():
 @pytest.mark.parametrize("case", list(THROUGH_HELPERS))
 def test_chains_through_helpers_are_rewritten_where_the_values_product_is_and_proven(tmp_path, case):
     helpers = write(tmp_path, "attn_ops.py", HELPER_MODULE.lstrip("\n"))
-    plan, _ = _proven_attention_fix(tmp_path, *THROUGH_HELPERS[case], only_forward=True)
+    plan, _ = _proven_attention_fix(tmp_path, *THROUGH_HELPERS[case], only_forward=True,
+                                    unsafe=UNSAFE_CASES.get(case))
     assert str(helpers) not in plan.texts  # the helpers stay as they are: other callers may need them
 
 

@@ -16,7 +16,7 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.attn_dropout = nn.Dropout(0.1)
+        self.dropout = 0.1
         causal = torch.tril(torch.ones(max_len, max_len, dtype=torch.bool))
         self.register_buffer("causal", causal.view(1, 1, max_len, max_len), persistent=False)
 
@@ -27,7 +27,7 @@ class CausalSelfAttention(nn.Module):
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
         scores = scores.masked_fill(~self.causal[:, :, :t, :t], float("-inf"))
         probs = F.softmax(scores, dim=-1)
-        probs = self.attn_dropout(probs)
+        probs = F.dropout(probs, p=self.dropout, training=self.training)
         y = (probs @ v).transpose(1, 2).reshape(b, t, c)
         return self.proj(y)
 

@@ -39,6 +39,9 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
     inner, made = (base, picked) if not complement else _picked(base.right, names)
     source = _resolved(made, site.function, assignments) if complement else base
     name, receiver, positional, keywords = call_parts(source)
+    if name in ("softmax", "sigmoid") and receiver is not None and code_of(receiver) == "self":
+        # `self.softmax(h)` calls a module: its dim is set where it was built, and it is no tensor method of self.
+        return f"the {name} is the module `self.{name}`; take the log of the logits with F.log_softmax instead"
     if name == "softmax" and not complement:
         x = positional[0] if is_namespace(receiver, names) and positional else receiver
         if x is None:

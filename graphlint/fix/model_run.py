@@ -1,7 +1,9 @@
 """The proof's child process: build a target from one source tree, run it once in float64, and either save
 what it computed (the original tree) or compare with what the original computed (the rewritten tree). A model
 that cannot run in float64 (one that mixes dtypes on purpose: a float32 buffer it multiplies with) runs in its
-own dtypes, compared at the tolerance of the least precise, and the verdict says so.
+own dtypes, compared at the tolerance of the least precise, and the verdict says so. Both then run the edge
+cases of graphlint.fix.edge_cases (a fully masked row, a sequence of length one) that the original can run, and
+must agree there too, except where the original gives NaN.
 
     python -m graphlint.fix.model_run save TARGET BASE RECORD "" [PYTHONPATH...]
     python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT [PYTHONPATH...]
@@ -24,6 +26,7 @@ import torch
 from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
 from graphlint.errors import one_line
+from graphlint.fix import edge_cases
 from graphlint.target import TargetSpec, load_factory, normalize_factory_result, search_path
 
 # float64 leaves room only for rounding differences between equivalent formulations.
@@ -81,21 +84,55 @@ def _run(target: str, base: Path, record: dict | None, in_double: bool = True,
         _load_strictly(model, record["state"])
         args, kwargs = record["args"], record["kwargs"]
     model = (model.double() if in_double else model).eval()
+    result = _forward(model, args, kwargs, made.loss, in_double)
+    result.update({"state": state, "args": args, "kwargs": kwargs, "in_double": in_double})
+    if record is None:  # the original: which edge cases it runs, and what it computes on them
+        try:
+            cases, result["edge_notes"] = edge_cases.variants(args, kwargs)
+        except Exception as error:  # graphlint's own fault: the factory's inputs still prove the fix
+            cases, result["edge_notes"] = [], [f"proven without edge cases: graphlint could not make them "
+                                               f"({one_line(error)})"]
+        result["edges"] = []
+        for name, edge_args, edge_kwargs in cases:
+            try:
+                ran = _forward(model, edge_args, edge_kwargs, made.loss, in_double)
+            except Exception as error:  # the model does not take such an input: nothing to compare
+                result["edge_notes"].append(f"proven without {name}: the original fails on it ({one_line(error)})")
+                continue
+            result["edges"].append({**ran, "name": name, "args": edge_args, "kwargs": edge_kwargs})
+    else:
+        result["edges"] = []
+        for edge in record.get("edges", []):
+            try:
+                ran = _forward(model, edge["args"], edge["kwargs"], made.loss, in_double)
+            except Exception as error:
+                raise EdgeCaseFails(f"the rewritten model fails on {edge['name']}: {one_line(error)}") from None
+            result["edges"].append({**ran, "name": edge["name"]})
+    return result
+
+
+def _forward(model: torch.nn.Module, args: Any, kwargs: dict, loss_of: Any, in_double: bool) -> dict:
+    """One forward and backward of the built model: its outputs and parameter gradients."""
+    model.zero_grad(set_to_none=True)
     seed_everything(1)
     with _LowestPrecision() as precision:
         output = model(*_double(args), **_double(kwargs)) if in_double else model(*args, **kwargs)
     outputs = [t.detach().clone() for t in floating_tensors(output)]
     backward_error = None
     try:
-        loss = choose_loss(output, made.loss)
+        loss = choose_loss(output, loss_of)
         if loss is not None:
             loss.backward()
     except RuntimeError as error:
         backward_error = one_line(error).split(". Hint:")[0]
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     lowest = min([precision.lowest, *(t.dtype for t in outputs)], key=lambda dtype: -torch.finfo(dtype).eps)
-    return {"state": state, "args": args, "kwargs": kwargs, "outputs": outputs, "grads": grads,
-            "backward_error": backward_error, "lowest": str(lowest).removeprefix("torch."), "in_double": in_double}
+    return {"outputs": outputs, "grads": grads, "backward_error": backward_error,
+            "lowest": str(lowest).removeprefix("torch.")}
+
+
+class EdgeCaseFails(Exception):
+    """The rewritten model cannot run an edge case the original ran."""
 
 
 def _save(target: str, base: Path, pythonpath: tuple[Path, ...]) -> dict:
@@ -125,8 +162,10 @@ def _load_strictly(model: torch.nn.Module, state: dict) -> None:
                                "not load strictly")
 
 
-def _differences(original: dict, rewritten: dict) -> str | None:
-    """What the rewritten model computes differently, or None."""
+def _differences(original: dict, rewritten: dict, edge: bool = False) -> str | None:
+    """What the rewritten model computes differently, or None. On an edge case (`edge`), what the original
+    leaves undefined (a NaN output, NaN gradients) may be anything: a fused call gives a fully masked row zeros
+    where the hand-written softmax gave NaN."""
     lowest = max((getattr(torch, record["lowest"]) for record in (original, rewritten)),
                  key=lambda dtype: torch.finfo(dtype).eps)
     rtol, atol = tolerances(lowest)
@@ -137,12 +176,17 @@ def _differences(original: dict, rewritten: dict) -> str | None:
     for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
         if a.shape != b.shape:
             return f"output {index} has shape {tuple(b.shape)} instead of {tuple(a.shape)}"
+        if edge:
+            defined = ~a.isnan()
+            a, b = a[defined], b[defined]
         if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
             return f"output {index} differs by up to {(a - b).abs().nan_to_num().max().item():.3g}{within}"
     if original["backward_error"] is not None:
         # The original cannot be differentiated (GL201): the same outputs suffice here. If the backward still
         # fails, another write that is left unfixed breaks it; the re-lint shows the fixed ones are gone.
         return None
+    if edge and any(g.isnan().any() for g in original["grads"].values()):
+        return None  # the original's gradients are undefined there: its outputs agreeing is all there is
     if rewritten["backward_error"] is not None:
         return f"the backward pass fails: {rewritten['backward_error']}"
     if original["grads"].keys() != rewritten["grads"].keys():
@@ -169,7 +213,11 @@ def main(argv: list[str]) -> int:
         try:
             rewritten = _run(target, Path(base), original, original["in_double"], pythonpath)
             reason = _differences(original, rewritten)
-        except StateDictChanged as error:
+            for before, after in zip(original["edges"], rewritten["edges"], strict=True):
+                if reason is None and (edge := _differences(before, after, edge=True)) is not None:
+                    reason = f"on an input the factory's do not cover ({before['name']}), {edge}"
+            note = "; ".join(filter(None, [note, *original["edge_notes"]]))
+        except (StateDictChanged, EdgeCaseFails) as error:
             reason = str(error)
         except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
             reason = f"the rewritten model fails: {one_line(error)}"

@@ -15,11 +15,12 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from graphlint.files import read_source, split_lines
 from graphlint.fix.edits import deleted_lines
-from graphlint.fix.rewrite import Fixer, FixSite, Role, code_of
+from graphlint.fix.rewrite import Fixer, FixSite, Rewrite, Role, code_of
+from graphlint.fix.submodules import dropped_module_calls, hooks_reason
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
 from graphlint.opnames import spellings
-from graphlint.results import Edit, Fix
+from graphlint.results import SAFE, UNSAFE, Edit, Fix
 
 # Ops that users write as operators rather than calls.
 _BINARY = {
@@ -127,8 +128,9 @@ class SourceSpans:
             edits.append(Edit(path, line, 1, line, 1, f"{text[: len(text) - len(text.lstrip())]}{code}\n"))
         imports_in = where(answer.old)[0]
         edits += _import_edits(files[imports_in], imports_in, answer.imports)
-        return Fix(answer.message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
-                   answer.applicability)
+        message, applicability = _hooks_kept(answer, lambda call: _enclosing(where(call)[1], call)[1])
+        return Fix(message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
+                   applicability)
 
     def _node(self, parsed: _ParsedFile, site: Site) -> cst.CSTNode | None:
         frame = site.frame
@@ -233,6 +235,18 @@ class SourceSpans:
             if assign is not None:  # `t[:, 0] = 0` and `self.w = nn.Parameter(...)`, not just the target
                 end = parsed.positions[assign].end
         return (start.line, start.column + 1, end.line, end.column + 1)
+
+
+def _hooks_kept(answer: Rewrite, class_around) -> tuple[str, str]:
+    """The fix's message and applicability: never safe when it stops calling a submodule, whose hooks would
+    stop firing (graphlint.fix.submodules), whichever fixer wrote it."""
+    olds = [answer.old, *(old for old, _ in answer.also), *answer.removed]
+    news = [answer.new, *(new for _, new in answer.also), *(cst.parse_module(code) for _, code in answer.inserted)]
+    dropped = dropped_module_calls(olds, news, class_around)
+    if not dropped:
+        return answer.message, answer.applicability
+    applicability = UNSAFE if answer.applicability == SAFE else answer.applicability
+    return f"{answer.message}; {hooks_reason(dropped)}", applicability
 
 
 def _enclosing(parsed: _ParsedFile, node: cst.CSTNode) -> tuple[cst.FunctionDef | None, cst.ClassDef | None]:

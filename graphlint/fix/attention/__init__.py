@@ -38,7 +38,7 @@ from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_in
 from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names
 from graphlint.fix.attention.emit import fused_call
 from graphlint.fix.attention.implementation import use_sdpa_in_transformers
-from graphlint.fix.attention.masks import inline_setup
+from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
 from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores
 from graphlint.fix.attention.values import walk_to_values
 from graphlint.fix.rewrite import FixSite, Refused, Rewrite, code_of, dead_definitions
@@ -86,5 +86,11 @@ def _rewrite(walk: Walk) -> Rewrite:
                        f"hand-written attention → {callee}(...); {shown} returned or stored as None",
                        removed=removed, imports=imports,
                        also=(*chain.renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
+    if chain.fill is not None:
+        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
+        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); " +
+                       FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs), removed=removed,
+                       imports=imports, also=tuple(chain.renamed), applicability=UNSAFE)
     return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
                    imports=imports, also=tuple(chain.renamed))

@@ -37,6 +37,7 @@ class Chain:
     mask: cst.BaseExpression | None = None  # additive (float) or boolean "take part" mask
     mask_source: cst.BaseExpression | None = None  # the user's mask expression, for the causal test
     keep_when_true: bool = True  # the polarity of `mask_source`
+    fill: cst.BaseExpression | None = None  # a finite fill (`-1e9`): the mask is written additive, the fix unsafe
     dropout_p: cst.BaseExpression | None = None
     dropout_in_training_only: bool = True
     consumed: list[cst.SimpleStatementLine] = field(default_factory=list)  # statements that only fed the chain

@@ -7,7 +7,7 @@ import re
 import libcst as cst
 
 from graphlint.fix.attention.chain import Chain, Walk, as_operand, compact, to_layout
-from graphlint.fix.attention.masks import is_causal
+from graphlint.fix.attention.masks import dtype_extreme, is_causal
 from graphlint.fix.rewrite import Refused, atom, code_of, laid_out, names_read
 from graphlint.fix.source import all_nodes, local_assignments, self_assignments
 
@@ -26,12 +26,18 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
         if from_scores and not causal:
             raise Refused(f"the mask is computed from `{sorted(from_scores)[0]}`, which the fused call does not make")
         if causal:
+            chain.fill = None  # no row of a causal mask is fully masked: the fill never shows
+        elif chain.fill is not None:
+            mask = _additive(walk, code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda))
+                             else mask)
+        if causal:
             keywords.append(("is_causal", "True" if guard is None else guard))
         elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
             keywords.append(("attn_mask", mask))  # `if mask is not None: scores += mask`: None is no mask
         else:
             # A comparison or call binds tighter than `... if ... else ...`; only such a mask needs parentheses.
-            shown = code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda)) else mask
+            shown = code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda)) and \
+                chain.fill is None else mask
             keywords.append(("attn_mask", f"{shown} if {guard} else None"))
     if chain.dropout_p is not None:
         p = code_of(chain.dropout_p)
@@ -44,6 +50,25 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
     parts = [code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords]
     call = cst.parse_expression(f"{callee}({_layout(walk, callee, parts)})")
     return to_layout(call, *chain.out_layout) if chain.out_layout is not None else call
+
+
+def _additive(walk: Walk, keep: str) -> str:
+    """A finite fill as the float mask the fused call adds to the scores: 0 where a key takes part, the fill
+    elsewhere, in the query's dtype (a dtype's lowest number stays that, in the query's dtype)."""
+    chain = walk.chain
+    where, needs = walk.names.torch_call("where")
+    finfo, more = walk.names.torch_call("finfo")
+    if needs or more:
+        raise Refused("the file does not import torch, which the mask for a finite fill needs")
+    query = code_of(atom(chain.q))
+    if dtype_extreme(chain.fill, walk.names):
+        fill = f"{finfo}({query}.dtype).min"
+    else:
+        fill = code_of(chain.fill)
+        from_scores = chain.names & {n.value for n in names_read(chain.fill)}
+        if from_scores:
+            raise Refused(f"the fill is computed from `{sorted(from_scores)[0]}`, which the fused call does not make")
+    return f"{where}({keep}, {query}.new_zeros(()), {fill})"
 
 
 def _spelled_as_a_root(walk: Walk) -> bool:

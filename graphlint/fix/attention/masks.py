@@ -43,9 +43,10 @@ def _scaled_mask(walk: Walk, mask: cst.BaseExpression, scaled: bool) -> cst.Base
     return cst.parse_expression(text)
 
 
-def set_mask(walk: Walk, mask, keep_when_true: bool, additive: bool = False, scaled: bool = False) -> None:
+def set_mask(walk: Walk, mask, keep_when_true: bool, additive: bool = False, scaled: bool = False,
+             fill: cst.BaseExpression | None = None) -> None:
     """The one mask: `mask` is the user's expression, added (`additive`, scaled with the scores when a scale
-    follows it) or saying which positions take part (`keep_when_true`) or are filled."""
+    follows it) or saying which positions take part (`keep_when_true`) or are filled, with `fill`."""
     chain = walk.chain
     if chain.mask is not None:
         _add_mask(walk, mask, additive, scaled)
@@ -55,7 +56,24 @@ def set_mask(walk: Walk, mask, keep_when_true: bool, additive: bool = False, sca
         chain.mask, chain.mask_source = _scaled_mask(walk, mask, scaled), None
     else:
         chain.mask, chain.mask_source = mask if keep_when_true else _negated(mask), mask
+        value = fill_of(walk, fill) if fill is not None else None
+        if value is not None and not _infinite(value, walk.names):
+            chain.fill = here(walk, value)  # emit.py writes it into an additive mask
     chain.keep_when_true = keep_when_true
+
+
+def _infinite(node: cst.BaseExpression, names: ImportNames) -> bool:
+    return names.as_torch(code_of(node)).replace(" ", "") in {t.replace(" ", "") for t in _NEG_INF}
+
+
+def dtype_extreme(node: cst.BaseExpression, names: ImportNames) -> bool:
+    """`torch.finfo(x.dtype).min` or `-torch.finfo(x.dtype).max`: the fill is the dtype's lowest number."""
+    text = names.as_torch(code_of(node)).replace(" ", "")
+    return text.startswith(("torch.finfo(", "-torch.finfo(")) and text.endswith((").min", ").max"))
+
+
+FILL_REASON = ("on a row whose every key is masked, the fill `{fill}` gives an even average and no gradient to "
+               "the scores, which no mask of the fused call gives (its outputs there {outputs})")
 
 
 def _add_mask(walk: Walk, mask, additive: bool, scaled: bool) -> None:

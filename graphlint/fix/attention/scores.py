@@ -94,16 +94,16 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                     raise Refused("masked_fill's arguments could not be read")
                 if not very_negative(fill_of(walk, fill), walk.names):
                     raise Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
-                set_mask(walk, condition, False)
+                set_mask(walk, condition, False, fill=fill)
                 node = target
                 continue
             if name == "where" and len(positional) == 3:
                 condition, when_true, when_false = positional
                 if very_negative(fill_of(walk, when_false), walk.names):
-                    set_mask(walk, condition, True)
+                    set_mask(walk, condition, True, fill=when_false)
                     node = when_true
                 elif very_negative(fill_of(walk, when_true), walk.names):
-                    set_mask(walk, condition, False)
+                    set_mask(walk, condition, False, fill=when_true)
                     node = when_false
                 else:
                     raise Refused("torch.where does not fill with -inf or the dtype's minimum")
