@@ -14,10 +14,13 @@ of every finding.
 What it measures, per module: the GL101 and GL201 findings of `graphlint check --format json` (with their
 `fix` and `no_fix`), then which of those fixes `graphlint check --diff` proves on the model (the proof
 `--fix` runs: same outputs and gradients in float64, the finding gone) and, for the others, the reason it
-prints (`fix not applied: ...`). A finding counts as proven when its fix is offered, declared safe, and the
-diff run does not refuse it; "unsafe" when the fix is declared unsafe (never applied without
---unsafe-fixes); every other finding is left with its reason: the JSON `no_fix`, or the proof's refusal.
-The share is proven / found, for GL101 and GL201 separately.
+prints (`fix not applied: ...`). A finding counts as "proven" when its fix is offered, declared safe, and the
+diff run does not refuse it; "proven, unsafe" when the fix is declared unsafe (applied only with
+--unsafe-fixes: it stops calling a module whose hooks would stop firing, say) and its proof passed all the
+same; "unsafe, differs" when it is declared unsafe and its model runs but computes something else somewhere
+(a fully masked row); every other finding is left with its reason: the JSON `no_fix`, or the proof's
+refusal. The share is (proven + proven, unsafe) / found, for GL101 and GL201 separately, with the safe part
+given beside it.
 
 Robust and deterministic by construction: each module is copied alone into a fresh temporary folder with an
 empty pyproject.toml (so no project configuration, cache or virtual environment of a checkout takes part),
@@ -45,7 +48,8 @@ from pathlib import Path
 
 RULES = ("GL101", "GL201")
 HERE = Path(__file__).resolve().parent
-_REFUSED = re.compile(r"^graphlint: (?P<path>.+?):(?P<line>\d+): (?P<rule>GL\d+) fix not applied: (?P<reason>.*?)"
+_REFUSED = re.compile(r"^graphlint: (?P<path>.+?):(?P<line>\d+): (?P<rule>GL\d+) fix not applied"
+                      r"(?P<never>, even with --unsafe-fixes)?: (?P<reason>.*?)"
                       r"(?: \(--unsafe-fixes applies it\))?$")
 _NOTE = re.compile(r"^graphlint: (?P<path>.+?):(?P<line>\d+): (?P<rule>GL\d+) fix (?P<note>proven .*)$")
 _APPLIED = re.compile(r"^graphlint: (?P<count>\d+) fix(?:es)? would be applied$")
@@ -102,11 +106,13 @@ def _measure(path: Path, graphlint: str, timeout: float) -> dict:
         if report.get("errors"):
             row["error"] = "; ".join(error["message"] for error in report["errors"])
         diff = _run([graphlint, "check", "--diff", "--select", select, target], root, timeout)
-        refused, notes, applied = {}, {}, None
+        refused, notes, applied, never = {}, {}, None, set()
         for line in diff.stderr.splitlines():
             match = _REFUSED.match(line.strip())
             if match:
                 refused[(match["rule"], Path(match["path"]).name, int(match["line"]))] = match["reason"]
+                if match["never"]:  # the rewritten model does not run: not written even with --unsafe-fixes
+                    never.add((match["rule"], Path(match["path"]).name, int(match["line"])))
             match = _NOTE.match(line.strip())
             if match:
                 notes[(match["rule"], Path(match["path"]).name, int(match["line"]))] = match["note"]
@@ -124,7 +130,10 @@ def _measure(path: Path, graphlint: str, timeout: float) -> dict:
             if fix is None:
                 status, reason = "no fix", finding.get("no_fix") or "(no fix offered, no reason given)"
             elif fix.get("applicability") == "unsafe":
-                status, reason = "unsafe", refused.get(key, "declared unsafe")
+                reason = refused.get(key, "declared unsafe")
+                status = ("proven, unsafe" if "; proven on the model" in reason else
+                          "not proven" if key in never else
+                          "unsafe, differs")
             elif fix.get("applicability") != "safe":
                 status, reason = "no fix", f"fix is {fix.get('applicability')}"
             elif key in refused:
@@ -153,20 +162,22 @@ def totals(rows: list[dict]) -> dict:
     for rule in RULES:
         found = _count(rows, rule)
         proven = _count(rows, rule, "proven")
-        out[rule] = {"found": found, "proven": proven, "unsafe": _count(rows, rule, "unsafe"),
-                     "share": round(proven / found, 3) if found else None}
+        unsafe = _count(rows, rule, "proven, unsafe")
+        out[rule] = {"found": found, "proven": proven + unsafe, "proven_safe": proven, "proven_unsafe": unsafe,
+                     "unsafe_differs": _count(rows, rule, "unsafe, differs"),
+                     "share": round((proven + unsafe) / found, 3) if found else None}
     out["gl101_on_fused_modules"] = sum(1 for row in rows if row["fused"] for f in row["findings"] if f["rule"] == "GL101")
     out["failed_modules"] = [row["module"] for row in rows if row["error"]]
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| module | style (repository) | GL101 | GL201 | proven (safe) | unsafe | not fixed: reason |",
+    lines = ["| module | style (repository) | GL101 | GL201 | proven (safe) | proven (unsafe) | not fixed: reason |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         found = {rule: sum(1 for f in row["findings"] if f["rule"] == rule) for rule in RULES}
         proven = sum(1 for f in row["findings"] if f["status"] == "proven")
-        unsafe = sum(1 for f in row["findings"] if f["status"] == "unsafe")
+        unsafe = sum(1 for f in row["findings"] if f["status"] == "proven, unsafe")
         rest = [f"{f['rule']} :{f['line']} ({f['status']}): {f['reason']}" for f in row["findings"]
                 if f["status"] != "proven" or f["reason"]]
         if row["error"]:
@@ -181,7 +192,8 @@ def table(rows: list[dict]) -> str:
     for rule in RULES:
         t = summary[rule]
         share = f"{100 * t['share']:.0f}%" if t["share"] is not None else "n/a"
-        lines.append(f"{rule}: {t['found']} found, {t['proven']} proven ({share}), {t['unsafe']} with an unsafe fix")
+        lines.append(f"{rule}: {t['found']} found, {t['proven']} proven ({share}): {t['proven_safe']} safe, "
+                     f"{t['proven_unsafe']} unsafe; {t['unsafe_differs']} more with an unsafe fix that differs")
     lines.append(f"GL101 on modules whose attention is already fused: {summary['gl101_on_fused_modules']}")
     if summary["failed_modules"]:
         lines.append(f"modules that could not be linted: {', '.join(summary['failed_modules'])}")

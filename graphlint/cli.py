@@ -321,7 +321,7 @@ def _proven(session: Session, report: Report, unsafe: bool) -> list:
     for finding, reason in plan.refused:
         project = session.project
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
-        how = "suggested anyway (--unsafe-fixes)" if unsafe else "not suggested"
+        how = "suggested anyway (--unsafe-fixes)" if unsafe and finding not in plan.broken else "not suggested"
         print(single_line(f"graphlint: {where}: {finding.rule_id} fix {how}: {reason}"), file=sys.stderr)
     return plan.applied
 
@@ -368,6 +368,10 @@ def _tell_refused(plan, project: Project, unsafe: bool) -> None:
         print(single_line(f"graphlint: {where}: {finding.rule_id} fix {note}"), file=sys.stderr)
     for finding, reason in plan.refused:
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
+        if finding in plan.broken:  # never written: the rewritten model does not build or run
+            print(single_line(f"graphlint: {where}: {finding.rule_id} fix not applied, even with --unsafe-fixes: "
+                              f"{reason}"), file=sys.stderr)
+            continue
         how = "applied anyway (--unsafe-fixes)" if unsafe else "not applied"
         print(single_line(f"graphlint: {where}: {finding.rule_id} fix {how}: {reason}"
                           + ("" if unsafe else " (--unsafe-fixes applies it)")), file=sys.stderr)

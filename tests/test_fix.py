@@ -204,6 +204,28 @@ def test_the_proof_accepts_an_exact_sdpa_rewrite_and_refuses_a_flipped_mask(tmp_
         assert refused == finding and reason.startswith("output 0 differs by up to ")
 
 
+@pytest.mark.proof
+@pytest.mark.parametrize("call, runs", [("attn_mask=mask, scale=1 / 4.0", True),
+                                        ("attn_mask=mask, scale=1 / 4.0, no_such_argument=1", False)],
+                         ids=["differs", "fails"])
+def test_a_declared_unsafe_fix_is_proven_too_and_never_written_when_its_model_fails(tmp_path, call, runs):
+    """--unsafe-fixes writes an unsafe fix whose model runs, whatever it computes (that is what unsafe says), and
+    never one whose rewritten model fails to run; both are proven first, so the reason says which."""
+    files = _project(tmp_path, model=ATTENTION)
+    report = lint_file(files["model"], device="cpu")
+    finding = _with_fix(report, f"return torch.nn.functional.scaled_dot_product_attention(q, k, v, {call})")
+    finding = dataclasses.replace(finding, fix=dataclasses.replace(finding.fix, applicability="unsafe"))
+    report.merged = [finding if f.rule_id == "GL101" else f for f in report.all_findings]
+    plan = fix_plan(report, tmp_path, unsafe=True)
+    [(refused, reason)] = plan.refused
+    assert refused == finding and reason.startswith("declared unsafe: to SDPA; on the model: ")
+    if runs:
+        assert "output 0 differs by up to " in reason and plan.applied == [finding] and plan.broken == []
+    else:
+        assert "the rewritten model fails: TypeError" in reason, reason
+        assert plan.applied == [] and plan.broken == [finding] and plan.texts == {}
+
+
 def test_fixes_survive_the_result_cache_and_the_worker_wire_format(tmp_path):
     files = _project(tmp_path, model=GATE)
     [result] = lint_file(files["model"]).results

@@ -211,8 +211,10 @@ def test_a_fix_that_changes_the_state_dict_is_declared_unsafe_and_not_counted_as
     assert text.rstrip().endswith("; 1 with an unsafe fix (--fix --unsafe-fixes applies it).")
     [shown] = [f for f in __import__("json").loads(render_json(report))["findings"] if f["rule"] == "GL105"]
     assert shown["fix"]["applicability"] == "unsafe"
-    plan = _plan(tmp_path, report)  # never sent through a proof: declared unsafe, refused at once
-    assert plan.applied == [] and plan.refused == [(finding, f"declared unsafe: {finding.fix.message}")]
+    plan = _plan(tmp_path, report)  # declared unsafe: proven for the report, applied only with --unsafe-fixes
+    [(refused, why)] = plan.refused
+    assert plan.applied == [] and refused is finding and plan.broken == []
+    assert why.startswith(f"declared unsafe: {finding.fix.message}; on the model: the state dict changes"), why
     assert "bias=False" in _plan(tmp_path, report, unsafe=True).texts[str(finding.location.path)]
 
 
@@ -393,7 +395,9 @@ def _proven_attention_fix(tmp_path, source: str, expected: str, absent: tuple[st
     [finding] = findings_of(report, "GL101")
     assert finding.fix is not None and finding.fix.applicability == ("unsafe" if unsafe else "safe"), finding.no_fix
     plan = _plan(tmp_path, report, unsafe=bool(unsafe))
-    assert plan.refused == ([(finding, f"declared unsafe: {finding.fix.message}")] if unsafe else [])
+    # A declared unsafe fix is proven too; it is written with --unsafe-fixes since its model runs.
+    assert [(f, why.startswith(f"declared unsafe: {finding.fix.message}; ")) for f, why in plan.refused] == \
+        ([(finding, True)] if unsafe else []) and plan.broken == []
     assert plan.applied == [finding]
     if unsafe:
         assert unsafe in finding.fix.message, finding.fix.message

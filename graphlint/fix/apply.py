@@ -3,8 +3,9 @@ writing the files at the end.
 
 Suppressed and baselined findings are never fixed. Each fix declares its applicability (graphlint.results):
 a safe one is applied when the proof (graphlint.fix.prove) passed on every target whose finding it is; one that
-failed, and one declared unsafe (never sent through a proof it cannot pass), only with `--unsafe-fixes`; a
-display-only one never.
+failed, and one declared unsafe, only with `--unsafe-fixes`; a display-only one never. Declared unsafe fixes are
+proven too, each alone, so the report says whether they compute the same on the model; and no fix whose
+rewritten model does not build or run is ever written, `--unsafe-fixes` or not.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FixPlan:
     notes: list[tuple[Finding, str]] = field(default_factory=list)  # how an applied fix was proven, when unusual
     failures: list[str] = field(default_factory=list)  # graphlint's own failures while proving or applying
     texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
+    broken: list[Finding] = field(default_factory=list)  # refused even with --unsafe-fixes: the model fails
 
     def diffs(self, project: Project) -> str:
         return "".join(unified_diff(read_text(path)[0], text, project.relative(path) or path)
@@ -86,14 +88,21 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relin
     def proved(result, fixes, original) -> Verdict:
         return _prove(result, fixes, project, base, original, (parent or warm)(), relint, failures)
 
-    failed: dict[Finding, str] = {f: f"declared unsafe: {f.fix.message}" for f in candidates
-                                  if f.fix.applicability == UNSAFE}
+    declared = [f for f in candidates if f.fix.applicability == UNSAFE]
+    failed: dict[Finding, str] = {}
+    broken: set[Finding] = set()  # never written: the rewritten model does not build or run
+
+    def refuse(finding: Finding, verdict: Verdict) -> None:
+        failed.setdefault(finding, verdict.reason)
+        if not verdict.runs:
+            broken.add(finding)
+
     notes: dict[Finding, str] = {}
     for result in report.results:
-        mine = [f for f in candidates if result.target in f.targets and f not in failed]
+        mine = [f for f in candidates if result.target in f.targets and f not in failed and f not in declared]
         if not mine or result.errors:
             for finding in mine:
-                failed.setdefault(finding, "the target could not be linted")
+                refuse(finding, Verdict(False, "the target could not be linted"))
             continue
         original = [f for f in report.all_findings if result.target in f.targets]
         verdict = proved(result, mine, original)
@@ -101,7 +110,7 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relin
             notes.update({f: verdict.note for f in mine if verdict.note})
             continue
         if len(mine) == 1:
-            failed.setdefault(mine[0], verdict.reason)
+            refuse(mine[0], verdict)
             continue
         passed = []
         for finding in mine:
@@ -111,16 +120,26 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relin
                 if alone.note:
                     notes[finding] = alone.note
             else:
-                failed.setdefault(finding, alone.reason)
+                refuse(finding, alone)
         if len(passed) > 1 and not proved(result, passed, original).ok:
             for finding in passed:
                 failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
-    plan = FixPlan(failures=failures)
+    for finding in declared:  # proven alone, on each of its targets, so the user knows what --unsafe-fixes writes
+        verdicts = [proved(result, [finding], [f for f in report.all_findings if result.target in f.targets])
+                    for result in report.results if result.target in finding.targets and not result.errors]
+        verdicts = verdicts or [Verdict(False, "the target could not be linted")]
+        worst = next((v for v in verdicts if not v.runs), None) or next((v for v in verdicts if not v.ok), None)
+        declared_as = f"declared unsafe: {finding.fix.message}"
+        if worst is None:
+            failed[finding] = f"{declared_as}; proven on the model: the same outputs and gradients"
+        else:
+            refuse(finding, Verdict(False, f"{declared_as}; on the model: {worst.reason}", runs=worst.runs))
+    plan = FixPlan(failures=failures, broken=[f for f in candidates if f in broken])
     plan.notes = [(f, note) for f, note in notes.items() if f not in failed]
     for finding in candidates:
         if finding in failed:
             plan.refused.append((finding, failed[finding]))
-        if finding not in failed or unsafe:
+        if finding not in failed or (unsafe and finding not in broken):
             plan.applied.append(finding)
     try:
         texts = rewritten_files([e for f in plan.applied for e in f.fix.edits])

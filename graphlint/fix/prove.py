@@ -45,6 +45,11 @@ class Verdict:
     ok: bool
     reason: str = ""
     note: str = ""  # how it was proven, when not as usual (in the model's own dtype)
+    runs: bool = False  # the rewritten model built and ran where the original did (true when ok)
+
+    def __post_init__(self) -> None:
+        if self.ok:
+            object.__setattr__(self, "runs", True)
 
 
 def read_text(path: str) -> tuple[str, str]:
@@ -120,10 +125,10 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
-            return Verdict(False, answer["reason"])
+            return Verdict(False, answer["reason"], runs=answer.get("runs", False))
         gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, parent,
                      _moved(project.pythonpath, root, trees["rewritten"]), relint)
-        return Verdict(gone.ok, gone.reason, answer.get("note", ""))
+        return Verdict(gone.ok, gone.reason, answer.get("note", ""), runs=gone.runs)
 
 
 def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
@@ -155,7 +160,7 @@ def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], origin
     removed = Counter((f.rule_id, project.relative(f.location.path)) for f in fixed)
     for key, count in removed.items():
         if after[key] > before[key] - count:
-            return Verdict(False, f"{key[0]} is still reported in {key[1]} after the rewrite")
+            return Verdict(False, f"{key[0]} is still reported in {key[1]} after the rewrite", runs=True)
     return Verdict(True)
 
 
