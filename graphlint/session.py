@@ -1,10 +1,13 @@
 """One session of linting a project: targets → results → report → fixes, each step in one place.
 
-`Session.results` answers each target from the result cache where nothing changed and lints the others, each
-in its own child of a warm parent (graphlint.run); `Session.report` applies the policy stage across targets
-(severities, per-file ignores, suppressions, the baseline) and is the only place a Report is finished;
-`Session.fixes` proves the report's fixes in children of the same warm parent (graphlint.fix), and
-`Session.without` is the report of what they leave. The command line, the Python API (graphlint.api) and the
+`Session.lint` answers each target from the result cache where nothing changed and puts the others on the
+session's `Runner`, each to be linted in its own child of a warm parent (graphlint.run); `Runner.finished`
+delivers results as they come, a newer `lint(..., supersede=True)` of a target being linted replaces it, and
+`Session.stream` and `Session.results` are built on the two, so the command line and the language server (whose
+projects' sessions share one runner) lint, cache and schedule through one path; `Session.report` applies the
+policy stage across targets (severities, per-file ignores, suppressions, the baseline) and is the only place a
+Report is finished; `Session.fixes` proves the report's fixes in children of the same warm parent
+(graphlint.fix), and `Session.without` is the report of what they leave. The command line, the Python API (graphlint.api) and the
 language server (graphlint.server) are shells over it.
 
 Nothing on the cached path imports torch, so a session that the cache answers in full never does; the warm
@@ -13,7 +16,10 @@ parent imports torch (and warms up) only when a target has to be captured, and s
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,10 +28,10 @@ from typing import TYPE_CHECKING
 from graphlint.baseline import read_baseline
 from graphlint.cache import ResultCache
 from graphlint.config import Config
-from graphlint.errors import GraphlintError
+from graphlint.errors import GraphlintError, one_line
 from graphlint.policy import apply_policy
 from graphlint.project import Project
-from graphlint.results import Finding, Report, RuleInfo, TargetResult
+from graphlint.results import Finding, Report, RuleInfo, TargetError, TargetResult
 from graphlint.run.heap import long_lived
 from graphlint.selection import select
 from graphlint.target import TargetSpec, add_target_folders, target_vary
@@ -77,12 +83,12 @@ class Session:
     and the fixes."""
 
     def __init__(self, targets: list[str], project: Project, config: Config | None = None,
-                 options: Options = Options(), base: Path | None = None, parent: WarmParent | None = None) -> None:
+                 options: Options = Options(), base: Path | None = None, parent: WarmParent | None = None,
+                 runner: Runner | None = None) -> None:
         self.project = project
         self.config = config if config is not None else project.config
         self.options = options
         self.base = base or Path.cwd()
-        self.parent = parent
         for text in targets:  # every target's folder is first-party from the start, for every target
             try:
                 spec = TargetSpec.parse(text, self.base)
@@ -94,29 +100,67 @@ class Session:
         self.rules = select(self.config, _rule_infos(self.cache))
         self.rule_ids = tuple(rule.id for rule in self.rules)
         self.baseline = read_baseline(options.baseline) if options.baseline is not None else None
+        self.runner = runner if runner is not None else Runner(parent)
+        self.runner.jobs = max(self.runner.jobs, options.jobs)
         self._keys: dict[str, str] = {}
+        self._starts: dict[str, float] = {}
 
     # -- targets → results -------------------------------------------------------------------------------------
 
     def results(self, targets: list[str]) -> list[TargetResult]:
         """Every target's result, from the cache or linted in a child, in the order given (repeats once)."""
-        results: dict[str, TargetResult] = {}
-        pending = []
-        for text in dict.fromkeys(targets):
-            cached = self.cached(text)
-            if cached is not None:
-                results[text] = cached
-                self._tell(text, "cached", result=cached)
-                continue
-            pending.append(text)
-        if pending:
-            for text, result, seconds in self._lint(pending):
-                results[text] = result
-                self.store(text, result)
-                self._tell(text, "done", result=result, seconds=seconds)
-        return [results[t] for t in dict.fromkeys(targets)]
+        found = dict(self.stream(targets))
+        return [found[t] for t in dict.fromkeys(targets)]
 
-    def cached(self, text: str) -> TargetResult | None:
+    def stream(self, targets: list[str]) -> Iterator[tuple[str, TargetResult]]:
+        """Lint the targets and yield (target, result) as each is answered: the cache's answers at once, the
+        others as their children finish. For a session that has its runner to itself: the results of other
+        sessions sharing it are not this stream's (the language server reads `Runner.finished` instead)."""
+        self.lint(targets)
+        try:
+            while self.linting:
+                for session, text, result in self.runner.finished():
+                    if session is self:
+                        yield text, result
+        finally:
+            self.cancel()  # interrupted (Ctrl-C) or abandoned: no child outlives the stream
+
+    def lint(self, targets: list[str], first: bool = False, supersede: bool = False) -> None:
+        """Start linting the targets; their results are delivered by `Runner.finished` (or `stream`). A target
+        whose inputs did not change is answered from the cache, the others wait for a child of the runner, in the
+        order given, ahead of those already waiting when `first` (the file the user just touched). A target
+        already waiting moves; one being linted is left to finish, unless `supersede` (a newer save of its file):
+        then its child is killed and only the newer result is delivered."""
+        misses = []
+        for text in dict.fromkeys(targets):
+            if not supersede and self.runner.running(self, text):
+                continue
+            cached = self._cached(text)
+            if cached is None:
+                misses.append(text)
+                continue
+            self.runner.answer(self, text, cached)  # and a stale lint of it, waiting or running, is dropped
+            self._tell(text, "cached", result=cached)
+        self.runner.put(self, misses, first, supersede)
+
+    def cancel(self) -> None:
+        """Forget this session's targets waiting for a child, and kill the children linting the others."""
+        self.runner.drop(self)
+
+    @property
+    def linting(self) -> bool:
+        """Whether some of this session's targets are waiting, running, or answered and not yet delivered."""
+        return self.runner.holds(self)
+
+    def warm_parent(self) -> WarmParent:
+        """The warm parent children start from, made (torch imported, warmed up) the first time it is needed."""
+        return self.runner.warm_parent()
+
+    @property
+    def parent(self) -> WarmParent | None:
+        return self.runner.parent
+
+    def _cached(self, text: str) -> TargetResult | None:
         """The target's result from the cache, when nothing it depends on changed."""
         if self.cache is None:
             return None
@@ -124,42 +168,30 @@ class Session:
                                           target_vary(text, self.config.vary), self.config.memory_budget)
         return self.cache.load(self._keys[text])
 
-    def store(self, text: str, result: TargetResult) -> None:
-        """Keep a fresh result in the cache (not a failure: the next run tries again)."""
+    def _store(self, text: str, result: TargetResult) -> None:
+        """Keep a fresh result in the cache (not a failure: the next run tries again). A cache hit is not
+        written back: it is there already."""
         if self.cache is not None and not result.errors:
             key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
                                                          self.rule_ids, target_vary(text, self.config.vary),
                                                          self.config.memory_budget)
             self.cache.store(key, result)
 
-    def job(self, text: str) -> LintJob:
+    def _job(self, text: str) -> LintJob:
         """What a child needs to lint the target."""
         from graphlint.run.wire import LintJob
 
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
                           target_vary(text, self.config.vary), self.config.memory_budget)
 
-    def warm_parent(self) -> WarmParent:
-        """The warm parent children start from, made (torch imported, warmed up) the first time it is needed."""
-        if self.parent is None:
-            from graphlint.run import scheduler
+    def _started(self, text: str) -> None:
+        self._starts[text] = time.monotonic()
+        self._tell(text, "started")
 
-            self.parent = scheduler.WarmParent()
-        return self.parent
-
-    def _lint(self, pending: list[str]) -> Iterator[tuple[str, TargetResult, float]]:
-        """Each pending target in its own child process; (target, result, seconds) as they finish."""
-        from graphlint.run.scheduler import lint_in_children
-
-        starts: dict[str, float] = {}
-
-        def started(text: str) -> None:
-            starts[text] = time.monotonic()
-            self._tell(text, "started")
-
-        for text, result in lint_in_children(pending, self.job, self.options.jobs, self.options.timeout, started,
-                                             self.warm_parent()):
-            yield text, result, time.monotonic() - starts.get(text, time.monotonic())
+    def _linted(self, text: str, result: TargetResult) -> None:
+        """A child's result, before it is delivered: kept in the cache, and told."""
+        self._store(text, result)
+        self._tell(text, "done", result=result, seconds=time.monotonic() - self._starts.pop(text, time.monotonic()))
 
     def _tell(self, text: str, event: str, **details) -> None:
         if self.options.progress is not None:
@@ -186,6 +218,146 @@ class Session:
         """The report of what is left once these findings' fixes are applied."""
         gone = set(fixed)
         return replace(report, merged=[f for f in report.all_findings if f not in gone])
+
+
+class Runner:
+    """The children that lint the targets of one or more sessions (graphlint.run): one warm parent, made the first
+    time a target needs a child (or ahead of time, `warm_up`), and the targets waiting for a child and those
+    running, at most `jobs` at once (the largest `Options.jobs` of its sessions), each within its session's
+    `Options.timeout`. A session makes its own; the language server gives every project's session the same one,
+    so that they share the warm parent and the limit, and reads their results from `finished`.
+
+    `close_in_children` are file descriptors that a forked child closes first (the server's protocol pipes)."""
+
+    def __init__(self, parent: WarmParent | None = None, close_in_children: tuple[int, ...] = ()) -> None:
+        self.parent = parent
+        self.close_in_children = close_in_children
+        self.jobs = 1
+        self._scheduler = None  # made when a target first needs a child (multiprocessing is not free)
+        self._answered: list[tuple[Session, str, TargetResult]] = []  # answered without a child, not delivered
+        self._warming: threading.Thread | None = None
+        self._parent_error: str | None = None
+
+    # -- what sessions ask -----------------------------------------------------------------------------------
+
+    def put(self, session: Session, targets: list[str], first: bool = False, supersede: bool = False) -> None:
+        """Targets of a session to lint in children (Session.lint has answered the others), started at once
+        while fewer than `jobs` run."""
+        if not targets:
+            return
+        scheduler = self._made()
+        scheduler.jobs = self.jobs
+        scheduler.put([((session, text), session) for text in targets], first=first, supersede=supersede)
+        scheduler.start_waiting()
+
+    def answer(self, session: Session, text: str, result: TargetResult) -> None:
+        """A target answered without a child, delivered by the next `finished`; a lint of it that is waiting or
+        running is no longer wanted."""
+        self._drop(lambda key: key == (session, text))
+        self._answered = [a for a in self._answered if a[:2] != (session, text)]
+        self._answered.append((session, text, result))
+
+    def drop(self, session: Session) -> None:
+        """Forget the session's targets: waiting, running (killed) and answered."""
+        self._drop(lambda key: key[0] is session)
+        self._answered = [a for a in self._answered if a[0] is not session]
+
+    def running(self, session: Session, text: str) -> bool:
+        return self._scheduler is not None and (session, text) in self._scheduler.running
+
+    def holds(self, session: Session) -> bool:
+        """Whether some of the session's targets are waiting, running, or answered and not yet delivered."""
+        keys = [] if self._scheduler is None else [*self._scheduler.waiting, *self._scheduler.running]
+        return any(key[0] is session for key in keys) or any(a[0] is session for a in self._answered)
+
+    # -- what the owner of the runner asks ---------------------------------------------------------------------
+
+    def finished(self, also: list | None = None) -> list[tuple[Session, str, TargetResult]]:
+        """(session, target, result) of targets answered since the last call, each child's kept in its session's
+        cache: those answered without a child at once, else once a child finishes or one of the `also` handles
+        is ready (the server's wake-up), whichever comes first."""
+        if self._scheduler is not None:
+            self._scheduler.start_waiting()  # may answer a target with the warm parent's failure
+        if not self._answered:
+            if self._scheduler is not None:
+                for (session, text), _, result in self._scheduler.wait(also=also):
+                    session._linted(text, result)
+                    self._answered.append((session, text, result))
+            elif also:
+                from multiprocessing.connection import wait
+
+                wait(also)
+        answered, self._answered = self._answered, []
+        return answered
+
+    def warm_up(self, background: bool = False) -> None:
+        """Make the warm parent now rather than when a target first needs a child; `background`: in a thread of
+        its own, while the cache answers what it can. A warm parent that cannot start (no torch) is then each
+        target's error rather than an exception."""
+        if self.parent is not None or self._warming is not None:
+            return
+        self._warming = threading.Thread(target=self._warm, name="graphlint-warm-up", daemon=True)
+        self._warming.start()
+        if not background:
+            self._warming.join()
+
+    def warm_parent(self) -> WarmParent:
+        """The warm parent, made (torch imported, warmed up) the first time it is needed; `GraphlintError` when a
+        warm-up in the background failed."""
+        if self._warming is not None:
+            self._warming.join()
+        if self.parent is None:
+            if self._parent_error is not None:
+                raise GraphlintError(self._parent_error)
+            from graphlint.run import scheduler
+
+            self.parent = scheduler.WarmParent(close_in_children=self.close_in_children)
+        return self.parent
+
+    def close(self) -> None:
+        """Kill every child (the server is shutting down)."""
+        if self._scheduler is not None:
+            self._scheduler.kill_all()
+            self._scheduler.waiting.clear()
+        self._answered = []
+
+    # -- the process layer -------------------------------------------------------------------------------------
+
+    def _made(self):
+        if self._scheduler is None:
+            from graphlint.run.scheduler import Children, Scheduler
+
+            self._scheduler = Scheduler(lambda: Children(self.warm_parent(), None), self.jobs, self._job,
+                                        timeout=lambda session: session.options.timeout or None,
+                                        started=lambda key: key[0]._started(key[1]))
+        return self._scheduler
+
+    def _job(self, key: tuple[Session, str], session: Session) -> LintJob | None:
+        """The job of a target about to start, or None when no warm parent can start (then that is its answer)."""
+        try:
+            self.warm_parent()
+        except GraphlintError as error:
+            self._answered.append((session, key[1], TargetResult(target=key[1],
+                                                                 errors=[TargetError(key[1], str(error))])))
+            return None
+        return session._job(key[1])
+
+    def _drop(self, unwanted: Callable[[tuple[Session, str]], bool]) -> None:
+        if self._scheduler is not None:
+            self._scheduler.drop(unwanted)
+
+    def _warm(self) -> None:
+        from graphlint.run import scheduler
+
+        try:
+            self.parent = scheduler.WarmParent(close_in_children=self.close_in_children)
+        except ImportError as error:
+            self._parent_error = (f"cannot import torch ({error}); install PyTorch in the environment graphlint "
+                                  "runs in" if (error.name or "").startswith("torch") else
+                                  f"internal error in graphlint while starting ({one_line(error)})")
+        except Exception as error:
+            traceback.print_exc(file=sys.stderr)
+            self._parent_error = f"internal error in graphlint while starting ({one_line(error)}); please report it"
 
 
 def finish(results: list[TargetResult], project: Project, config: Config, rules: tuple[RuleInfo, ...],

@@ -7,6 +7,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -220,3 +221,47 @@ def test_runs_given_one_warm_parent_start_every_child_from_it(tmp_path, monkeypa
         project = Project(root=path.parent, first_party_folders=[path.parent])
         report = check([f"{path}:make"], project, Config(), Options(), parent=parent)
         assert [f.rule_id for f in report.findings] == ["GL101"]
+
+
+def _session(folder, **options):
+    from graphlint.project import Project
+    from graphlint.session import Options, Session
+
+    events = []
+    project = Project(root=folder, first_party_folders=[folder])
+    session = Session(["model.py:make"], project, options=Options(progress=lambda target, event, **_: events.append(
+        event), **options), base=folder)
+    return session, events
+
+
+def test_a_newer_lint_of_a_target_being_linted_supersedes_it_and_only_the_newer_result_is_delivered(tmp_path):
+    hang = "import pathlib, time\npathlib.Path(__file__).with_name('hanging').touch()\ntime.sleep(600)\n"
+    path = write(tmp_path, "model.py", hang + ATTENTION)
+    session, events = _session(tmp_path, timeout=60)  # a lint left running would be delivered, as a failure
+    session.lint(["model.py:make"])
+    assert events == ["started"] and session.linting
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "hanging").exists() and time.monotonic() < deadline:  # its child is in the import
+        time.sleep(0.05)
+    path.write_text(ATTENTION, encoding="utf-8")  # the user fixed the file and saved it
+    session.lint(["model.py:make"])  # opening the file again leaves the running lint alone
+    assert events == ["started"]
+    session.lint(["model.py:make"], supersede=True)
+    delivered = []
+    while session.linting:
+        delivered += session.runner.finished()
+    [(by, target, result)] = delivered
+    assert by is session and target == "model.py:make"
+    assert not result.errors and [f.rule_id for f in result.findings] == ["GL101"]
+    assert events == ["started", "started", "done"]
+
+
+def test_a_cache_hit_is_delivered_as_it_was_and_not_written_back(tmp_path):
+    write(tmp_path, "model.py", ATTENTION)
+    session, events = _session(tmp_path, cache=tmp_path / "cache")
+    [linted] = session.results(["model.py:make"])
+    [entry] = (tmp_path / "cache").rglob("targets/*.json")
+    written = entry.stat().st_mtime_ns
+    again, events = _session(tmp_path, cache=tmp_path / "cache")
+    assert list(again.stream(["model.py:make"])) == [("model.py:make", linted)]
+    assert events == ["cached"] and entry.stat().st_mtime_ns == written

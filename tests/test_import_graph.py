@@ -154,3 +154,28 @@ def later():
     assert {"graphlint.fix.sibling", "graphlint.up", "graphlint.config", "graphlint.fix.apply"} <= names
     assert "graphlint.session" not in names
     assert "graphlint.run.parent" in imported("graphlint.run", "from .parent import WarmParent", is_package=True)
+
+
+PROCESS_LAYER = "graphlint.run"
+
+
+def process_layer_imports(graph: dict[str, set[str]], package: str) -> dict[str, list[str]]:
+    """The modules of `package` that import the process layer (graphlint.run and its modules) themselves."""
+    found = {name: sorted(other for other in imports if other == PROCESS_LAYER
+                          or other.startswith(PROCESS_LAYER + "."))
+             for name, imports in graph.items() if name == package or name.startswith(package + ".")}
+    return {name: others for name, others in found.items() if others}
+
+
+def test_the_language_server_reaches_the_process_layer_only_through_the_session():
+    graph = import_graph()
+    assert "graphlint.server.linting" in graph and "graphlint.run.scheduler" in graph  # the graph was read
+    assert process_layer_imports(graph, "graphlint.server") == {}
+
+
+def test_a_server_module_that_imports_the_scheduler_is_named():
+    graph = {"graphlint.server.linting": {"graphlint.session", "graphlint.run.scheduler", "graphlint.run"},
+             "graphlint.server": {"graphlint.server.linting"}, "graphlint.session": {"graphlint.run.scheduler"}}
+    assert process_layer_imports(graph, "graphlint.server") == {
+        "graphlint.server.linting": ["graphlint.run", "graphlint.run.scheduler"]}
+    assert "graphlint.run" in imported("graphlint.server.linting", "def later():\n    from graphlint import run\n")

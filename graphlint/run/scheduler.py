@@ -2,9 +2,9 @@
 can end into the job's answer: a lint job's own result, or one error line that says what happened and the last
 stage it reached; a proof job's verdict, or why it has none.
 
-`Children` keeps the running children of one warm parent: the command line's run (`lint_in_children`) starts
-at most `jobs` at a time and waits for them all; the language server (graphlint.server) keeps one for its whole
-life, starts a child whenever a file is saved, and kills the child of a target that a newer save superseded.
+`Children` keeps the running children of one warm parent; a `Scheduler` starts at most `jobs` of them at a time
+and kills the child of a job that a newer one superseded. The session's `Runner` (graphlint.session) keeps one
+for the command line's run and for the language server's whole life; a fix's proof runs one job (`run_job`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
@@ -113,7 +113,8 @@ class Scheduler:
     """Keyed jobs waiting for a child and the children running them: at most `jobs` at once, in the order they
     were put, except that jobs put `first` go ahead of those waiting (the file the user just saved); putting a
     key that is waiting moves it, and one that is running is killed and started again when `supersede` (a newer
-    save: the older result is no longer wanted). The command line's run and the language server both use it.
+    save: the older result is no longer wanted). graphlint.session's `Runner` keeps one, for the command line's run
+    and the language server alike.
 
     `children()` gives the warm parent's `Children`, asked for when a job first has to start; `start(key, item)`
     makes the job for a waiting item, or None when the caller answered it without a child (the result cache);
@@ -182,22 +183,6 @@ class Scheduler:
         if self._made is not None:
             self._made.kill_all()
         self.running.clear()
-
-
-def lint_in_children(
-    targets: list[str], job_for: Callable[[str], LintJob], jobs: int, timeout: float | None,
-    started: Callable[[str], None] | None = None, parent: WarmParent | None = None,
-) -> Iterator[tuple[str, TargetResult]]:
-    """Each target in its own child of `parent` (a new warm parent when None); results as the children finish."""
-    scheduler = Scheduler(lambda: Children(parent or WarmParent(), timeout), jobs, lambda text, _: job_for(text),
-                          started=started or (lambda text: None))
-    scheduler.put([(text, text) for text in targets])
-    try:
-        while scheduler:
-            for text, _, result in scheduler.wait():
-                yield text, result
-    finally:
-        scheduler.kill_all()  # interrupted (Ctrl-C): no child outlives the run
 
 
 def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Proved:

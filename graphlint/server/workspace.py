@@ -18,7 +18,7 @@ from graphlint.cache import default_folder
 from graphlint.errors import GraphlintError
 from graphlint.project import Project, find_pyproject
 from graphlint.results import Report, TargetResult
-from graphlint.session import Options, Session
+from graphlint.session import Options, Runner, Session
 from graphlint.target import TargetSpec
 
 
@@ -38,17 +38,18 @@ class Settings:
 class ProjectTargets:
     """One project's targets, what each depends on, and their latest results."""
 
-    def __init__(self, pyproject: Path, settings: Settings) -> None:
-        """Read the project's configuration; `GraphlintError` when it is wrong."""
+    def __init__(self, pyproject: Path, settings: Settings, runner: Runner) -> None:
+        """Read the project's configuration; `GraphlintError` when it is wrong. Its session lints in the
+        server's `runner`, with the server's job count and the project's time limit."""
         project = Project.discover(pyproject.parent)
         config = project.config.overridden(device=settings.device, timeout=settings.timeout)
         self.pyproject = pyproject
         self.project = project
         self.targets = list(dict.fromkeys(config.targets))
-        self.timeout = config.timeout or None
-        options = Options(debug=settings.debug, baseline=settings.baseline,
+        options = Options(debug=settings.debug, baseline=settings.baseline, jobs=settings.jobs,
+                          timeout=config.timeout or None,
                           cache=None if settings.no_cache else default_folder(project, settings.cache_dir))
-        self.session = Session(self.targets, project, config, options, project.root)
+        self.session = Session(self.targets, project, config, options, project.root, runner=runner)
         self.files: dict[str, str] = {}  # target → its file, for targets that name one
         for target in self.targets:
             try:
@@ -87,10 +88,11 @@ class ProjectTargets:
 
 
 class Workspace:
-    """The projects the server has met, by their pyproject.toml."""
+    """The projects the server has met, by their pyproject.toml; their sessions share one runner."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, runner: Runner) -> None:
         self.settings = settings
+        self.runner = runner
         self.projects: dict[Path, ProjectTargets] = {}
 
     def project_of(self, path: str) -> ProjectTargets | None:
@@ -103,7 +105,7 @@ class Workspace:
                 return None
             if pyproject in self.projects:
                 return self.projects[pyproject]
-            project = ProjectTargets(pyproject, self.settings)
+            project = ProjectTargets(pyproject, self.settings, self.runner)
             if project.targets:
                 self.projects[pyproject] = project
                 return project
@@ -115,7 +117,7 @@ class Workspace:
         """Read a project's configuration again (its pyproject.toml changed); None when it lists no targets any
         more. `GraphlintError` when it is wrong, and the project is forgotten."""
         self.projects.pop(pyproject, None)
-        project = ProjectTargets(pyproject, self.settings)
+        project = ProjectTargets(pyproject, self.settings, self.runner)
         if not project.targets:
             return None
         self.projects[pyproject] = project
