@@ -35,16 +35,21 @@ def shortcut_model(model: torch.nn.Module, device: str, call: tuple[tuple, dict]
     None where the shortcut does not apply: forced off, off meta (a copy on the CPU costs its weights, and a forward
     that needs real values breaks the graph anyway), no repeated block, or a model that cannot be copied.
     `call` (args, kwargs), the first call, runs once on another copy to see what each block gets."""
-    if os.environ.get(WHOLE_MODEL_ENV) or device != "meta" or not hasattr(torch.compiler, "nested_compile_region"):
+    if not shortcut_applies(device):
         return None
     try:
-        if not repeated_blocks(model):
+        # Blocks alike in state first (no copy, no call): most models whose blocks differ stop here.
+        if not [group for group in _alike(model, repeated_blocks(model), {}) if len(group) >= 2]:
             return None
         probe = copy.deepcopy(model)
         groups = same_blocks(probe, repeated_blocks(probe), call)
         return (copy.deepcopy(model), groups) if groups else None
     except Exception:  # a model deepcopy refuses, a probe that fails: whole-model compilation, as without it
         return None
+
+
+def shortcut_applies(device: str) -> bool:
+    return not os.environ.get(WHOLE_MODEL_ENV) and device == "meta" and hasattr(torch.compiler, "nested_compile_region")
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[str]:
@@ -81,13 +86,18 @@ def same_blocks(model: torch.nn.Module, paths: list[str], call: tuple[tuple, dic
     finally:
         for handle in handles:
             handle.remove()
+    return [group for group in _alike(model, paths, seen) if len(group) >= 2]
+
+
+def _alike(model: torch.nn.Module, paths: list[str], seen: dict[str, list]) -> list[list[str]]:
+    """`paths` grouped by class, state and what each was seen to get (`seen`, when known)."""
     groups: dict[tuple, list[str]] = {}
     for path in paths:
         module = model.get_submodule(path)
         key = (type(module), tuple(_fingerprint(vars(inner), 0, ids=False) for _, inner in module.named_modules()),
-               repr(seen[path]))
+               repr(seen.get(path)))
         groups.setdefault(key, []).append(path)
-    return [group for group in groups.values() if len(group) >= 2]
+    return list(groups.values())
 
 
 @contextlib.contextmanager
