@@ -386,10 +386,10 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
 def _shortcut(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis | None:
     """The analysis with the repeated blocks compiled once (graphlint.capture.compile_regions), on a copy of the
     model; None where it does not apply or might differ from compiling the whole model."""
-    from graphlint.capture.compile_regions import (compile_regions, globals_kept, module_state, shortcut_applies,
-                                                   shortcut_holds, shortcut_model)
+    from graphlint.capture.compile_regions import (compile_regions, globals_kept, has_alike_blocks, module_state,
+                                                   shortcut_applies, shortcut_holds, shortcut_model)
 
-    if not shortcut_applies(device):
+    if not shortcut_applies(device) or not has_alike_blocks(model):
         return None
     with globals_kept(model):
         found = shortcut_model(model, device, (calls[0][1], calls[0][2]))

@@ -38,9 +38,6 @@ def shortcut_model(model: torch.nn.Module, device: str, call: tuple[tuple, dict]
     if not shortcut_applies(device):
         return None
     try:
-        # Blocks alike in state first (no copy, no call): most models whose blocks differ stop here.
-        if not [group for group in _alike(model, repeated_blocks(model), {}) if len(group) >= 2]:
-            return None
         probe = copy.deepcopy(model)
         groups = same_blocks(probe, repeated_blocks(probe), call)
         return (copy.deepcopy(model), groups) if groups else None
@@ -50,6 +47,15 @@ def shortcut_model(model: torch.nn.Module, device: str, call: tuple[tuple, dict]
 
 def shortcut_applies(device: str) -> bool:
     return not os.environ.get(WHOLE_MODEL_ENV) and device == "meta" and hasattr(torch.compiler, "nested_compile_region")
+
+
+def has_alike_blocks(model: torch.nn.Module) -> bool:
+    """Whether two blocks of one class are alike in state (no copy, no call): where all differ, such as a
+    transformers Llama's layers by `layer_idx`, the shortcut stops here at no cost."""
+    try:
+        return any(len(group) >= 2 for group in _alike(model, repeated_blocks(model), {}))
+    except Exception:  # a module graphlint cannot read: whole-model compilation, as without the shortcut
+        return False
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[str]:
