@@ -13,12 +13,16 @@ Targets, all on the meta device:
 - vit: a ViT-B/16 shape in plain PyTorch (12 x 768, 224 x 224 images, batch 2), fused attention;
 - resnet: a ResNet-50 shape in plain PyTorch (bottleneck blocks 3-4-6-3, 224 x 224 images, batch 2).
 
+`--whole-model` adds a column: GL3 with the repeated-block shortcut off (GRAPHLINT_COMPILE_WHOLE_MODEL=1), the
+analysis as it was before the shortcut, measured in the same run.
+
 The issue's bar: GL301 and GL302 join the default selection when GL3 costs at most 1.3x a plain check on all four.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import statistics
@@ -160,8 +164,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="gpt2,llama,vit,resnet", help="comma-separated target names")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache measurements")
+    parser.add_argument("--whole-model", action="store_true",
+                        help="also GL3 with the repeated-block shortcut off (the whole model compiled), in the same run")
     options = parser.parse_args()
 
+    from graphlint.capture.compile_regions import WHOLE_MODEL_ENV
     from graphlint.config import Config
     from graphlint.project import Project
     from graphlint.run.parent import WarmParent
@@ -172,6 +179,8 @@ def main() -> None:
     project = Project(root=folder, first_party_folders=[folder])
     parent = WarmParent()
     configs = {"check": Config(), "+ GL301": Config(extend_select=("GL301",)), "+ GL3": Config(extend_select=("GL3",))}
+    if options.whole_model:
+        configs["+ GL3 whole model"] = Config(extend_select=("GL3",))
     cache = folder / ".cache"
 
     def seconds(target: str, config: Config, warm: bool) -> float:
@@ -179,9 +188,14 @@ def main() -> None:
             path = Path(target.rsplit(":", 1)[0])
             with path.open("a", encoding="utf-8") as handle:
                 handle.write(f"# edited {time.perf_counter()}\n")
+        # The children inherit the environment: the shortcut is off for the whole-model column only.
+        os.environ.pop(WHOLE_MODEL_ENV, None)
+        if config is configs.get("+ GL3 whole model"):
+            os.environ[WHOLE_MODEL_ENV] = "1"
         start = time.perf_counter()
         report = check([target], project, config, Options(cache=cache if warm else None), parent=parent)
         elapsed = time.perf_counter() - start
+        os.environ.pop(WHOLE_MODEL_ENV, None)
         if report.errors:
             sys.exit(f"{target}: {report.errors[0].message}")
         return elapsed

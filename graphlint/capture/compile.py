@@ -78,6 +78,7 @@ class CompileAnalysis:
     limit_hit: list[Frame] = field(default_factory=list)  # functions whose recompiles reached the limit
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (call, error): refused by the model uncompiled
     unavailable: str = ""
+    shortcut: bool = False  # the repeated blocks were compiled once each (graphlint.capture.compile_regions)
 
 
 @functools.lru_cache(maxsize=1)
@@ -369,14 +370,43 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
 
     Dynamo traces torch's default-device mode op by op, which doubles its cost, so the model (already on
     `device`) is compiled without it first; only a forward that then fails, such as one that creates tensors
-    without a device, is analysed again inside it."""
+    without a device, is analysed again inside it. Alike repeated blocks are traced once each where that can
+    only give what compiling the whole model gives (graphlint.capture.compile_regions)."""
     calls, dropped = _accepted(made.model, _calls(made, device, vary), device)
-    analysis = analyse_compile(made.model, calls)
+    analysis = _shortcut(made.model, calls, device)
+    if analysis is None:
+        analysis = analyse_compile(made.model, calls)
     if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
         with torch.device(device):
             analysis = analyse_compile(made.model, calls)
     analysis.dropped = dropped
     return analysis
+
+
+def _shortcut(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis | None:
+    """The analysis with the repeated blocks compiled once (graphlint.capture.compile_regions), on a copy of the
+    model; None where it does not apply or might differ from compiling the whole model."""
+    from graphlint.capture.compile_regions import (compile_regions, globals_kept, has_alike_blocks, module_state,
+                                                   shortcut_applies, shortcut_holds, shortcut_model)
+
+    if not shortcut_applies(device) or not has_alike_blocks(model):
+        return None
+    with globals_kept(model):
+        found = shortcut_model(model, device, (calls[0][1], calls[0][2]))
+    if found is None:
+        return None
+    copied, groups = found
+    grown = {label for label, _, _ in calls if label.split()[0] in VARY_DIMENSIONS}  # `batch 3`, `seq 129`
+    before = module_state(copied)
+    with globals_kept(model) as kept:
+        try:
+            with compile_regions(copied, groups):
+                analysis = analyse_compile(copied, calls)
+        except Exception:  # graphlint's own failure: whole-model compilation, as without the shortcut
+            return None
+        analysis.shortcut = shortcut_holds(analysis, before, module_state(copied), grown) and not kept.changed()
+        kept.keep = analysis.shortcut  # the calls' effects stand, as whole-model compilation would leave them
+    return analysis if analysis.shortcut else None
 
 
 def _accepted(model, calls: list[tuple[str, tuple, dict]], device: str) -> tuple[list, list[tuple[str, str]]]:

@@ -1,0 +1,214 @@
+"""The torch.compile analysis's shortcut (repeated blocks compiled once, graphlint.capture.compile_regions) gives
+the findings and notes that compiling the whole model gives (GRAPHLINT_COMPILE_WHOLE_MODEL=1), on every GL301
+and GL302 rule example, the test models of the GL301/GL302 tests, and models of repeated blocks that break,
+recompile or change state in each way the shortcut must not hide."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import check_targets, lint_file, write
+from graphlint.capture.compile import analyse_target
+from graphlint.capture.compile_regions import WHOLE_MODEL_ENV
+from graphlint.engine import load_rules
+from graphlint.target import Target
+from test_compile_analysis_real_calls import FINITE, GRAPH_LAYER, OWN_INIT, ROTARY
+from test_gl301_gl302_compile import CASES, RECOMPILES, TEMPLATE
+
+pytestmark = pytest.mark.compile
+
+BLOCKS = '''
+import torch
+from torch import nn
+
+CONFIG = {"scale": 1}
+
+
+class Block(nn.Module):
+    def __init__(self, index, kind="plain"):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.index = index if kind in ("parity", "scaled", "last") else 0  # else the blocks are alike
+        self.kind = kind
+        self.calls = 0
+        self.scale = 1
+
+    def forward(self, x, last=False):
+        h = self.fc(x)
+        if self.kind == "break":
+            print(h.shape)
+        if self.kind == "parity":
+            torch._dynamo.graph_break()
+            if self.index % 2:
+                h = h * 2
+        if self.kind == "counter":
+            self.calls = self.calls + 1
+            h = h * self.calls
+        if self.kind == "loop":
+            for i in range(x.shape[0]):
+                h[i] = h[i] + i
+        if self.kind == "scaled":
+            h = h * (self.index + 1)
+        if self.kind == "config":
+            h = h * CONFIG["scale"]
+        if self.kind == "last" and self.index == 3:
+            print(h.shape)
+        if last:
+            print(h.shape)
+        if self.kind in ("mutates", "reads"):
+            h = h * self.scale
+        return torch.nn.functional.gelu(h) + x
+
+
+class Model(nn.Module):
+    def __init__(self, kind="plain", depth=4):
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList(Block(index, kind) for index in range(depth))
+        self.kind = kind
+
+    def forward(self, x):
+        x = self.embed(x)
+        for index, block in enumerate(self.blocks):
+            x = block(x, last=True) if self.kind == "flag" and index == len(self.blocks) - 1 else block(x)
+        if self.kind == "mutates":
+            self.blocks[1].scale = self.blocks[1].scale + 1
+        if self.kind == "config":
+            CONFIG["scale"] = CONFIG["scale"] + 1
+        return x
+
+
+class Reads(Model):
+    """The glue changes an attribute that one block reads."""
+
+    def __init__(self):
+        super().__init__("reads")
+
+    def forward(self, x):
+        x = super().forward(x)
+        self.blocks[2].scale = self.blocks[2].scale + 1
+        return x
+
+
+def plain():
+    return Model(), (torch.randn(2, 8),)
+
+
+def block_break():
+    return Model("break"), (torch.randn(2, 8),)
+
+
+def last_block_breaks():
+    return Model("last"), (torch.randn(2, 8),)
+
+
+def parity():
+    return Model("parity", depth=10), (torch.randn(2, 8),)
+
+
+def counter():
+    return Model("counter"), (torch.randn(2, 8),)
+
+
+def loop():
+    return Model("loop"), (torch.randn(2, 8),)
+
+
+def scaled():
+    return Model("scaled"), (torch.randn(2, 8),)
+
+
+def mutates():
+    return Model("mutates"), (torch.randn(2, 8),)
+
+
+def reads():
+    return Reads(), (torch.randn(2, 8),)
+
+
+def flag():
+    return Model("flag"), (torch.randn(2, 8),)
+
+
+def config():
+    return Model("config"), (torch.randn(2, 8),)
+'''
+BLOCK_TARGETS = ("plain", "block_break", "last_block_breaks", "parity", "counter", "loop", "scaled", "mutates",
+                 "reads", "flag", "config")
+
+
+def _seen(report) -> list:
+    """Everything the compile rules and analysis contribute: findings, notes and errors, target by target."""
+    findings = sorted((f.rule_id, f.location.path, f.location.line, f.location.column, f.message, f.occurrences,
+                       tuple((r.location.path, r.location.line) for r in f.related), tuple(f.targets))
+                      for f in report.findings)
+    return [findings, [(r.target, tuple(r.notes), tuple(e.message for e in r.errors)) for r in report.results]]
+
+
+def _both(monkeypatch, run):
+    """`run()` with the shortcut, then with whole-model compilation forced."""
+    monkeypatch.delenv(WHOLE_MODEL_ENV, raising=False)
+    shortcut = _seen(run())
+    monkeypatch.setenv(WHOLE_MODEL_ENV, "1")
+    whole = _seen(run())
+    return shortcut, whole
+
+
+@pytest.mark.parametrize("select", [("GL301", "GL302"), ("GL301",)])
+def test_repeated_blocks_give_what_whole_model_compilation_gives(select, tmp_path, monkeypatch):
+    write(tmp_path, "blocks.py", BLOCKS)
+    targets = [f"blocks.py:{name}" for name in BLOCK_TARGETS]
+    shortcut, whole = _both(monkeypatch, lambda: check_targets(tmp_path, targets, select=select))
+    assert shortcut == whole
+    if select == ("GL301", "GL302"):  # the models that must be found are found (the comparison is not vacuous)
+        flagged = {target.rsplit(":", 1)[1] for f in shortcut[0] for target in f[-1]}
+        assert {"block_break", "last_block_breaks", "parity", "counter", "loop", "mutates", "reads",
+                "flag", "config"} <= flagged
+
+
+def test_the_shortcut_is_taken_where_blocks_repeat_cleanly_and_not_where_state_changes(tmp_path):
+    """The comparison above is only worth its name if the shortcut really runs on some models."""
+    import importlib.util
+
+    path = write(tmp_path, "blocks_module.py", BLOCKS)
+    spec = importlib.util.spec_from_file_location("blocks_module", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    taken = {}
+    for name in ("plain", "scaled", "mutates", "block_break", "config"):
+        model, args = getattr(module, name)()
+        with torch.device("meta"):
+            model = model.to("meta")
+        analysis = analyse_target(Target(model, tuple(a.to("meta") for a in args), {}), "meta", ("batch",))
+        taken[name] = analysis.shortcut
+    # Alike blocks only (`scaled` reads each block's own index); no state change, no break, no repeated guard.
+    assert taken == {"plain": True, "scaled": False, "mutates": False, "block_break": False, "config": False}
+
+
+def test_the_compile_rule_examples_give_what_whole_model_compilation_gives(tmp_path, monkeypatch):
+    examples = [(rule, example) for rule in load_rules() if rule.id in ("GL301", "GL302")
+                for example in (*rule.bad_examples, *rule.good_examples)]
+    assert len(examples) >= 4
+    for index, (rule, example) in enumerate(examples):
+        path = write(tmp_path, f"example_{index}.py", example.code)
+        shortcut, whole = _both(monkeypatch, lambda path=path, rule=rule, example=example: lint_file(
+            path, extend_select=(rule.id,), **dict(example.settings)))
+        assert shortcut == whole, example.title
+
+
+def test_the_compile_tests_models_give_what_whole_model_compilation_gives(tmp_path, monkeypatch):
+    targets = []
+    for name, (bad, good) in CASES.items():
+        write(tmp_path, f"{name}_bad.py", TEMPLATE.replace("{line}", bad))
+        write(tmp_path, f"{name}_good.py", TEMPLATE.replace("{line}", good))
+        targets += [f"{name}_bad.py:make", f"{name}_good.py:make"]
+    write(tmp_path, "recompiles.py", RECOMPILES)
+    targets += [f"recompiles.py:{name}" for name in ("counter", "loop_over_batch", "steps", "shape_branch")]
+    for name, source, factories in (("rotary", ROTARY, ("make", "make_loop")), ("graph_layer", GRAPH_LAYER, ("make",)),
+                                    ("finite", FINITE, ("make",)), ("own_init", OWN_INIT, ("make",))):
+        write(tmp_path, f"{name}.py", source)
+        targets += [f"{name}.py:{factory}" for factory in factories]
+    shortcut, whole = _both(monkeypatch, lambda: check_targets(tmp_path, targets, select=("GL301", "GL302"),
+                                                               vary=("batch", "seq")))
+    assert shortcut == whole
