@@ -357,6 +357,30 @@ FIXED = {
             query, key, value, attn_mask=attention_mask, scale=self.scale
         )
 '''),
+    "a-bias-then-a-guard-that-keeps-what-it-prepares": ('''
+class Attention(nn.Module):
+    def forward(self, q, k, v, bias, mask=None):
+        scores = q @ k.transpose(-2, -1)
+        scores = scores + bias
+        if mask is not None:
+            m = mask * 2
+            self.last_mask = m
+            scores = scores + m
+        return scores.softmax(-1) @ v
+
+
+def make():
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    return Attention(), (q, k, v, torch.randn(6, 6), torch.randn(6, 6))
+''', '''
+    def forward(self, q, k, v, bias, mask=None):
+        if mask is not None:
+            m = mask * 2
+            self.last_mask = m
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias + m if mask is not None else bias, scale=1.0
+        )
+'''),
 }
 
 
@@ -370,7 +394,7 @@ def _forward(text: str) -> str:
 
 
 def _run_in_plain_pytorch(path, seed: int = 0):
-    """The model's output and its parameters' gradients, built and run in float64 with nothing of graphlint's
+    """The model's output and its parameters' and inputs' gradients, built and run in float64 with nothing of graphlint's
     (an upcast written in the model, `scores.float()`, still runs in float32: hence a tolerance of 1e-6)."""
     spec = importlib.util.spec_from_file_location(f"plain_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
@@ -378,10 +402,11 @@ def _run_in_plain_pytorch(path, seed: int = 0):
     torch.manual_seed(seed)
     model, args = module.make()
     model = model.double().eval()
-    args = [a.double() if a.is_floating_point() else a for a in args]
+    args = [a.double().requires_grad_() if a.is_floating_point() else a for a in args]
     out = model(*args)
     out.sum().backward()
-    return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+    inputs = {f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}
+    return out.detach(), {**{n: p.grad for n, p in model.named_parameters()}, **inputs}
 
 
 @pytest.mark.proof
@@ -420,6 +445,12 @@ REFUSED = {
             attn = self.softmax(attn)'''),
         "the `else` of `if mask is not None:` also changes the scores before the softmax; graphlint rewrites such "
         "a choice only when the `else` is the softmax alone"),
+    "a-branch-that-also-stores-what-it-prepares": (SWIN.replace("""
+            nW = mask.shape[0]
+""", """
+            nW = mask.shape[0]
+            self.windows = nW
+"""), "`if mask is not None:` does more than mask the scores; the fused call would leave part of it"),
     "a-view-with-minus-one-before-the-mask": (BART.replace(
         "attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + attention_mask",
         "attn_weights.view(bsz, -1, tgt_len, src_len) + attention_mask"),
@@ -451,6 +482,15 @@ def make():
     return Attention(), (*(torch.randn(2, 2, 6, 8) for _ in range(3)), torch.randn(2, 1, 6, 6))
 """, "the scores are summed with each bias of `biases`, a list whose items graphlint cannot read where the loop "
         "runs; the fused call takes one mask (their sum)"),
+    "a-bias-changed-after-the-loop-that-added-it": (OPENFOLD.replace("""
+        a = torch.softmax(a, -1)""", """
+        pair_bias = pair_bias * 2
+        a = torch.softmax(a, -1)"""), "`pair_bias` changes between the scores and the values product"),
+    "a-chosen-mask-changed-before-the-product": (DIFFUSERS.replace("""
+        attention_scores = torch.baddbmm(""", """
+        attention_mask = None
+        attention_scores = torch.baddbmm("""),
+        "`attention_mask` changes between the scores and the values product"),
     "diffusers-query-upcast-in-the-helper": (DIFFUSERS_HELPER,
         "`query` is computed inside `get_attention_scores`, where the fused call cannot read it"),
 }

@@ -174,15 +174,17 @@ def inline_setup(walk: Walk) -> None:
         chain.consumed.append(walk.guard_if)
         walk.guard_if = None
         return
-    changed = set().union(*(assigned_names(s) for s in walk.setup)) & {n.value for n in names_read(chain.guard)}
+    # The guard folded into the mask with an earlier bias (`bias + m if g else bias`) is still the `if`'s test.
+    guard = chain.guard if chain.guard is not None else walk.guard_if.test
+    changed = set().union(*(assigned_names(s) for s in walk.setup)) & {n.value for n in names_read(guard)}
     moved = {n.value for part in (chain.q, chain.k, chain.dropout_p, *chain.factors, *chain.divisors) if part is not None
              for n in names_read(part)} & set().union(*(assigned_names(s) for s in walk.setup))
     if moved:  # the scores were made before the `if`; the fused call would read the new value
         raise Refused(f"`{sorted(moved)[0]}` changes between the scores and the values product")
-    given = presence_test(chain.guard)
+    given = presence_test(guard)
     if changed and (changed != {given} or not all(keeps_a_tensor(s, given) for s in walk.setup
                                                   if given in assigned_names(s))):
-        raise Refused(f"`if {code_of(chain.guard)}:` changes `{sorted(changed)[0]}`, which it tests")
+        raise Refused(f"`if {code_of(guard)}:` changes `{sorted(changed)[0]}`, which it tests")
 
 
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",

@@ -193,7 +193,11 @@ def _baddbmm(walk: Walk, positional, keywords, scaled: bool, statement: cst.Base
     if keywords.get("alpha") is not None:
         walk.chain.factors.append(here(walk, keywords["alpha"]))
     if beta is None or not is_number(beta, (0.0,)):
+        at = walk.at
+        if chosen is not None and not walk.scopes:
+            walk.at = chosen[1]  # the chosen bias is read in the `if`; it must not change from there on
         set_mask(walk, bias, True, additive=True, scaled=scaled)
+        walk.at = at
     _product(walk, left, right)
 
 
@@ -211,11 +215,12 @@ def _take_the_choice(walk: Walk, chosen, bias: cst.Name, beta: cst.Name, scaled:
 def _take_the_loop(walk: Walk, name: str, loop: cst.For, items: list, scaled: bool) -> cst.For:
     """The biases a loop adds to the scores are one mask, their sum; the loop (and its list, when nothing else
     reads it) goes with the chain (a helper's own statements stay)."""
-    mask = summed(items)
+    mask, made = summed(items), list_statement(walk, loop) if not walk.scopes else None
     if mask is not None:
+        if not walk.scopes:
+            walk.at = made or loop  # the biases are read where the list is made; they must not change from there on
         set_mask(walk, mask, True, additive=True, scaled=scaled)
     if not walk.scopes:
-        made = list_statement(walk, loop)
         walk.chain.consumed.extend((loop, made) if made is not None else (loop,))
         walk.chain.names.update((name, loop.target.value))
         walk.chain.scores_names.add(name)
