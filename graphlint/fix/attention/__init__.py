@@ -27,7 +27,10 @@ mistake here is refused, never written.
 The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
 scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
 checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
-`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline.
+`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline. Spellings copied
+across model files have their own readers: views.py (a mask added to a view of the scores), chosen.py (a
+`baddbmm` bias chosen in an `if`/`else`), loops.py (biases summed in a loop), branches.py (the same softmax
+ending both branches of an `if`/`else`, read as one softmax after the `if`).
 """
 
 from __future__ import annotations
