@@ -110,8 +110,9 @@ class UnfusedAttention(Rule):
         both branches of an `if`/`else` whose `else` is the softmax alone (Swin) is read as the `if` followed by
         the softmax, and the whole `if`/`else` goes; boolean masks joined with `&` or `|` are passed as they
         are (never read as causal alone); a `baddbmm` bias and `beta` of 0 or 1 chosen in an `if`/`else`
-        (diffusers) become that branch's bias, or None; biases summed in a loop over a list written out
-        (OpenFold: `for b in [mask_bias, pair_bias]: a += b`) become their sum.
+        (diffusers, also in its `get_attention_scores` helper, whose `if self.upcast_attention:` casts of q and k
+        to float32 are dropped like the softmax's) become that branch's bias, or None; biases summed in a loop
+        over a list written out (OpenFold: `for b in [mask_bias, pair_bias]: a += b`) become their sum.
 
         A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes a boolean mask like `-inf`: they differ only
         on a row whose every key is masked, which the original spreads evenly and the fused call does not.

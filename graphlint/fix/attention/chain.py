@@ -88,7 +88,7 @@ def here(walk: Walk, node: cst.BaseExpression | None) -> cst.BaseExpression | No
     helper's parameters replaced by what its caller passed); what it reads is noted with where (`walk.reads`)."""
     if node is None:
         return None
-    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module)
+    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module, upcasts_dropped=True)
     walk.reads.append(({n.value for n in names_read(node)}, walk.at))
     return node
 
