@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.fix import inline
+from graphlint.fix.attention.views import added_to_a_view, viewed_back
 from graphlint.fix.inline import Inlined
 from graphlint.fix.rewrite import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.fix.source import (all_nodes, assigned_names, block_of, bound_arguments, calls_function, calls_in,
@@ -70,6 +71,7 @@ class Walk:
         self.guard_if: cst.If | None = None  # an `if` that prepares the mask before masking the scores
         self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted
         self.setup: list[cst.BaseStatement] = []  # the statements it runs before the masking one
+        self.masking: tuple[cst.BaseStatement, ...] = ()  # the guard's statements that mask, when not only its last
         self.chain = Chain()
         # Where the fused call goes: the softmax's function, or the caller of a softmax helper.
         self.function, self.classdef, self.module, self.indent = site.function, site.classdef, site.module, site.indent
@@ -87,7 +89,7 @@ def here(walk: Walk, node: cst.BaseExpression | None) -> cst.BaseExpression | No
     helper's parameters replaced by what its caller passed); what it reads is noted with where (`walk.reads`)."""
     if node is None:
         return None
-    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module)
+    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module, upcasts_dropped=True)
     walk.reads.append(({n.value for n in names_read(node)}, walk.at))
     return node
 
@@ -207,7 +209,7 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
             if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
                     isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
                     all(name not in assigned_names(s) and not mutated_in_place(s, name)
-                        for s in statement.body.body[:-1]) and \
+                        for s in _before_the_masking(statement.body.body, name)) and \
                     redefinition(statement.body.body[-1], name) is not None:
                 return statement
             raise Refused(f"`{name}` is {_how_assigned(statement, name)}, which the rewrite cannot follow")
@@ -218,6 +220,14 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
         raise Refused(f"`{name}` is computed outside the block the softmax is in (a branch or loop); the fused "
                       "call would have to replace the whole statement")
     raise Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
+
+
+def _before_the_masking(body, name: str) -> tuple:
+    """The statements of a guard before the one that masks the scores, or the two that add a mask to them
+    viewed in another shape and view them back (graphlint.fix.attention.views)."""
+    if len(body) >= 2 and added_to_a_view(body[-2], name) and viewed_back(body[-1], name):
+        return tuple(body[:-2])
+    return tuple(body[:-1])
 
 
 def _how_assigned(statement: cst.CSTNode, name: str) -> str:

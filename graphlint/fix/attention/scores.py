@@ -7,7 +7,10 @@ import libcst as cst
 
 from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, definition, einsum_spec, helper_called, here,
                                            is_parameter, to_layout, transposed, without_transpose)
+from graphlint.fix.attention.chosen import chosen_bias
+from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
 from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
+from graphlint.fix.attention.views import ViewedMask, viewed_mask
 from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.fix.source import inside, is_number, redefinition
 
@@ -27,6 +30,10 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 scope = walk.scopes.pop()  # back in the caller, at what it passed
                 node, statement = scope.args[node.value], scope.call_statement
                 continue
+            looped = summed_in_a_loop(walk, node.value, statement)
+            if looped is not None:  # `for b in [m, bias]: s += b`: their sum is the mask
+                statement = _take_the_loop(walk, node.value, *looped, scaled)
+                continue
             # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
             assigned = definition(walk, node.value, statement, guarded=walk.guard_if is None)
             if not walk.scopes:  # a helper's own statements stay: other callers may need them
@@ -43,6 +50,10 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 if chain.mask is None:
                     chain.guard = here(walk, assigned.test)
                 *setup, masking = assigned.body.body
+                viewed = viewed_mask(setup[-1], masking, node.value) if setup else None
+                if viewed is not None:  # `s = s.view(A) + m; s = s.view(B)`: the two statements mask
+                    setup = setup[:-1]
+                    walk.masking = (assigned.body.body[-2], masking)
                 if setup and chain.mask is not None:
                     raise Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
                 if setup and walk.scopes:
@@ -51,7 +62,11 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                                   "the fused call goes")
                 if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                     walk.guard_if, walk.setup = assigned, list(setup)
-                    chain.consumed[-1] = masking
+                    chain.consumed[-1:] = walk.masking or [masking]
+                if viewed is not None:
+                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
+                    node = viewed.scores
+                    continue
                 node = redefinition(masking, node.value)
             else:
                 node = redefinition(assigned, node.value)
@@ -108,6 +123,13 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 else:
                     raise Refused("torch.where does not fill with -inf or the dtype's minimum")
                 continue
+            if name in ("view", "reshape") and isinstance(receiver, cst.Name) and not walk.scopes:
+                viewed = _viewed_mask(walk, receiver.value, statement)
+                if viewed is not None:  # `s = s.view(A) + m` before this `s = s.view(B)`
+                    statement = chain.consumed[-1]
+                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
+                    node = viewed.scores
+                    continue
             if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, walk.names) and \
                     len(positional) == 1:
                 scaled = _scaled(walk)
@@ -125,7 +147,7 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 return
             if name in ("baddbmm", "addmm") and is_namespace(receiver, walk.names) and len(positional) == 3:
                 chain.scores_product = node
-                _baddbmm(walk, positional, keywords, scaled)
+                _baddbmm(walk, positional, keywords, scaled, statement)
                 return
             inlined = helper_called(walk, node, statement)
             if inlined is not None:
@@ -136,6 +158,19 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
         raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
 
 
+def _viewed_mask(walk: Walk, name: str, back: cst.BaseStatement) -> ViewedMask | None:
+    """The mask of `name = name.view(A) + m` just before `back` (`name = name.view(B)`), its statement
+    taken into the chain; None when `name` was set otherwise."""
+    try:
+        add = definition(walk, name, back)
+    except Refused:
+        return None
+    viewed = viewed_mask(add, back, name)
+    if viewed is not None:
+        walk.chain.consumed.append(add)
+    return viewed
+
+
 def _scaled(walk: Walk) -> bool:
     if walk.guarded is not None:
         raise Refused(f"the scores are scaled only `if {code_of(walk.guarded.test)}:`, which the fused call "
@@ -143,18 +178,53 @@ def _scaled(walk: Walk) -> bool:
     return True
 
 
-def _baddbmm(walk: Walk, positional, keywords, scaled: bool) -> None:
+def _baddbmm(walk: Walk, positional, keywords, scaled: bool, statement: cst.BaseStatement) -> None:
     """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` (or `addmm`) is `s * q @ kᵀ + bias`: `scale=s`,
     `attn_mask=bias`; with `beta=0` the bias is ignored."""
     bias, left, right = positional
     beta = keywords.get("beta")
+    chosen = chosen_bias(walk, bias, beta, statement) if beta is not None else None
+    if chosen is not None:  # `if mask is None: b, beta = ..., 0 else: b, beta = mask, 1`
+        _take_the_choice(walk, chosen, bias, beta, scaled)
+        beta = None if code_of(chosen[0]) != "None" else cst.Integer("0")
+        bias = chosen[0]
     if beta is not None and not is_number(beta, (0.0, 1.0)):
         raise Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
     if keywords.get("alpha") is not None:
         walk.chain.factors.append(here(walk, keywords["alpha"]))
     if beta is None or not is_number(beta, (0.0,)):
+        at = walk.at
+        if chosen is not None and not walk.scopes:
+            walk.at = chosen[1]  # the chosen bias is read in the `if`; it must not change from there on
         set_mask(walk, bias, True, additive=True, scaled=scaled)
+        walk.at = at
     _product(walk, left, right)
+
+
+def _take_the_choice(walk: Walk, chosen, bias: cst.Name, beta: cst.Name, scaled: bool) -> None:
+    """The `if`/`else` that chose the bias goes with the chain (a helper's own statements stay)."""
+    mask, choice = chosen
+    if scaled and "None" in {n.value for n in names_read(mask)}:
+        raise Refused(f"the bias chosen under `if {code_of(choice.test)}:` is scaled after the product, with no "
+                      "bias in one branch")
+    if not walk.scopes:
+        walk.chain.consumed.append(choice)
+        walk.chain.names.update((bias.value, beta.value))
+
+
+def _take_the_loop(walk: Walk, name: str, loop: cst.For, items: list, scaled: bool) -> cst.For:
+    """The biases a loop adds to the scores are one mask, their sum; the loop (and its list, when nothing else
+    reads it) goes with the chain (a helper's own statements stay)."""
+    mask, made = summed(items), list_statement(walk, loop) if not walk.scopes else None
+    if mask is not None:
+        if not walk.scopes:
+            walk.at = made or loop  # the biases are read where the list is made; they must not change from there on
+        set_mask(walk, mask, True, additive=True, scaled=scaled)
+    if not walk.scopes:
+        walk.chain.consumed.extend((loop, made) if made is not None else (loop,))
+        walk.chain.names.update((name, loop.target.value))
+        walk.chain.scores_names.add(name)
+    return loop
 
 
 def _chain_side(walk: Walk, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:

@@ -1,0 +1,75 @@
+"""A mask added to the scores viewed in another shape and viewed back, as BART, CLIP and Swin write it:
+`s = s.view(bsz, heads, tgt, src) + mask` then `s = s.view(bsz * heads, tgt, src)`. The sum is the scores plus
+the mask broadcast to the first shape and viewed as the second: `attn_mask=mask.expand(A).reshape(B)`.
+Only the reading of the two statements is here; the walk takes the mask in scores.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from graphlint.fix.rewrite import Refused, atom, call_parts, code_of
+from graphlint.fix.source import redefinition
+
+_VIEWS = ("view", "reshape")
+
+
+@dataclass(frozen=True)
+class ViewedMask:
+    scores: cst.BaseExpression  # the scores as the addition reads them, before the first view
+    mask: cst.BaseExpression  # `mask.expand(A).reshape(B)`
+    added: cst.BaseExpression  # the mask as written
+
+
+def viewed_back(statement: cst.CSTNode, name: str) -> bool:
+    """`name = name.view(...)` (or `reshape`) alone on its line."""
+    name_, receiver, _, _ = call_parts(redefinition(statement, name))
+    return name_ in _VIEWS and isinstance(receiver, cst.Name) and receiver.value == name
+
+
+def added_to_a_view(statement: cst.CSTNode, name: str) -> bool:
+    """`name = name.view(...) + m` (either side) alone on its line."""
+    return _parts(redefinition(statement, name), name) is not None
+
+
+def viewed_mask(add: cst.CSTNode, back: cst.CSTNode, name: str) -> ViewedMask | None:
+    """Of `name = name.view(A) + m` followed by `name = name.view(B)`: the scores, and the mask that adds the
+    same to them in their own shape; None for any other pair. Raises Refused where the first shape cannot be
+    written for the mask (a -1 or a starred size, which `expand` reads otherwise than `view`)."""
+    if not viewed_back(back, name):
+        return None
+    parts = _parts(redefinition(add, name), name)
+    if parts is None:
+        return None
+    first, mask = parts
+    second = redefinition(back, name)
+    shape_a = _sizes(first)
+    if any(a.star for a in first.args) or any(code_of(a).replace(" ", "") in ("-1", "(-1)") for a in shape_a):
+        raise Refused(f"the mask is added to the scores viewed as `{code_of(first.func.value)}"
+                      f".{first.func.attr.value}({_args(first)})`, a shape graphlint cannot give the mask "
+                      "(-1 or a starred size)")
+    expanded = f"{code_of(atom(mask))}.expand({_args(first)}).reshape({_args(second)})"
+    return ViewedMask(first.func.value, cst.parse_expression(expanded), mask)
+
+
+def _parts(value: cst.BaseExpression | None, name: str) -> tuple[cst.Call, cst.BaseExpression] | None:
+    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Add):
+        return None
+    for view, mask in ((value.left, value.right), (value.right, value.left)):
+        called, receiver, _, keywords = call_parts(view)
+        if called in _VIEWS and not keywords and isinstance(receiver, cst.Name) and receiver.value == name:
+            return view, mask
+    return None
+
+
+def _sizes(call: cst.Call) -> list[cst.BaseExpression]:
+    """The sizes a view is given, one by one or as one tuple."""
+    values = [a.value for a in call.args]
+    if len(values) == 1 and isinstance(values[0], (cst.Tuple, cst.List)):
+        return [e.value for e in values[0].elements]
+    return values
+
+
+def _args(call: cst.Call) -> str:
+    return ", ".join(code_of(a.value) if a.star == "" else f"{a.star}{code_of(a.value)}" for a in call.args)
