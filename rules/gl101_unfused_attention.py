@@ -13,7 +13,7 @@ from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.memory.savings import attention_savings
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
-from graphlint.ops import MAX_PATTERN_STEPS, MUL
+from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
 
@@ -441,6 +441,8 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
     chain = set(before)
     first = order.get(before[0], 0)
     for step, came_from in zip(before[1:], before, strict=False):
+        if row_max_shift(step, came_from):  # the softmax ignores a shift by its row's maximum: not a bias
+            continue
         pending = [n for n in step.all_input_nodes if n is not came_from and n not in chain]
         seen = set(pending)
         while pending:

