@@ -13,7 +13,8 @@ import textwrap
 import pytest
 import torch
 
-from conftest import findings_of, fix_plan, lint_file, write
+from conftest import findings_of, fix_plan, lint_file, prove_fix, write
+from graphlint.results import UNSAFE
 
 HEADER = '''
 import math
@@ -124,3 +125,72 @@ def test_a_shift_the_softmax_does_not_ignore_is_still_no_attention(tmp_path, shi
     path = _model(tmp_path, WAV2VEC2.replace("weights.max(dim=-1, keepdim=True)[0]", shift))
     assert findings_of(lint_file(path, device="cpu"), "GL101") == []
 
+
+OPENNMT = '''
+class MultiHeadedAttention(nn.Module):
+    def __init__(self, head_count=2, model_dim=16):
+        super().__init__()
+        self.dim_per_head, self.head_count = model_dim // head_count, head_count
+        self.linear_keys, self.linear_values, self.linear_query = (nn.Linear(model_dim, model_dim) for _ in range(3))
+
+    def forward(self, key, value, query, mask):
+        batch_size = key.size(0)
+        dim_per_head, head_count = self.dim_per_head, self.head_count
+
+        def shape(x):
+            return x.view(batch_size, -1, head_count, dim_per_head).transpose(1, 2)
+
+        key = shape(self.linear_keys(key))
+        value = shape(self.linear_values(value))
+        query = shape(self.linear_query(query))
+        query = query / math.sqrt(dim_per_head)
+        query_key = torch.matmul(query, key.transpose(2, 3))
+        scores = query_key.float()
+        scores = scores.masked_fill(mask.unsqueeze(1), float("-inf"))
+        attn = F.softmax(scores, dim=-1).to(query.dtype)
+        context = torch.matmul(attn, value)
+        attns = attn.view(batch_size, head_count, query.size(2), key.size(2))
+        return context.transpose(1, 2).reshape(batch_size, -1, head_count * dim_per_head), attns
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = MultiHeadedAttention()
+
+    def forward(self, x, mask):
+        context, _ = self.self_attn(x, x, x, mask=mask)  # the caller drops the weights, as OpenNMT's encoder
+        return context
+
+
+def make():
+    return Layer(), (torch.randn(2, 5, 16), torch.rand(2, 1, 5) > 0.8)
+'''
+
+
+@pytest.mark.proof
+def test_weights_returned_through_a_view_get_the_unsafe_fix_that_returns_none(tmp_path):
+    path = _model(tmp_path, OPENNMT)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == UNSAFE, finding.no_fix
+    assert "`attn.view(batch_size, head_count, query.size(2), key.size(2))` returned or stored as None" \
+        in finding.fix.message
+    assert prove_fix(report, tmp_path, finding).ok
+    plan = fix_plan(report, tmp_path, unsafe=True)
+    assert plan.applied == [finding]
+    assert _forward(plan.texts[str(path)]).endswith('''
+        query = query / math.sqrt(dim_per_head)
+        context = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=~mask.unsqueeze(1), scale=1.0
+        )
+        attns = None
+        return context.transpose(1, 2).reshape(batch_size, -1, head_count * dim_per_head), attns
+''')
+
+
+def test_weights_returned_and_a_finite_fill_say_both_reasons_the_fix_is_unsafe(tmp_path):
+    path = _model(tmp_path, OPENNMT.replace('float("-inf")', "-1e18"))
+    [finding] = findings_of(lint_file(path, device="cpu"), "GL101")
+    assert finding.fix.applicability == UNSAFE
+    assert "returned or stored as None; on a row whose every key is masked, the fill `-1e18`" in finding.fix.message

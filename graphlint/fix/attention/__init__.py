@@ -88,18 +88,20 @@ def _rewrite(walk: Walk) -> Rewrite:
                      if s not in removed)
     # A name renamed inside a statement that goes (`max_neg = -torch.finfo(sim.dtype).max`) goes with it.
     renamed = tuple(r for r in chain.renamed if not any(inside(r[0], s) for s in removed))
+    fill = None
+    if chain.fill is not None:
+        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
+        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
+        fill = FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs)
     if chain.elsewhere:
         # The documented trade: the weights are no longer computed, so what read them gets None.
         shown = ", ".join(dict.fromkeys(f"`{code_of(n)}`" for n in chain.elsewhere))
         return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {callee}(...); {shown} returned or stored as None",
-                       removed=removed, imports=imports,
+                       f"hand-written attention → {callee}(...); {shown} returned or stored as None" +
+                       (f"; {fill}" if fill else ""), removed=removed, imports=imports,
                        also=(*renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
-    if chain.fill is not None:
-        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
-        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
-        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); " +
-                       FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs), removed=removed,
+    if fill is not None:
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); {fill}", removed=removed,
                        imports=imports, also=renamed, applicability=UNSAFE)
     return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
                    imports=imports, also=renamed)

@@ -95,9 +95,9 @@ def _returned_or_stored(walk: Walk, name: cst.Name) -> cst.BaseExpression | None
     path = path_to(walk.function, name) or []
     parents = path[-2::-1]
     expression: cst.BaseExpression = name
-    # `name.detach()`, `name.float().cpu()`: what is returned is still only the weights.
+    # `name.detach()`, `name.float().cpu()`, `name.view(b, h, q, k)` (OpenNMT-py): still only the weights.
     while len(parents) >= 2 and isinstance(parents[0], cst.Attribute) and isinstance(parents[1], cst.Call) and \
-            parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON:
+            parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON + _RESHAPED:
         expression, parents = parents[1], parents[2:]
     if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
         parents = parents[2:]
@@ -134,3 +134,5 @@ def check_inputs_unchanged(walk: Walk) -> None:
 
 # Methods that hand the weights on unchanged in value, as when they are returned for inspection: `attn.detach()`.
 _PASSED_ON = ("detach", "cpu", "float", "clone", "contiguous", "to", "type_as", "half", "bfloat16")
+# The same weights in another shape, returned so by OpenNMT-py (`attns = attn.view(batch, heads, q, k)`).
+_RESHAPED = ("view", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "flatten")
