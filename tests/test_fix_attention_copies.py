@@ -467,18 +467,6 @@ REFUSED = {
             nW = mask.shape[0]
             self.windows = nW
 """), "`if mask is not None:` does more than mask the scores; the fused call would leave part of it"),
-    "clip-two-masks-added-to-views-under-two-guards": (BART.replace(
-        "    def forward(self, hidden_states, attention_mask=None):",
-        "    def forward(self, hidden_states, attention_mask=None, causal_attention_mask=None):").replace("""
-        if attention_mask is not None:
-""", """
-        if causal_attention_mask is not None:
-            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + causal_attention_mask
-            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
-        if attention_mask is not None:
-""").replace("return Attention(), (torch.randn(2, 5, 16), mask)",
-             "return Attention(), (torch.randn(2, 5, 16), mask, torch.triu(torch.full((1, 1, 5, 5), -1e4), 1))"),
-        "the scores take two masks under two conditions; the fused call takes one mask"),
     "a-view-with-minus-one-before-the-mask": (BART.replace(
         "attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + attention_mask",
         "attn_weights.view(bsz, -1, tgt_len, src_len) + attention_mask"),

@@ -194,3 +194,426 @@ def test_weights_returned_and_a_finite_fill_say_both_reasons_the_fix_is_unsafe(t
     [finding] = findings_of(lint_file(path, device="cpu"), "GL101")
     assert finding.fix.applicability == UNSAFE
     assert "returned or stored as None; on a row whose every key is masked, the fill `-1e18`" in finding.fix.message
+
+
+UNICORE = '''
+def softmax_dropout(input, dropout_prob, is_training=True, mask=None, bias=None, inplace=True):
+    input = input.contiguous()
+    if not inplace:
+        input = input.clone()
+    if mask is not None:
+        input += mask
+    if bias is not None:
+        input += bias
+    return F.dropout(F.softmax(input, dim=-1), p=dropout_prob, training=is_training)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, head_dim=8, num_heads=2, dropout=0.1):
+        super().__init__()
+        self.num_heads, self.norm, self.dropout = num_heads, head_dim ** -0.5, dropout
+        self.linear_q, self.linear_k, self.linear_v = (nn.Linear(dim, head_dim * num_heads) for _ in range(3))
+
+    def forward(self, q, k, v, mask=None, bias=None):
+        q = self.linear_q(q) * self.norm
+        k, v = self.linear_k(k), self.linear_v(v)
+        q = q.view(q.shape[:-1] + (self.num_heads, -1)).transpose(-2, -3).contiguous()
+        k = k.view(k.shape[:-1] + (self.num_heads, -1)).transpose(-2, -3).contiguous()
+        v = v.view(v.shape[:-1] + (self.num_heads, -1)).transpose(-2, -3)
+        attn = torch.matmul(q, k.transpose(-1, -2))
+        del q, k
+        attn = softmax_dropout(attn, self.dropout, self.training, mask=mask, bias=bias)
+        o = torch.matmul(attn, v)
+        del attn, v
+        return o.transpose(-2, -3).reshape(*o.shape[:-3], o.shape[-2], -1)
+
+
+def make():
+    x = torch.randn(2, 5, 16)
+    mask = torch.zeros(2, 1, 1, 5).masked_fill(torch.rand(2, 1, 1, 5) > 0.7, -1e9)
+    return Attention(), (x, x, x, mask, torch.randn(2, 2, 5, 5))
+'''
+
+
+@pytest.mark.proof
+def test_a_helper_that_masks_softmaxes_and_drops_out_is_read_at_its_call(tmp_path):
+    """Uni-Core's softmax_dropout: both guarded masks summed into one, its dropout's p taken, and the `del`s of
+    q and k (read by the fused call) and of the probabilities (no longer made) trimmed."""
+    path, fixed = _safe_fix(tmp_path, UNICORE)
+    assert _forward(fixed).split("attn = ")[0].endswith('''
+        v = v.view(v.shape[:-1] + (self.num_heads, -1)).transpose(-2, -3)
+        o = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=(mask + bias if bias is not None else mask) if mask is not None else (bias if bias is not None else None),
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=1.0,
+        )
+        del v
+        return o.transpose(-2, -3).reshape(*o.shape[:-3], o.shape[-2], -1)
+''')
+    assert "def softmax_dropout(" in fixed  # the helper stays: other callers may use it
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+
+
+FAIRSEQ = '''
+def softmax(x, dim: int, onnx_trace: bool = False):
+    if onnx_trace:
+        return F.softmax(x.float(), dim=dim)
+    return F.softmax(x, dim=dim, dtype=torch.float32)
+
+
+class MultiheadAttention(nn.Module):
+    def __init__(self, embed_dim=16, num_heads=2):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(embed_dim, embed_dim) for _ in range(3))
+
+    def forward(self, query, attn_mask):
+        tgt_len, bsz, embed_dim = query.size()
+        q = self.q_proj(query)
+        q *= self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = self.k_proj(query).contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = self.v_proj(query).contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        attn_weights += attn_mask.unsqueeze(0)
+        attn_weights_float = softmax(attn_weights, dim=-1)
+        attn_weights = attn_weights_float.type_as(attn_weights)
+        attn_probs = F.dropout(attn_weights, p=0.1, training=self.training)
+        attn = torch.bmm(attn_probs, v)
+        return attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+
+
+def make():
+    return MultiheadAttention(), (torch.randn(5, 2, 16), torch.randn(5, 5))
+'''
+
+
+@pytest.mark.proof
+def test_a_softmax_helper_with_an_early_return_of_the_same_softmax_is_read_at_its_call(tmp_path):
+    """fairseq's utils.softmax returns the same softmax on both paths, cast differently."""
+    path, fixed = _safe_fix(tmp_path, FAIRSEQ)
+    assert _forward(fixed).endswith('''
+        attn = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask.unsqueeze(0),
+            dropout_p=0.1 if self.training else 0.0,
+            scale=1.0,
+        )
+        return attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+''')
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+
+
+NON_LOCAL = '''
+class NonLocal2d(nn.Module):
+    def __init__(self, channels=8, mode="embedded_gaussian"):
+        super().__init__()
+        self.inter, self.mode = channels // 2, mode
+        self.g, self.theta, self.phi = (nn.Conv2d(channels, channels // 2, 1) for _ in range(3))
+
+    def embedded_gaussian(self, theta_x, phi_x):
+        pairwise_weight = torch.matmul(theta_x, phi_x)
+        pairwise_weight /= theta_x.shape[-1] ** 0.5
+        pairwise_weight = pairwise_weight.softmax(dim=-1)
+        return pairwise_weight
+
+    def dot_product(self, theta_x, phi_x):
+        pairwise_weight = torch.matmul(theta_x, phi_x)
+        return pairwise_weight / pairwise_weight.shape[-1]
+
+    def forward(self, x):
+        n = x.size(0)
+        g_x = self.g(x).view(n, self.inter, -1).permute(0, 2, 1)
+        theta_x = self.theta(x).view(n, self.inter, -1).permute(0, 2, 1)
+        phi_x = self.phi(x).view(n, self.inter, -1)
+        CHOSEN
+        y = torch.matmul(pairwise_weight, g_x)
+        return x[:, : self.inter] + y.permute(0, 2, 1).reshape(n, self.inter, *x.size()[2:])
+
+
+def make():
+    return NonLocal2d(), (torch.randn(2, 8, 3, 3),)
+'''
+
+
+@pytest.mark.proof
+def test_a_pairwise_function_that_only_returns_the_probabilities_is_read_at_its_call(tmp_path):
+    """MMCV's embedded_gaussian reads the scores under the name it then gives the probabilities: that is not
+    a use of the probabilities. Called as itself, the fix goes at the call."""
+    path, fixed = _safe_fix(tmp_path, NON_LOCAL.replace("CHOSEN", "pairwise_weight = self.embedded_gaussian(theta_x, phi_x)"))
+    assert '''
+        y = F.scaled_dot_product_attention(
+            theta_x, phi_x.transpose(-2, -1), g_x, scale=1 / theta_x.shape[-1] ** 0.5
+        )
+''' in fixed
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+
+
+MEGATRON = '''
+def attention_mask_func(attention_scores, ltor_mask):
+    return attention_scores.masked_fill(ltor_mask, -10000.0)
+
+
+class FusedScaleMaskSoftmax(nn.Module):
+    def __init__(self, mask_func, scale=None):
+        super().__init__()
+        self.mask_func, self.scale = mask_func, scale
+
+    def forward(self, input, mask):
+        return self.forward_torch_softmax(input, mask)
+
+    def forward_torch_softmax(self, input, mask):
+        if self.scale is not None:
+            input = input * self.scale
+        mask_output = self.mask_func(input, mask) if mask is not None else input
+        probs = torch.nn.Softmax(dim=-1)(mask_output)
+        return probs
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.scale_mask_softmax = FusedScaleMaskSoftmax(attention_mask_func, scale=dim ** -0.5)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        probs = self.scale_mask_softmax(scores, mask)
+        return torch.matmul(probs, v)
+
+
+def make():
+    return Attention(), (torch.randn(2, 5, 16), torch.rand(2, 5, 5) > 0.8)
+'''
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("getattr", "`forward` calls `embedded_gaussian` through `getattr(self, self.mode)`, chosen at run time; the "
+                "fused call in its place would compute `embedded_gaussian` whatever `self.mode` names"),
+    ("module", "the softmax is in `FusedScaleMaskSoftmax.forward_torch_softmax`, which `forward` reaches through "
+               "the module `self.scale_mask_softmax`; graphlint reads only helpers `forward` calls itself"),
+])
+def test_softmax_helpers_reached_another_way_are_refused_with_the_way(tmp_path, case, reason):
+    chosen = "pairwise_func = getattr(self, self.mode)\n        pairwise_weight = pairwise_func(theta_x, phi_x)"
+    source = NON_LOCAL.replace("CHOSEN", chosen) if case == "getattr" else MEGATRON
+    [finding] = findings_of(lint_file(_model(tmp_path, source), device="cpu"), "GL101")
+    assert finding.fix is None and finding.no_fix == reason
+
+
+BLIP = '''
+class BertSelfAttention(nn.Module):
+    def __init__(self, hidden_size=16, heads=2):
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = heads, hidden_size // heads
+        self.query, self.key, self.value = (nn.Linear(hidden_size, hidden_size) for _ in range(3))
+        self.dropout = nn.Dropout(0.1)
+        self.save_attention = False
+
+    def save_attention_map(self, attention_map):
+        self.attention_map = attention_map
+
+    def transpose_for_scores(self, x):
+        return x.view(*x.size()[:-1], self.num_attention_heads, self.attention_head_size).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, attention_mask, head_mask=None):
+        query_layer = self.transpose_for_scores(self.query(hidden_states))
+        key_layer = self.transpose_for_scores(self.key(hidden_states))
+        value_layer = self.transpose_for_scores(self.value(hidden_states))
+        attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+        attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+        attention_scores = attention_scores + attention_mask
+        attention_probs = nn.Softmax(dim=-1)(attention_scores)
+        if self.save_attention:
+            self.save_attention_map(attention_probs)
+        attention_probs_dropped = self.dropout(attention_probs)
+        HEAD_MASK
+        context_layer = torch.matmul(attention_probs_dropped, value_layer)
+        return context_layer.permute(0, 2, 1, 3).flatten(2)
+
+
+def make():
+    return BertSelfAttention(), (torch.randn(2, 5, 16), torch.zeros(2, 1, 1, 5))
+'''
+
+
+@pytest.mark.parametrize("head_mask, reason", [
+    ("", "`attention_probs` is read under `if self.save_attention:` (`self.save_attention_map(attention_probs)`); "
+         "where that holds it needs the probabilities, which the fused call does not give back, so the attention "
+         "stays as written"),
+    ("if head_mask is not None:\n            attention_probs_dropped = attention_probs_dropped * head_mask",
+     "`if head_mask is not None:` changes the probabilities `attention_probs_dropped` before the values product; "
+     "the fused call applies nothing to them"),
+])
+def test_probabilities_read_or_changed_under_a_flag_the_graph_did_not_take_are_refused_naming_it(
+        tmp_path, head_mask, reason):
+    """BLIP: the flag is false in the graph, but the statement under it needs the probabilities; None in their
+    place would break it where the flag holds, so no fix, and the reason names the flag."""
+    path = _model(tmp_path, BLIP.replace("HEAD_MASK", head_mask))
+    [finding] = findings_of(lint_file(path, device="cpu"), "GL101")
+    assert finding.fix is None and finding.no_fix == reason
+
+
+KEY_PADDING = '''
+class MultiheadAttention(nn.Module):
+    def __init__(self, embed_dim=16, num_heads=2):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(embed_dim, embed_dim) for _ in range(3))
+
+    def forward(self, query, key_padding_mask=None, attn_mask=None, need_weights=False):
+        tgt_len, bsz, embed_dim = query.size()
+        src_len = tgt_len
+        q = self.q_proj(query) * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = self.k_proj(query).contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = self.v_proj(query).contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        assert list(attn_weights.size()) == [bsz * self.num_heads, tgt_len, src_len]
+        if attn_mask is not None:
+            attn_mask = attn_mask.unsqueeze(0)
+            attn_weights += attn_mask
+        if key_padding_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            attn_weights = attn_weights.masked_fill(key_padding_mask.unsqueeze(1).unsqueeze(2), float("-inf"))
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_weights_float = F.softmax(attn_weights, dim=-1, dtype=torch.float32)
+        attn_weights = attn_weights_float.type_as(attn_weights)
+        attn_probs = F.dropout(attn_weights, p=0.1, training=self.training)
+        attn = torch.bmm(attn_probs, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        weights = None
+        if need_weights:
+            weights = attn_weights_float.view(bsz, self.num_heads, tgt_len, src_len).mean(dim=1)
+        return attn, weights
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = MultiheadAttention()
+
+    def forward(self, x, padding, attn_mask):
+        return self.self_attn(x, key_padding_mask=padding, attn_mask=attn_mask)[0]
+
+
+def make():
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    return Layer(), (torch.randn(5, 2, 16), padding, torch.randn(5, 5))
+'''
+
+
+@pytest.mark.proof
+def test_a_mask_added_then_a_key_padding_filled_in_a_view_become_one_float_mask(tmp_path):
+    """fairseq and Graphormer: `attn_mask` (made under its guard) added, then the key padding filled with -inf
+    on a (bsz, heads, tgt, src) view under another guard, the size assert, the weights averaged under
+    `need_weights` then given a new value: one float mask for each case the two guards allow, the weights None."""
+    path = _model(tmp_path, KEY_PADDING)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == UNSAFE, finding.no_fix
+    assert "`attn_weights_float.view(bsz, self.num_heads, tgt_len, src_len).mean(dim=1)` returned or stored as " \
+        "None" in finding.fix.message
+    assert prove_fix(report, tmp_path, finding).ok
+    plan = fix_plan(report, tmp_path, unsafe=True)
+    fixed = plan.texts[str(path)]
+    padding = "key_padding_mask.unsqueeze(1).unsqueeze(2).expand(bsz, self.num_heads, tgt_len, src_len).reshape(" \
+        "bsz * self.num_heads, tgt_len, src_len)"
+    mask = f'(torch.where({padding}, float("-inf"), attn_mask.unsqueeze(0)) if key_padding_mask is not None else ' \
+        f"attn_mask.unsqueeze(0)) if attn_mask is not None else (~{padding} if key_padding_mask is not None else None)"
+    expected = f'''        attn = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask={mask},
+            dropout_p=0.1 if self.training else 0.0,
+            scale=1.0,
+        )
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        weights = None
+        if need_weights:
+            weights = None
+        return attn, weights
+'''
+    assert _forward(fixed).split("v = self.v_proj")[1].split("\n", 1)[1] == expected
+    # In plain PyTorch, each case of the two guards (the weights are not asked for).
+    original, rewritten = _import(path, "kp_original"), _import(write(tmp_path, "rewritten.py", fixed), "kp_fixed")
+    for padded, masked in ((True, True), (True, False), (False, True), (False, False)):
+        torch.manual_seed(0)
+        _, (x, padding, attn_mask) = original.make()
+        args = (x.double(), padding if padded else None, attn_mask.double() if masked else None)
+        outputs = []
+        for module in (original, rewritten):
+            torch.manual_seed(0)
+            model = module.MultiheadAttention().double().eval()
+            outputs.append(model(*args)[0])
+        assert torch.allclose(outputs[0], outputs[1], atol=1e-9), (padded, masked)
+
+
+def _import(path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CLIP = '''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = dim, heads, dim // heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, hidden_states, attention_mask=None, causal_attention_mask=None):
+        bsz, tgt_len, _ = hidden_states.size()
+        q = (self.q_proj(hidden_states) * self.scaling).view(bsz, tgt_len, self.num_heads, -1).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(bsz, tgt_len, self.num_heads, -1).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(bsz, tgt_len, self.num_heads, -1).transpose(1, 2)
+        proj_shape = (bsz * self.num_heads, -1, self.head_dim)
+        q, k, v = q.reshape(*proj_shape), k.reshape(*proj_shape), v.reshape(*proj_shape)
+        src_len = k.size(1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if causal_attention_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + causal_attention_mask
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        if attention_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len) + attention_mask
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_output = torch.bmm(attn_weights, v)
+        return attn_output.view(bsz, self.num_heads, tgt_len, self.head_dim).transpose(1, 2).reshape(bsz, tgt_len, -1)
+
+
+def make():
+    mask = torch.zeros(2, 1, 5, 5).masked_fill(torch.rand(2, 1, 5, 5) > 0.7, -1e4)
+    return Attention(), (torch.randn(2, 5, 16), mask, torch.triu(torch.full((1, 1, 5, 5), -1e4), 1))
+'''
+
+
+@pytest.mark.proof
+def test_two_masks_each_under_its_own_guard_are_summed_for_every_case_of_the_guards(tmp_path):
+    """CLIP (and Uni-Core's softmax_dropout): two additive masks, each under `if m is not None:`, give one mask
+    for each case the guards allow; in plain PyTorch the rewritten model computes the same in all four."""
+    path, fixed = _safe_fix(tmp_path, CLIP)
+    causal = "causal_attention_mask.expand(bsz, self.num_heads, tgt_len, src_len).reshape(bsz * self.num_heads, " \
+        "tgt_len, src_len)"
+    mask = causal.replace("causal_attention_mask", "attention_mask")
+    assert f"attn_mask=({causal} + {mask} if attention_mask is not None else {causal}) if causal_attention_mask " \
+        f"is not None else ({mask} if attention_mask is not None else None)," in fixed
+    original, rewritten = _import(path, "clip_original"), _import(write(tmp_path, "rewritten.py", fixed), "clip_fixed")
+    for first, second in ((True, True), (True, False), (False, True), (False, False)):
+        _, (x, attention_mask, causal_mask) = original.make()
+        args = (x.double(), attention_mask.double() if first else None, causal_mask.double() if second else None)
+        outputs = []
+        for module in (original, rewritten):
+            torch.manual_seed(0)
+            outputs.append(module.Attention().double()(*args))
+        assert torch.allclose(outputs[0], outputs[1], atol=1e-9), (first, second)

@@ -39,7 +39,7 @@ import libcst as cst
 
 from graphlint.fix.attention.branches import softmax_in_both_branches
 from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_input
-from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names
+from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
 from graphlint.fix.attention.emit import fused_call
 from graphlint.fix.attention.implementation import use_sdpa_in_transformers
 from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
@@ -88,6 +88,8 @@ def _rewrite(walk: Walk) -> Rewrite:
                      if s not in removed)
     # A name renamed inside a statement that goes (`max_neg = -torch.finfo(sim.dtype).max`) goes with it.
     renamed = tuple(r for r in chain.renamed if not any(inside(r[0], s) for s in removed))
+    deleted, trimmed = trim_dels(walk, call, removed)
+    removed, renamed = removed + tuple(deleted), renamed + tuple(trimmed)
     fill = None
     if chain.fill is not None:
         # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).

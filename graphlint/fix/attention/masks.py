@@ -78,21 +78,44 @@ FILL_REASON = ("on a row whose every key is masked, the fill `{fill}` gives an e
 
 def _add_mask(walk: Walk, mask, additive: bool, scaled: bool) -> None:
     """A second additive mask met on the way back (`s = s + bias`, later `s = s + mask`): the fused call
-    takes their sum, with the condition either is added under (`bias + mask if g else bias`)."""
+    takes their sum, with the condition either is added under (`bias + mask if g else bias`), or both."""
     chain = walk.chain
+    if additive and chain.mask_source is not None and chain.fill is None:
+        _added_before_a_fill(walk, mask, scaled)
+        return
     if not additive or chain.mask_source is not None:
         raise Refused("the scores are masked twice; the fused call takes one mask")
     earlier_guard = here(walk, walk.guarded.test) if walk.guarded is not None else None
-    if earlier_guard is not None and chain.guard is not None:
-        raise Refused("the scores take two masks under two conditions; the fused call takes one mask")
     earlier = _scaled_mask(walk, here(walk, mask), scaled)
     later = chain.mask
     total = f"{_summand(earlier)} + {_summand(later)}"
-    if chain.guard is not None:
+    if earlier_guard is not None and chain.guard is not None:  # Uni-Core: `if mask is not None` and `if bias ...`
+        later_alone = f"{code_of(later)} if {code_of(chain.guard)} else None"
+        total = f"({total} if {code_of(chain.guard)} else {code_of(earlier)}) if {code_of(earlier_guard)} " \
+                f"else ({later_alone})"
+    elif chain.guard is not None:
         total = f"{total} if {code_of(chain.guard)} else {code_of(earlier)}"
     elif earlier_guard is not None:
         total = f"{total} if {code_of(earlier_guard)} else {code_of(later)}"
     chain.mask, chain.guard = cst.parse_expression(total), None
+
+
+def _added_before_a_fill(walk: Walk, mask, scaled: bool) -> None:
+    """A mask added before a -inf fill (fairseq: `attn_mask` added, then the key padding filled): one float mask,
+    -inf where the fill was and the added mask elsewhere, under the conditions each was applied under."""
+    chain = walk.chain
+    where, needs = walk.names.torch_call("where")
+    if needs:
+        raise Refused("the file does not import torch, which the mask joining an added mask and a fill needs")
+    earlier = code_of(_scaled_mask(walk, here(walk, mask), scaled))
+    source = code_of(atom(chain.mask_source))
+    both = f'{where}({source if not chain.keep_when_true else "~" + source}, float("-inf"), {earlier})'
+    later = code_of(chain.mask)
+    if chain.guard is not None:
+        both, later = f"{both} if {code_of(chain.guard)} else {earlier}", f"{later} if {code_of(chain.guard)} else None"
+    earlier_guard = here(walk, walk.guarded.test) if walk.guarded is not None else None
+    total = f"({both}) if {code_of(earlier_guard)} else ({later})" if earlier_guard is not None else both
+    chain.mask, chain.mask_source, chain.guard = cst.parse_expression(total), None, None
 
 
 def is_causal(walk: Walk) -> bool:

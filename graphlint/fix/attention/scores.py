@@ -10,9 +10,9 @@ from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, compact, defini
 from graphlint.fix.attention.chosen import chosen_bias
 from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
 from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
-from graphlint.fix.attention.views import ViewedMask, viewed_mask
+from graphlint.fix.attention.views import ViewedMask, viewed_fill, viewed_mask
 from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import inside, is_number, redefinition
+from graphlint.fix.source import inside, is_number, plain_name_assignment, redefinition, substituted
 
 
 def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
@@ -54,6 +54,12 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 if viewed is not None:  # `s = s.view(A) + m; s = s.view(B)`: the two statements mask
                     setup = setup[:-1]
                     walk.masking = (assigned.body.body[-2], masking)
+                elif len(setup) >= 2 and (viewed := viewed_fill(setup[-2], setup[-1], masking, node.value)):
+                    setup = setup[:-2]  # `s = s.view(A); s = s.masked_fill(c, f); s = s.view(B)`: the three
+                    walk.masking = tuple(assigned.body.body[-3:])
+                made = _made_for_the_mask(walk, assigned, setup) if setup and chain.mask is not None else None
+                if made is not None:  # fairseq: `if attn_mask is not None: attn_mask = attn_mask.unsqueeze(0)`
+                    setup = []
                 if setup and chain.mask is not None:
                     raise Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
                 if setup and walk.scopes:
@@ -63,11 +69,20 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                     walk.guard_if, walk.setup = assigned, list(setup)
                     chain.consumed[-1:] = walk.masking or [masking]
+                if viewed is not None and viewed.fill is not None:
+                    if not very_negative(fill_of(walk, viewed.fill), walk.names):
+                        raise Refused(f"masked_fill fills with {code_of(viewed.fill)}, not with -inf or the dtype's "
+                                      "minimum")
+                    set_mask(walk, viewed.mask, False, fill=viewed.fill)
+                    node = viewed.scores
+                    continue
                 if viewed is not None:
                     set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
                     node = viewed.scores
                     continue
                 node = redefinition(masking, node.value)
+                if made:
+                    node = substituted(node, made)
             else:
                 node = redefinition(assigned, node.value)
             continue
@@ -242,6 +257,12 @@ def _leads_to_product(walk: Walk, node, statement, depth: int = 0) -> bool:
     if depth > 12:
         return False
     if isinstance(node, cst.Name):
+        if walk.scopes and is_parameter(walk, node.value, statement):  # what the helper's caller passed
+            scope = walk.scopes.pop()
+            try:
+                return _leads_to_product(walk, scope.args[node.value], scope.call_statement, depth + 1)
+            finally:
+                walk.scopes.append(scope)
         try:
             assigned = definition(walk, node.value, statement, guarded=True)
         except Refused:
@@ -359,13 +380,14 @@ def fold_prescaled(walk: Walk) -> None:
 
 
 def _upcast_only(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
-    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it); None otherwise."""
+    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it, or copies it: Uni-Core's
+    `if not inplace: input = input.clone()`, whose values are the same); None otherwise."""
     if not isinstance(statement, cst.If) or statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock) \
             or len(statement.body.body) != 1:
         return None
     value = redefinition(statement.body.body[0], name)
     cast, receiver, _, _ = call_parts(value)
-    if cast in CASTS and isinstance(receiver, cst.Name) and receiver.value == name:
+    if (cast in CASTS or cast == "clone") and isinstance(receiver, cst.Name) and receiver.value == name:
         return receiver
     return None
 
@@ -413,3 +435,15 @@ def _row_max_of(shift: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
     keepdim = args[1] if len(args) > 1 else keywords.get("keepdim")
     return tensor is not None and compact(tensor) == compact(scores) and dim is not None and \
         compact(dim) in ("-1", "(-1,)", "[-1]") and keepdim is not None and code_of(keepdim) == "True"
+
+
+def _made_for_the_mask(walk: Walk, guard: cst.If, setup: list) -> dict | None:
+    """`{name: value}` of a guard's one statement before it masks, `name = value`, when nothing after the guard
+    reads `name` (fairseq's `attn_mask = attn_mask.unsqueeze(0)`): the whole `if` goes, so the mask is the value."""
+    if walk.scopes or len(setup) != 1 or not plain_name_assignment(setup[0]) or guard not in walk.block:
+        return None
+    name, value = setup[0].body[0].targets[0].target.value, setup[0].body[0].value
+    later = list(walk.block)[list(walk.block).index(guard) + 1:]
+    if any(n.value == name for s in later for n in names_read(s)):
+        return None
+    return {name: value}

@@ -20,6 +20,7 @@ class ViewedMask:
     scores: cst.BaseExpression  # the scores as the addition reads them, before the first view
     mask: cst.BaseExpression  # `mask.expand(A).reshape(B)`
     added: cst.BaseExpression  # the mask as written
+    fill: cst.BaseExpression | None = None  # a `masked_fill`'s value: then `mask` says which positions it fills
 
 
 def viewed_back(statement: cst.CSTNode, name: str) -> bool:
@@ -31,6 +32,40 @@ def viewed_back(statement: cst.CSTNode, name: str) -> bool:
 def added_to_a_view(statement: cst.CSTNode, name: str) -> bool:
     """`name = name.view(...) + m` (either side) alone on its line."""
     return _parts(redefinition(statement, name), name) is not None
+
+
+def filled_in_a_view(body, name: str) -> bool:
+    """The guard's last three statements are `name = name.view(A)`, `name = name.masked_fill(c, f)`,
+    `name = name.view(B)` (fairseq's key padding)."""
+    return len(body) >= 3 and viewed_back(body[-3], name) and viewed_back(body[-1], name) and \
+        _fill_parts(redefinition(body[-2], name), name) is not None
+
+
+def viewed_fill(first: cst.CSTNode, fill: cst.CSTNode, back: cst.CSTNode, name: str) -> ViewedMask | None:
+    """Of `name = name.view(A)`, `name = name.masked_fill(c, f)`, `name = name.view(B)` (fairseq, Graphormer): the
+    scores, and the condition that fills the same positions of them in their own shape, `c.expand(A).reshape(B)`."""
+    if not filled_in_a_view((first, fill, back), name):
+        return None
+    view = redefinition(first, name)
+    condition, value = _fill_parts(redefinition(fill, name), name)
+    _writable(view)
+    expanded = f"{code_of(atom(condition))}.expand({_args(view)}).reshape({_args(redefinition(back, name))})"
+    return ViewedMask(view.func.value, cst.parse_expression(expanded), condition, value)
+
+
+def _fill_parts(value, name: str) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    called, receiver, positional, keywords = call_parts(value)
+    if called != "masked_fill" or not isinstance(receiver, cst.Name) or receiver.value != name or keywords or \
+            len(positional) != 2:
+        return None
+    return positional[0], positional[1]
+
+
+def _writable(view: cst.Call) -> None:
+    if any(a.star for a in view.args) or any(code_of(a).replace(" ", "") in ("-1", "(-1)") for a in _sizes(view)):
+        raise Refused(f"the mask is applied to the scores viewed as `{code_of(view.func.value)}"
+                      f".{view.func.attr.value}({_args(view)})`, a shape graphlint cannot give the mask "
+                      "(-1 or a starred size)")
 
 
 def viewed_mask(add: cst.CSTNode, back: cst.CSTNode, name: str) -> ViewedMask | None:
