@@ -617,3 +617,59 @@ def test_two_masks_each_under_its_own_guard_are_summed_for_every_case_of_the_gua
             torch.manual_seed(0)
             outputs.append(module.Attention().double()(*args))
         assert torch.allclose(outputs[0], outputs[1], atol=1e-9), (first, second)
+
+
+SAM = '''
+def add_decomposed_rel_pos(attn, q, rel_pos_h, rel_pos_w, q_size, k_size):
+    q_h, q_w = q_size
+    k_h, k_w = k_size
+    B, _, dim = q.shape
+    r_q = q.reshape(B, q_h, q_w, dim)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, rel_pos_h)
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, rel_pos_w)
+    attn = (attn.view(B, q_h, q_w, k_h, k_w) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).view(
+        B, q_h * q_w, k_h * k_w)
+    return attn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, num_heads=2, size=3):
+        super().__init__()
+        self.num_heads, self.scale, self.use_rel_pos = num_heads, (dim // num_heads) ** -0.5, True
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.rel_pos_h = nn.Parameter(torch.randn(size, size, dim // num_heads))
+        self.rel_pos_w = nn.Parameter(torch.randn(size, size, dim // num_heads))
+
+    def forward(self, x):
+        B, H, W, _ = x.shape
+        qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, B * self.num_heads, H * W, -1).unbind(0)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        if self.use_rel_pos:
+            attn = ADDED
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).view(B, self.num_heads, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
+
+
+def make():
+    return Attention(), (torch.randn(2, 3, 3, 16),)
+'''
+
+
+@pytest.mark.proof
+def test_a_helper_that_only_adds_to_the_scores_gives_the_mask_it_adds_to_zeros(tmp_path):
+    """SAM's decomposed relative position: the helper views the scores, adds two einsum biases and views back,
+    so what it adds is itself called on zeros shaped as the scores."""
+    path, fixed = _safe_fix(tmp_path, SAM.replace(
+        "ADDED", "add_decomposed_rel_pos(attn, q, self.rel_pos_h, self.rel_pos_w, (H, W), (H, W))"))
+    assert "attn_mask=add_decomposed_rel_pos(q.new_zeros(*q.shape[:-1], k.shape[-2]), q, self.rel_pos_h, " \
+        "self.rel_pos_w, (H, W), (H, W)) if self.use_rel_pos else None," in fixed
+    assert "def add_decomposed_rel_pos(" in fixed
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+
+
+def test_a_helper_that_does_more_than_add_to_the_scores_is_no_mask(tmp_path):
+    source = SAM.replace("ADDED", "add_decomposed_rel_pos(attn, q, self.rel_pos_h, self.rel_pos_w, (H, W), (H, W))") \
+        .replace("(attn.view(B, q_h, q_w, k_h, k_w) + rel_h", "(attn.view(B, q_h, q_w, k_h, k_w) * rel_h")
+    [finding] = findings_of(lint_file(_model(tmp_path, source), device="cpu"), "GL101")
+    assert finding.fix is None and finding.no_fix == "`if self.use_rel_pos:` does more to the scores than mask them"

@@ -43,7 +43,7 @@ from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches
 from graphlint.fix.attention.emit import fused_call
 from graphlint.fix.attention.implementation import use_sdpa_in_transformers
 from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
-from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores
+from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
 from graphlint.fix.attention.values import walk_to_values
 from graphlint.fix.rewrite import FixSite, Refused, Rewrite, code_of, dead_definitions
 from graphlint.fix.source import inside
@@ -77,6 +77,7 @@ def _rewrite(walk: Walk) -> Rewrite:
     walk_to_values(walk, walk.softmax, walk.softmax_statement)
     inline_setup(walk)
     fold_prescaled(walk)
+    zeros_for_added(walk)
     check_matches_the_graph(walk)
     check_names(walk)
     check_inputs_unchanged(walk)

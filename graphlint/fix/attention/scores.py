@@ -10,7 +10,7 @@ from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, compact, defini
 from graphlint.fix.attention.chosen import chosen_bias
 from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
 from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
-from graphlint.fix.attention.views import ViewedMask, viewed_fill, viewed_mask
+from graphlint.fix.attention.views import ViewedMask, adds_to, viewed_fill, viewed_mask
 from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.fix.source import inside, is_number, plain_name_assignment, redefinition, substituted
 
@@ -168,6 +168,11 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 _baddbmm(walk, positional, keywords, scaled, statement)
                 return
             inlined = helper_called(walk, node, statement)
+            added = _added_by(walk, node, inlined) if inlined is not None and walk.guarded is not None else None
+            if added is not None:  # `if self.use_rel_pos: attn = add_decomposed_rel_pos(attn, q, ...)` (SAM)
+                set_mask(walk, added[1], True, additive=True, scaled=scaled)
+                node = added[0]
+                continue
             if inlined is not None:
                 walk.scopes.append(inlined)
                 statement = inlined.block[-1]
@@ -447,3 +452,26 @@ def _made_for_the_mask(walk: Walk, guard: cst.If, setup: list) -> dict | None:
     if any(n.value == name for s in later for n in names_read(s)):
         return None
     return {name: value}
+
+
+ZEROS = "_scores_shaped_zeros"  # stands for zeros shaped as the scores until q and k are read (zeros_for_added)
+
+
+def _added_by(walk: Walk, call: cst.Call, helper) -> tuple | None:
+    """(the scores, the mask) of a helper that only adds to the scores it is passed (views.adds_to): the mask is
+    the helper called on zeros of the scores' shape, the rest of its arguments as they are."""
+    first = helper.function.params.params[0].name.value if helper.function.params.params else None
+    if walk.scopes or first is None or not adds_to(helper.function, first) or \
+            not isinstance(helper.args.get(first), cst.Name) or len(call.args) < 1 or call.args[0].keyword:
+        return None
+    return helper.args[first], call.with_changes(args=[call.args[0].with_changes(value=cst.Name(ZEROS)),
+                                                       *call.args[1:]])
+
+
+def zeros_for_added(walk: Walk) -> None:
+    """The zeros a mask made by a helper is computed from: shaped as the scores, `q`'s rows by `k`'s."""
+    chain = walk.chain
+    if chain.mask is not None and ZEROS in {n.value for n in names_read(chain.mask)}:
+        q, k = code_of(atom(chain.q)), code_of(atom(chain.k))
+        zeros = cst.parse_expression(f"{q}.new_zeros(*{q}.shape[:-1], {k}.shape[-2])")
+        chain.mask = substituted(chain.mask, {ZEROS: zeros})

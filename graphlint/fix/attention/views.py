@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphlint.fix.rewrite import Refused, atom, call_parts, code_of
-from graphlint.fix.source import redefinition
+from graphlint.fix.rewrite import Refused, atom, call_parts, code_of, names_read
+from graphlint.fix.source import assigned_names, redefinition, statements_of
 
 _VIEWS = ("view", "reshape")
 
@@ -108,3 +108,37 @@ def _sizes(call: cst.Call) -> list[cst.BaseExpression]:
 
 def _args(call: cst.Call) -> str:
     return ", ".join(code_of(a.value) if a.star == "" else f"{a.star}{code_of(a.value)}" for a in call.args)
+
+
+def adds_to(function: cst.FunctionDef, parameter: str) -> bool:
+    """`function` returns its `parameter` plus terms that do not read it, maybe viewed in another shape and viewed
+    back (SAM's add_decomposed_rel_pos: `attn = (attn.view(A) + rel_h + rel_w).view(B); return attn`): then it
+    adds to the scores what it returns for zeros, which is a mask."""
+    body = statements_of(function)
+    last = body[-1] if body else None
+    if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], cst.Return):
+        return False
+    value, made = last.body[0].value, None
+    if isinstance(value, cst.Name) and value.value == parameter:
+        made = next((s for s in reversed(body[:-1]) if parameter in assigned_names(s)), None)
+        value = redefinition(made, parameter) if made is not None else None
+    if value is None or any(parameter in assigned_names(s) or parameter in {n.value for n in names_read(s)}
+                            for s in body[:-1] if s is not made):
+        return False
+    name, receiver, _, _ = call_parts(value)
+    if name in _VIEWS and receiver is not None:
+        value = receiver
+    terms, pending = [], [value]
+    while pending:
+        term = pending.pop()
+        if isinstance(term, cst.BinaryOperation) and isinstance(term.operator, cst.Add):
+            pending += [term.left, term.right]
+        else:
+            terms.append(term)
+    reading = [t for t in terms if parameter in {n.value for n in names_read(t)}]
+    if len(reading) != 1 or len(terms) < 2:
+        return False
+    name, receiver, _, _ = call_parts(reading[0])
+    alone = reading[0] if name not in _VIEWS else receiver
+    return isinstance(alone, cst.Name) and alone.value == parameter and \
+        all(parameter not in {n.value for n in names_read(a)} for a in (reading[0].args if name in _VIEWS else ()))
