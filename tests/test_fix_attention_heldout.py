@@ -673,3 +673,31 @@ def test_a_helper_that_does_more_than_add_to_the_scores_is_no_mask(tmp_path):
         .replace("(attn.view(B, q_h, q_w, k_h, k_w) + rel_h", "(attn.view(B, q_h, q_w, k_h, k_w) * rel_h")
     [finding] = findings_of(lint_file(_model(tmp_path, source), device="cpu"), "GL101")
     assert finding.fix is None and finding.no_fix == "`if self.use_rel_pos:` does more to the scores than mask them"
+
+
+ADDED_THEN_FILLED = '''
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, mask, keep):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        scores = (q @ k.transpose(-2, -1) + mask).masked_fill(~keep, float("-inf"))
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, -1)
+
+
+def make():
+    keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    keep[1, ..., 3:] = False
+    return Attention(), (torch.randn(2, 5, 16), torch.randn(5, 5), keep)
+'''
+
+
+@pytest.mark.proof
+def test_a_mask_added_then_a_fill_become_one_float_mask(tmp_path):
+    path, fixed = _safe_fix(tmp_path, ADDED_THEN_FILLED)
+    assert 'attn_mask=torch.where(~keep, float("-inf"), mask)' in fixed
+    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))

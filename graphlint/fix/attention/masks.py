@@ -108,7 +108,8 @@ def _added_before_a_fill(walk: Walk, mask, scaled: bool) -> None:
     if needs:
         raise Refused("the file does not import torch, which the mask joining an added mask and a fill needs")
     earlier = code_of(_scaled_mask(walk, here(walk, mask), scaled))
-    source = code_of(atom(chain.mask_source))
+    plain = isinstance(chain.mask_source, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.UnaryOperation))
+    source = code_of(chain.mask_source if plain else atom(chain.mask_source))
     both = f'{where}({source if not chain.keep_when_true else "~" + source}, float("-inf"), {earlier})'
     later = code_of(chain.mask)
     if chain.guard is not None:
