@@ -398,11 +398,41 @@ def make():
 @pytest.mark.parametrize("case, reason", [
     ("getattr", "`forward` calls `embedded_gaussian` through `getattr(self, self.mode)`, chosen at run time; the "
                 "fused call in its place would compute `embedded_gaussian` whatever `self.mode` names"),
-    ("module", "the softmax is in `FusedScaleMaskSoftmax.forward_torch_softmax`, which `forward` reaches through "
-               "the module `self.scale_mask_softmax`; graphlint reads only helpers `forward` calls itself"),
+    ("module", "the scores pass through `self.mask_func(input, mask) if mask is not None else input`, which the "
+               "fused call cannot express"),
 ])
 def test_softmax_helpers_reached_another_way_are_refused_with_the_way(tmp_path, case, reason):
     chosen = "pairwise_func = getattr(self, self.mode)\n        pairwise_weight = pairwise_func(theta_x, phi_x)"
     source = NON_LOCAL.replace("CHOSEN", chosen) if case == "getattr" else MEGATRON
     [finding] = findings_of(lint_file(_model(tmp_path, source), device="cpu"), "GL101")
     assert finding.fix is None and finding.no_fix == reason
+
+
+SOFTMAX_MODULE = MEGATRON.replace('''        if self.scale is not None:
+            input = input * self.scale
+        mask_output = self.mask_func(input, mask) if mask is not None else input
+''', '''        input = input.float() * self.scale
+        mask_output = input + mask
+''').replace("torch.rand(2, 5, 5) > 0.8", "torch.randn(2, 5, 5)")
+
+
+@pytest.mark.proof
+def test_a_softmax_module_whose_forward_passes_on_to_a_method_that_returns_them_is_read_at_its_call(tmp_path):
+    """Megatron's FusedScaleMaskSoftmax torch path: `self.scale_mask_softmax(scores, mask)` is read as its
+    forward, which passes on to the method that scales, masks and softmaxes; its `self` is the module, and the
+    fix, which no longer calls the module, is unsafe by declaration and proven."""
+    path = _model(tmp_path, SOFTMAX_MODULE)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == UNSAFE, finding.no_fix
+    assert "the fix no longer calls self.scale_mask_softmax (a FusedScaleMaskSoftmax module)" in finding.fix.message
+    assert prove_fix(report, tmp_path, finding).ok
+    fixed = fix_plan(report, tmp_path, unsafe=True).texts[str(path)]
+    assert '''
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=self.scale_mask_softmax.scale
+        )
+''' in fixed
+    assert "def forward_torch_softmax(" in fixed  # the module stays: other callers may use it

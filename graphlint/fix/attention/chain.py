@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.fix import inline
-from graphlint.fix.attention.returned import returned_from, why_not_called
+from graphlint.fix.attention.returned import module_call, returned_from, why_not_called
 from graphlint.fix.attention.views import added_to_a_view, filled_in_a_view, viewed_back
 from graphlint.fix.inline import Inlined
 from graphlint.fix.rewrite import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
@@ -136,12 +136,17 @@ def anchor_at_the_values(walk: Walk) -> None:
     dropout = returned_from(helper, walk.softmax, walk.softmax_statement, body, walk.names.namespaces)
     modules = ImportNames.of(values[0].module).modules
     calls = [c for c in calls_in(caller) if calls_function(c, helper, modules)]
+    held = module_call(helper, caller, values[0].module) if not calls else None
+    if held is not None:  # `self.softmax_module(scores, mask)`: read as its forward, `self` being the module
+        calls = [held]
     if len(calls) != 1:
         raise Refused(why_not_called(helper, caller, values[0].module, len(calls)))
     call = calls[0]
     args = bound_arguments(helper, call)
     if args is None:
         raise Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
+    if held is not None:
+        args[helper.params.params[0].name.value] = call.func
     module = values[0].module
     block, statement = block_in(caller, call)
     walk.start = (softmax_input(walk, walk.softmax), walk.softmax_statement)

@@ -122,3 +122,31 @@ def why_not_called(helper: cst.FunctionDef, caller: cst.FunctionDef, module: cst
         return (f"the softmax is in `{theirs.name.value}.{helper_name}`, which `{caller_name}` reaches through "
                 f"{through}; graphlint reads only helpers `{caller_name}` calls itself")
     return f"`{caller_name}` calls `{helper_name}` {calls} times"
+
+
+def module_call(helper: cst.FunctionDef, caller: cst.FunctionDef, module: cst.Module) -> cst.Call | None:
+    """The one call `self.attr(...)` in `caller` of a submodule whose class's `forward` is `helper`, or only
+    passes its parameters on to `helper` (Megatron: `return self.forward_torch_softmax(input, mask)`), with
+    `self.attr = ThatClass(...)` in the caller's class; None otherwise. Its `self` is `self.attr` there."""
+    owner, theirs = class_of(module, caller), class_of(module, helper)
+    if owner is None or theirs is None or owner is theirs:
+        return None
+    forward = next((f for f in functions_in(theirs) if f.name.value == "forward"), None)
+    if forward is None or (forward is not helper and not _passes_on(forward, helper)):
+        return None
+    held = {code_of(t.target) for f in functions_in(owner) for n in all_nodes(f) if isinstance(n, cst.Assign)
+            and call_parts(n.value)[0] == theirs.name.value for t in n.targets}
+    calls = [c for c in calls_in(caller) if code_of(c.func) in held]
+    return calls[0] if len(calls) == 1 and len(held) == 1 else None
+
+
+def _passes_on(forward: cst.FunctionDef, helper: cst.FunctionDef) -> bool:
+    """`def forward(self, a, b): return self.helper(a, b)`, the two with the same parameters."""
+    body = forward.body.body if isinstance(forward.body, cst.IndentedBlock) else ()
+    names = [p.name.value for p in forward.params.params]
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or \
+            not isinstance(body[0].body[0], cst.Return) or names != [p.name.value for p in helper.params.params]:
+        return False
+    name, receiver, positional, keywords = call_parts(body[0].body[0].value)
+    return name == helper.name.value and code_of(receiver) == "self" and not keywords and \
+        [code_of(a) for a in positional] == names[1:]
