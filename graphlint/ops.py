@@ -116,3 +116,24 @@ def strip_casts(node: Any) -> Any:
     while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < MAX_PASS_THROUGH_STEPS:
         node, seen = node.args[0], seen + 1
     return node
+
+
+def row_max_shift(step: fx.Node, scores: fx.Node) -> bool:
+    """`step` is `scores - scores.max(dim=-1, keepdim=True)[0]` (or `amax`, `logsumexp`): a shift by a value per
+    row over the softmax's last dimension, which the softmax ignores (torchaudio's wav2vec2 guards overflow so)."""
+    if op(step) != "sub" or len(step.args) < 2 or step.args[0] is not scores or not isinstance(step.args[1], fx.Node):
+        return False
+    shift = step.args[1]
+    while op(shift) == "detach" and shift.args:
+        shift = shift.args[0]
+    if op(shift) == "getitem" and len(shift.args) == 2 and shift.args[1] == 0 and isinstance(shift.args[0], fx.Node):
+        shift = shift.args[0]
+        if op(shift) != "max":
+            return False
+    elif op(shift) not in ("amax", "logsumexp"):
+        return False
+    meta = tensor_meta(scores)
+    dim = arg(shift, 1, "dim")
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    return bool(shift.args) and shift.args[0] is scores and meta is not None and isinstance(dim, int) and \
+        dim % len(meta.shape) == len(meta.shape) - 1 and arg(shift, 2, "keepdim") is True

@@ -13,7 +13,7 @@ from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
 from graphlint.memory.savings import attention_savings
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
-from graphlint.ops import MAX_PATTERN_STEPS, MUL
+from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
 
@@ -104,6 +104,16 @@ class UnfusedAttention(Rule):
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
         transposed. `scores.device` and `scores.dtype` read to build a bias become the query's.
 
+        Spellings copied across model files: a mask added to the scores viewed in another shape and viewed back
+        (BART, CLIP: `s = s.view(bsz, heads, tgt, src) + mask; s = s.view(bsz * heads, tgt, src)`) becomes
+        `attn_mask=mask.expand(bsz, heads, tgt, src).reshape(bsz * heads, tgt, src)`; the same softmax ending
+        both branches of an `if`/`else` whose `else` is the softmax alone (Swin) is read as the `if` followed by
+        the softmax, and the whole `if`/`else` goes; boolean masks joined with `&` or `|` are passed as they
+        are (never read as causal alone); a `baddbmm` bias and `beta` of 0 or 1 chosen in an `if`/`else`
+        (diffusers, also in its `get_attention_scores` helper, whose `if self.upcast_attention:` casts of q and k
+        to float32 are dropped like the softmax's) become that branch's bias, or None; biases summed in a loop
+        over a list written out (OpenFold: `for b in [mask_bias, pair_bias]: a += b`) become their sum.
+
         A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes an additive float mask, 0 where a key takes part
         and the fill elsewhere (`attn_mask=torch.where(keep, q.new_zeros(()), -1e9)`; a dtype's lowest number is
         written in the query's dtype, `torch.finfo(q.dtype).min`), and the fix is unsafe: on a row whose every
@@ -130,8 +140,10 @@ class UnfusedAttention(Rule):
 
         Left alone, with the reason: two masks, a guard that also scales or casts the scores, probabilities used
         before the values product, an input reassigned between the statement that read it and the values
-        product, a helper whose locals the fused call would need, scores reshaped between the products, a
-        softmax in another branch than the scores, and anything else on the way that the fused call cannot
+        product, a helper whose locals the fused call would need, scores reshaped between the products (other
+        than to add a mask), a softmax in another branch than the scores, branches that end in different
+        softmaxes or whose `else` also changes the scores, a mask added to a view with -1 in its shape, a list of
+        biases whose items the source does not fix, and anything else on the way that the fused call cannot
         express. Every safe fix is proven on the model first; one that computes something else is refused.
     """
     bad_examples = (
@@ -429,6 +441,8 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
     chain = set(before)
     first = order.get(before[0], 0)
     for step, came_from in zip(before[1:], before, strict=False):
+        if row_max_shift(step, came_from):  # the softmax ignores a shift by its row's maximum: not a bias
+            continue
         pending = [n for n in step.all_input_nodes if n is not came_from and n not in chain]
         seen = set(pending)
         while pending:

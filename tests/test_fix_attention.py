@@ -127,7 +127,7 @@ REFUSED = {
     "two-masks": ('''
     def forward(self, x, mask, keep):
         q, k, v = self.split(x)
-        scores = (q @ k.transpose(-2, -1) + mask).masked_fill(~keep, float("-inf"))
+        scores = (q @ k.transpose(-2, -1)).masked_fill(mask > 0, float("-inf")).masked_fill(~keep, float("-inf"))
         return scores.softmax(-1) @ v
 ''', "the scores are masked twice"),
     "key-reassigned-before-the-values": ('''

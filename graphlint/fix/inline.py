@@ -69,12 +69,14 @@ def is_parameter(scope: Inlined, name: str, statement: cst.BaseStatement) -> boo
 
 
 def in_caller_terms(node: cst.BaseExpression, scopes: list[Inlined], function: cst.FunctionDef,
-                    module: cst.Module) -> cst.BaseExpression:
+                    module: cst.Module, upcasts_dropped: bool = False) -> cst.BaseExpression:
     """A part of a chain read inside helpers, in the terms of `function` (in `module`), the outermost caller:
-    each helper's parameters replaced by what its caller passed."""
+    each helper's parameters replaced by what its caller passed. With `upcasts_dropped`, a parameter only cast
+    to float32 under a flag (`if self.upcast: q = q.float()`) is still the parameter: the fixer drops the cast."""
     for depth in range(len(scopes) - 1, -1, -1):
         scope = scopes[depth]
-        local = set().union(*(assigned_names(s) for s in scope.block)) if scope.block else set()
+        local = set().union(*(assigned_names(s) for s in scope.block
+                              if not (upcasts_dropped and upcast_only(s)))) if scope.block else set()
         read = {n.value for n in names_read(node)}
         inner = sorted(read & local)
         if inner:
@@ -89,6 +91,24 @@ def in_caller_terms(node: cst.BaseExpression, scopes: list[Inlined], function: c
         same_names(scope, free, outer.function if outer else function, outer.module if outer else module)
         node = substituted(node, {name: value for name, value in scope.args.items() if name in read})
     return node
+
+
+def upcast_only(statement: cst.CSTNode) -> bool:
+    """`if flag:` (no else) whose every statement is `x = x.float()` or `x = x.to(torch.float32)`."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None or \
+            not isinstance(statement.body, cst.IndentedBlock) or not statement.body.body:
+        return False
+    for line in statement.body.body:
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or \
+                not isinstance(line.body[0], cst.Assign) or len(line.body[0].targets) != 1:
+            return False
+        target, value = line.body[0].targets[0].target, line.body[0].value
+        name, receiver, positional, keywords = call_parts(value)
+        upcast = (name == "float" and not positional) or \
+            (name == "to" and [code_of(a) for a in positional] in (["torch.float32"], ["torch.float"]))
+        if not isinstance(target, cst.Name) or not upcast or keywords or code_of(receiver) != target.value:
+            return False
+    return True
 
 
 def same_names(scope: Inlined, names: set[str], caller: cst.FunctionDef, module: cst.Module) -> None:

@@ -27,21 +27,26 @@ mistake here is refused, never written.
 The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
 scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
 checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
-`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline.
+`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline. Spellings copied
+across model files have their own readers: views.py (a mask added to a view of the scores), chosen.py (a
+`baddbmm` bias chosen in an `if`/`else`), loops.py (biases summed in a loop), branches.py (the same softmax
+ending both branches of an `if`/`else`, read as one softmax after the `if`).
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from graphlint.fix.attention.branches import softmax_in_both_branches
 from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_input
-from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names
+from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
 from graphlint.fix.attention.emit import fused_call
 from graphlint.fix.attention.implementation import use_sdpa_in_transformers
 from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
-from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores
+from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
 from graphlint.fix.attention.values import walk_to_values
 from graphlint.fix.rewrite import FixSite, Refused, Rewrite, code_of, dead_definitions
+from graphlint.fix.source import inside
 from graphlint.results import UNSAFE
 
 __all__ = ["rewrite_attention", "use_sdpa_in_transformers"]
@@ -57,7 +62,9 @@ def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: boo
     try:
         walk = Walk(site, rank, default_scale)
         anchor_at_the_values(walk)
-        return _rewrite(walk)
+        branches = softmax_in_both_branches(walk)
+        rewrite = _rewrite(walk)
+        return branches.restored(rewrite) if branches is not None else rewrite
     except Refused as why:
         return str(why)
 
@@ -70,6 +77,7 @@ def _rewrite(walk: Walk) -> Rewrite:
     walk_to_values(walk, walk.softmax, walk.softmax_statement)
     inline_setup(walk)
     fold_prescaled(walk)
+    zeros_for_added(walk)
     check_matches_the_graph(walk)
     check_names(walk)
     check_inputs_unchanged(walk)
@@ -79,18 +87,24 @@ def _rewrite(walk: Walk) -> Rewrite:
     # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
     removed += tuple(s for s in dead_definitions(walk.function, (*removed, chain.values_product), call)
                      if s not in removed)
+    # A name renamed inside a statement that goes (`max_neg = -torch.finfo(sim.dtype).max`) goes with it.
+    renamed = tuple(r for r in chain.renamed if not any(inside(r[0], s) for s in removed))
+    deleted, trimmed = trim_dels(walk, call, removed)
+    removed, renamed = removed + tuple(deleted), renamed + tuple(trimmed)
+    fill = None
+    if chain.fill is not None:
+        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
+        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
+        fill = FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs)
     if chain.elsewhere:
         # The documented trade: the weights are no longer computed, so what read them gets None.
         shown = ", ".join(dict.fromkeys(f"`{code_of(n)}`" for n in chain.elsewhere))
         return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {callee}(...); {shown} returned or stored as None",
-                       removed=removed, imports=imports,
-                       also=(*chain.renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
-    if chain.fill is not None:
-        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
-        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
-        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); " +
-                       FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs), removed=removed,
-                       imports=imports, also=tuple(chain.renamed), applicability=UNSAFE)
+                       f"hand-written attention → {callee}(...); {shown} returned or stored as None" +
+                       (f"; {fill}" if fill else ""), removed=removed, imports=imports,
+                       also=(*renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
+    if fill is not None:
+        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); {fill}", removed=removed,
+                       imports=imports, also=renamed, applicability=UNSAFE)
     return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
-                   imports=imports, also=tuple(chain.renamed))
+                   imports=imports, also=renamed)

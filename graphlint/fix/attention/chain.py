@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.fix import inline
+from graphlint.fix.attention.returned import module_call, returned_from, why_not_called
+from graphlint.fix.attention.views import added_to_a_view, filled_in_a_view, viewed_back
 from graphlint.fix.inline import Inlined
 from graphlint.fix.rewrite import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import (all_nodes, assigned_names, block_of, bound_arguments, calls_function, calls_in,
-                                  class_of, deletes, indent_of, mutated_in_place, path_to, plain_name_assignment,
-                                  redefinition, statements_of)
+from graphlint.fix.source import (assigned_names, block_of, bound_arguments, calls_function, calls_in,
+                                  class_of, indent_of, mutated_in_place, redefinition, statements_of)
 from graphlint.ops import CAST, MATMUL_LIKE
 
 # The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
@@ -70,11 +71,13 @@ class Walk:
         self.guard_if: cst.If | None = None  # an `if` that prepares the mask before masking the scores
         self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted
         self.setup: list[cst.BaseStatement] = []  # the statements it runs before the masking one
+        self.masking: tuple[cst.BaseStatement, ...] = ()  # the guard's statements that mask, when not only its last
         self.chain = Chain()
         # Where the fused call goes: the softmax's function, or the caller of a softmax helper.
         self.function, self.classdef, self.module, self.indent = site.function, site.classdef, site.module, site.indent
         self.softmax: cst.CSTNode = site.node
         self.start: tuple[cst.BaseExpression, cst.BaseStatement] | None = None  # the softmax's input in a helper
+        self.helper_dropout: tuple | None = None  # (positional, keywords) but the tensor, of a dropout in it
         self.scopes: list[Inlined] = []  # the helpers the backward walk is inside, innermost last
         self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
@@ -87,7 +90,7 @@ def here(walk: Walk, node: cst.BaseExpression | None) -> cst.BaseExpression | No
     helper's parameters replaced by what its caller passed); what it reads is noted with where (`walk.reads`)."""
     if node is None:
         return None
-    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module)
+    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module, upcasts_dropped=True)
     walk.reads.append(({n.value for n in names_read(node)}, walk.at))
     return node
 
@@ -130,61 +133,33 @@ def anchor_at_the_values(walk: Walk) -> None:
     if walk.softmax_statement not in body:
         raise Refused(f"the softmax is inside a block of `{helper.name.value}`; the attention chain spans "
                       "several functions")
-    _returned_from(walk, helper, body)
+    dropout = returned_from(helper, walk.softmax, walk.softmax_statement, body, walk.names.namespaces)
     modules = ImportNames.of(values[0].module).modules
     calls = [c for c in calls_in(caller) if calls_function(c, helper, modules)]
+    held = module_call(helper, caller, values[0].module) if not calls else None
+    if held is not None:  # `self.softmax_module(scores, mask)`: read as its forward, `self` being the module
+        calls = [held]
     if len(calls) != 1:
-        raise Refused(f"`{caller.name.value}` calls `{helper.name.value}` {len(calls)} times")
+        raise Refused(why_not_called(helper, caller, values[0].module, len(calls)))
     call = calls[0]
     args = bound_arguments(helper, call)
     if args is None:
         raise Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
+    if held is not None:
+        args[helper.params.params[0].name.value] = call.func
     module = values[0].module
     block, statement = block_in(caller, call)
     walk.start = (softmax_input(walk, walk.softmax), walk.softmax_statement)
     walk.scopes = [Inlined(helper, args, statement, tuple(body), walk.module)]
+    if dropout is not None:  # its p and training flag, in the caller's terms, for values.py to read
+        _, _, positional, keywords = call_parts(dropout)
+        walk.at = statement
+        walk.helper_dropout = ([here(walk, a) for a in positional[1:]], {k: here(walk, v) for k, v in keywords.items()})
     walk.function, walk.module, walk.softmax = caller, module, call
     walk.classdef = class_of(module, caller)
     walk.block, walk.softmax_statement = block, statement
     walk.names = ImportNames.of(module)
     walk.indent = indent_of(module, statement)
-
-
-def _returned_from(walk: Walk, helper: cst.FunctionDef, body: list[cst.BaseStatement]) -> None:
-    """The helper hands back the softmax's result as it is: through casts and plain variables to its one
-    `return`, read nowhere else (a `del` aside)."""
-    why = f"`{helper.name.value}` does more with the probabilities than return them"
-    current, statement, walked, names = walk.softmax, walk.softmax_statement, [], set()
-    while True:
-        walked.append(statement)
-        path = path_to(statement, current) or []
-        parent = path[-2] if len(path) >= 2 else None
-        if isinstance(parent, cst.Attribute) and len(path) >= 3 and isinstance(path[-3], cst.Call) and \
-                call_parts(path[-3])[0] in CASTS:
-            current = path[-3]
-            continue
-        if isinstance(parent, cst.Return):
-            break
-        if not isinstance(parent, cst.Assign) or not plain_name_assignment(statement):
-            raise Refused(why)
-        name = parent.targets[0].target.value
-        names.add(name)
-        later = [s for s in body[body.index(statement) + 1:] if name in {n.value for n in names_read(s)}
-                 and not deletes(s)]
-        if not later:
-            raise Refused(why)
-        statement = later[0]
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
-            else None
-        value = getattr(small, "value", None) if isinstance(small, (cst.Assign, cst.Return)) else None
-        current = next((n for n in names_read(value) if n.value == name), None) if value is not None else None
-        if current is None:
-            raise Refused(why)
-    if statement is not body[-1] or any(isinstance(n, cst.Return) for s in body[:-1] for n in all_nodes(s)):
-        raise Refused(why)
-    for s in body:
-        if s not in walked and not deletes(s) and names & {n.value for n in names_read(s)}:
-            raise Refused(why)
 
 
 def block_in(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
@@ -207,7 +182,7 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
             if guarded and isinstance(statement, cst.If) and statement.orelse is None and \
                     isinstance(statement.body, cst.IndentedBlock) and statement.body.body and \
                     all(name not in assigned_names(s) and not mutated_in_place(s, name)
-                        for s in statement.body.body[:-1]) and \
+                        for s in _before_the_masking(statement.body.body, name)) and \
                     redefinition(statement.body.body[-1], name) is not None:
                 return statement
             raise Refused(f"`{name}` is {_how_assigned(statement, name)}, which the rewrite cannot follow")
@@ -218,6 +193,16 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
         raise Refused(f"`{name}` is computed outside the block the softmax is in (a branch or loop); the fused "
                       "call would have to replace the whole statement")
     raise Refused(f"`{name}` comes from outside the function; the attention chain spans several functions")
+
+
+def _before_the_masking(body, name: str) -> tuple:
+    """The statements of a guard before the one that masks the scores, or the two that add a mask to them
+    viewed in another shape and view them back (graphlint.fix.attention.views)."""
+    if len(body) >= 2 and added_to_a_view(body[-2], name) and viewed_back(body[-1], name):
+        return tuple(body[:-2])
+    if filled_in_a_view(body, name):  # view, masked_fill, view back
+        return tuple(body[:-3])
+    return tuple(body[:-1])
 
 
 def _how_assigned(statement: cst.CSTNode, name: str) -> str:

@@ -38,9 +38,19 @@ def check_names(walk: Walk) -> None:
     product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
     after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
     bound = {id(n) for n in binding_names(walk.function)}
+    dels = {id(n) for s in walk.block if _deleting(s) for n in names_read(s)}
+    rebound = _rebound(walk, everywhere, after)
     for name in chain.names:
         for index, node in enumerate(everywhere):
-            if node.value != name or id(node) in read_inside:
+            if node.value != name or id(node) in read_inside or id(node) in dels:  # trim_dels rewrites a `del`
+                continue
+            if index >= rebound.get(name, len(everywhere)):  # `attn_weights = None` after the product: a new value
+                continue
+            use = next((s for s in walk.block if inside(node, s)), None)
+            if index < after and isinstance(use, cst.SimpleStatementLine) and len(use.body) == 1 and \
+                    isinstance(use.body[0], cst.Assert):  # fairseq's `assert list(w.size()) == [...]`: it goes
+                chain.consumed.append(use)
+                read_inside.update(id(n) for n in names_read(use))
                 continue
             if index >= after and _detached_again(walk, node):
                 read_inside.update(id(n) for n in names_read(chain.consumed[-1]))
@@ -50,7 +60,8 @@ def check_names(walk: Walk) -> None:
             returned = None if index < after or id(node) in bound else _returned_or_stored(walk, node)
             if returned is None:
                 what = "scores" if name in chain.scores_names else "probabilities"
-                use = next((s for s in walk.block if inside(node, s)), None)
+                if isinstance(use, cst.If) and index < after:
+                    raise Refused(_read_under_a_flag(name, use, node, what))
                 shown = f" (`{one_line(use)}`)" if use is not None and len(one_line(use)) <= 60 else ""
                 raise Refused(f"`{name}` is used outside the attention{shown}; the fused call does not give the "
                               f"{what} back")
@@ -95,9 +106,10 @@ def _returned_or_stored(walk: Walk, name: cst.Name) -> cst.BaseExpression | None
     path = path_to(walk.function, name) or []
     parents = path[-2::-1]
     expression: cst.BaseExpression = name
-    # `name.detach()`, `name.float().cpu()`: what is returned is still only the weights.
+    # `name.detach()`, `name.float().cpu()`, `name.view(b, h, q, k)` (OpenNMT-py): still only the weights;
+    # `.mean(dim=0)` (fairseq's weights averaged over heads) is what they are returned as.
     while len(parents) >= 2 and isinstance(parents[0], cst.Attribute) and isinstance(parents[1], cst.Call) and \
-            parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON:
+            parents[1].func is parents[0] and parents[0].attr.value in _PASSED_ON + _RESHAPED + ("mean",):
         expression, parents = parents[1], parents[2:]
     if parents and isinstance(parents[0], cst.Element) and len(parents) > 1 and isinstance(parents[1], cst.Tuple):
         parents = parents[2:]
@@ -134,3 +146,72 @@ def check_inputs_unchanged(walk: Walk) -> None:
 
 # Methods that hand the weights on unchanged in value, as when they are returned for inspection: `attn.detach()`.
 _PASSED_ON = ("detach", "cpu", "float", "clone", "contiguous", "to", "type_as", "half", "bfloat16")
+# The same weights in another shape, returned so by OpenNMT-py (`attns = attn.view(batch, heads, q, k)`).
+_RESHAPED = ("view", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "flatten")
+
+
+def _deleting(statement: cst.CSTNode) -> cst.Del | None:
+    """The `del` of a statement that is only `del a, b`."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+            isinstance(statement.body[0], cst.Del):
+        return statement.body[0]
+    return None
+
+
+def trim_dels(walk: Walk, call: cst.Call, removed: tuple) -> tuple[list, list]:
+    """Uni-Fold's `del q, k` before the values product and `del attn, v` after it: the fused call reads q and k
+    where the values product was, and the chain's variables are no longer made, so those names leave the `del`
+    (a `del` frees memory; it computes nothing). Returns (statements to delete, (old, new) replacements)."""
+    chain, body = walk.chain, list(walk.block)
+    if chain.values_statement not in body:
+        return [], []
+    at = body.index(chain.values_statement)
+    kept = [s for s in body if s not in removed and s is not chain.values_statement]
+    made = set().union(*(assigned_names(s) for s in kept)) if kept else set()
+    gone_names = {n for n in chain.names if n not in made}
+    read = {n.value for n in names_read(call)}
+    deletes, replaced = [], []
+    for index, statement in enumerate(body):
+        node = _deleting(statement)
+        if node is None:
+            continue
+        targets = list(node.target.elements) if isinstance(node.target, cst.Tuple) else [cst.Element(node.target)]
+        keep = [e for e in targets if not (isinstance(e.value, cst.Name) and (
+            e.value.value in gone_names or (index < at and e.value.value in read)))]
+        if len(keep) == len(targets):
+            continue
+        if not keep:
+            deletes.append(statement)
+        else:
+            target = keep[0].value if len(keep) == 1 else cst.Tuple(
+                [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in keep], lpar=[], rpar=[])
+            replaced.append((node, node.with_changes(target=target)))
+    return deletes, replaced
+
+
+def _read_under_a_flag(name: str, guard: cst.If, node: cst.Name, what: str) -> str:
+    """Why the chain stays when its variable is read in an `if` before the values product (BLIP's
+    `if is_cross_attention and self.save_attention: self.save_attention_map(attention_probs)`): the statement
+    cannot stay once they are not computed, and None in their place would break it where the flag holds."""
+    read = next((s for s in guard.body.body if inside(node, s)), None) if isinstance(guard.body, cst.IndentedBlock) \
+        else None
+    shown = f" (`{one_line(read)}`)" if read is not None and len(one_line(read)) <= 60 else ""
+    return (f"`{name}` is read under `if {code_of(guard.test)}:`{shown}; where that holds it needs the {what}, "
+            "which the fused call does not give back, so the attention stays as written")
+
+
+def _rebound(walk: Walk, everywhere: list, after: int) -> dict[str, int]:
+    """Each name given a new value after the values product by a plain statement of the block that does not
+    read it (fairseq's `attn_weights = None`), and where: what reads it from there reads the new value."""
+    at = {id(n): i for i, n in enumerate(everywhere)}
+    found: dict[str, int] = {}
+    for statement in walk.block:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
+                not isinstance(statement.body[0], cst.Assign) or len(statement.body[0].targets) != 1:
+            continue
+        target, value = statement.body[0].targets[0].target, statement.body[0].value
+        index = at.get(id(target))
+        if isinstance(target, cst.Name) and index is not None and index > after and \
+                target.value not in {n.value for n in names_read(value)}:
+            found.setdefault(target.value, index)
+    return found

@@ -78,21 +78,45 @@ FILL_REASON = ("on a row whose every key is masked, the fill `{fill}` gives an e
 
 def _add_mask(walk: Walk, mask, additive: bool, scaled: bool) -> None:
     """A second additive mask met on the way back (`s = s + bias`, later `s = s + mask`): the fused call
-    takes their sum, with the condition either is added under (`bias + mask if g else bias`)."""
+    takes their sum, with the condition either is added under (`bias + mask if g else bias`), or both."""
     chain = walk.chain
+    if additive and chain.mask_source is not None and chain.fill is None:
+        _added_before_a_fill(walk, mask, scaled)
+        return
     if not additive or chain.mask_source is not None:
         raise Refused("the scores are masked twice; the fused call takes one mask")
     earlier_guard = here(walk, walk.guarded.test) if walk.guarded is not None else None
-    if earlier_guard is not None and chain.guard is not None:
-        raise Refused("the scores take two masks under two conditions; the fused call takes one mask")
     earlier = _scaled_mask(walk, here(walk, mask), scaled)
     later = chain.mask
     total = f"{_summand(earlier)} + {_summand(later)}"
-    if chain.guard is not None:
+    if earlier_guard is not None and chain.guard is not None:  # Uni-Core: `if mask is not None` and `if bias ...`
+        later_alone = f"{code_of(later)} if {code_of(chain.guard)} else None"
+        total = f"({total} if {code_of(chain.guard)} else {code_of(earlier)}) if {code_of(earlier_guard)} " \
+                f"else ({later_alone})"
+    elif chain.guard is not None:
         total = f"{total} if {code_of(chain.guard)} else {code_of(earlier)}"
     elif earlier_guard is not None:
         total = f"{total} if {code_of(earlier_guard)} else {code_of(later)}"
     chain.mask, chain.guard = cst.parse_expression(total), None
+
+
+def _added_before_a_fill(walk: Walk, mask, scaled: bool) -> None:
+    """A mask added before a -inf fill (fairseq: `attn_mask` added, then the key padding filled): one float mask,
+    -inf where the fill was and the added mask elsewhere, under the conditions each was applied under."""
+    chain = walk.chain
+    where, needs = walk.names.torch_call("where")
+    if needs:
+        raise Refused("the file does not import torch, which the mask joining an added mask and a fill needs")
+    earlier = code_of(_scaled_mask(walk, here(walk, mask), scaled))
+    plain = isinstance(chain.mask_source, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.UnaryOperation))
+    source = code_of(chain.mask_source if plain else atom(chain.mask_source))
+    both = f'{where}({source if not chain.keep_when_true else "~" + source}, float("-inf"), {earlier})'
+    later = code_of(chain.mask)
+    if chain.guard is not None:
+        both, later = f"{both} if {code_of(chain.guard)} else {earlier}", f"{later} if {code_of(chain.guard)} else None"
+    earlier_guard = here(walk, walk.guarded.test) if walk.guarded is not None else None
+    total = f"({both}) if {code_of(earlier_guard)} else ({later})" if earlier_guard is not None else both
+    chain.mask, chain.mask_source, chain.guard = cst.parse_expression(total), None, None
 
 
 def is_causal(walk: Walk) -> bool:
@@ -124,7 +148,7 @@ def is_causal(walk: Walk) -> bool:
         else:
             break
     built = _built_from(walk, node)
-    if built is None:
+    if built is None or joins_masks(built):
         return False
     text = code_of(built).replace(" ", "")
     root = root_name(built)
@@ -139,6 +163,13 @@ def is_causal(walk: Walk) -> bool:
     if "triu(" in text and ("diagonal=1" in text or ",1)" in text or ".triu(1)" in text):
         return not keep
     return False
+
+
+def joins_masks(node: cst.BaseExpression) -> bool:
+    """`input_mask & causal_mask` (or `|`): a causal mask joined with another is no longer causal alone; the
+    joined mask is passed as it is."""
+    bare = node.with_changes(lpar=[], rpar=[]) if isinstance(node, cst.BinaryOperation) else node
+    return isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, (cst.BitAnd, cst.BitOr, cst.BitXor))
 
 
 def _built_from(walk: Walk, node) -> cst.BaseExpression | None:
@@ -162,13 +193,15 @@ def inline_setup(walk: Walk) -> None:
     if walk.guard_if is None:
         return
     masking = walk.guard_if.body.body[-1]
+    masks = walk.masking or (masking,)  # a mask added to a view of the scores is two statements
     for statement in reversed(list(walk.setup)):
         if not plain_name_assignment(statement) or chain.mask is None:
             continue
         name, value = statement.body[0].targets[0].target.value, statement.body[0].value
         reads = [n for n in names_read(walk.function) if n.value == name and not inside(n, statement)]
         later = walk.setup[walk.setup.index(statement) + 1:]
-        if not reads or any(not inside(n, masking) for n in reads) or name in {n.value for n in names_read(value)} or \
+        if not reads or any(not any(inside(n, m) for m in masks) for n in reads) or \
+                name in {n.value for n in names_read(value)} or \
                 {n.value for n in names_read(value)} & set().union(set(), *(assigned_names(s) for s in later)):
             continue
         # Read only by the masking statement: the mask takes its value, or it only made the fill.
@@ -179,19 +212,21 @@ def inline_setup(walk: Walk) -> None:
         walk.setup.remove(statement)
         chain.consumed.append(statement)
     if not walk.setup:
-        chain.consumed = [s for s in chain.consumed if s is not masking and not inside(s, walk.guard_if)]
+        chain.consumed = [s for s in chain.consumed if s not in masks and not inside(s, walk.guard_if)]
         chain.consumed.append(walk.guard_if)
         walk.guard_if = None
         return
-    changed = set().union(*(assigned_names(s) for s in walk.setup)) & {n.value for n in names_read(chain.guard)}
+    # The guard folded into the mask with an earlier bias (`bias + m if g else bias`) is still the `if`'s test.
+    guard = chain.guard if chain.guard is not None else walk.guard_if.test
+    changed = set().union(*(assigned_names(s) for s in walk.setup)) & {n.value for n in names_read(guard)}
     moved = {n.value for part in (chain.q, chain.k, chain.dropout_p, *chain.factors, *chain.divisors) if part is not None
              for n in names_read(part)} & set().union(*(assigned_names(s) for s in walk.setup))
     if moved:  # the scores were made before the `if`; the fused call would read the new value
         raise Refused(f"`{sorted(moved)[0]}` changes between the scores and the values product")
-    given = presence_test(chain.guard)
+    given = presence_test(guard)
     if changed and (changed != {given} or not all(keeps_a_tensor(s, given) for s in walk.setup
                                                   if given in assigned_names(s))):
-        raise Refused(f"`if {code_of(chain.guard)}:` changes `{sorted(changed)[0]}`, which it tests")
+        raise Refused(f"`if {code_of(guard)}:` changes `{sorted(changed)[0]}`, which it tests")
 
 
 _NEG_INF = ('float("-inf")', "float('-inf')", '-float("inf")', "-float('inf')", "-math.inf", "-torch.inf",

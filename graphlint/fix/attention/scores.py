@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, definition, einsum_spec, helper_called, here,
+from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
                                            is_parameter, to_layout, transposed, without_transpose)
+from graphlint.fix.attention.chosen import chosen_bias
+from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
 from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
+from graphlint.fix.attention.views import ViewedMask, adds_to, viewed_fill, viewed_mask
 from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import inside, is_number, redefinition
+from graphlint.fix.source import inside, is_number, plain_name_assignment, redefinition, substituted
 
 
 def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
@@ -27,6 +30,10 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 scope = walk.scopes.pop()  # back in the caller, at what it passed
                 node, statement = scope.args[node.value], scope.call_statement
                 continue
+            looped = summed_in_a_loop(walk, node.value, statement)
+            if looped is not None:  # `for b in [m, bias]: s += b`: their sum is the mask
+                statement = _take_the_loop(walk, node.value, *looped, scaled)
+                continue
             # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
             assigned = definition(walk, node.value, statement, guarded=walk.guard_if is None)
             if not walk.scopes:  # a helper's own statements stay: other callers may need them
@@ -43,6 +50,16 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 if chain.mask is None:
                     chain.guard = here(walk, assigned.test)
                 *setup, masking = assigned.body.body
+                viewed = viewed_mask(setup[-1], masking, node.value) if setup else None
+                if viewed is not None:  # `s = s.view(A) + m; s = s.view(B)`: the two statements mask
+                    setup = setup[:-1]
+                    walk.masking = (assigned.body.body[-2], masking)
+                elif len(setup) >= 2 and (viewed := viewed_fill(setup[-2], setup[-1], masking, node.value)):
+                    setup = setup[:-2]  # `s = s.view(A); s = s.masked_fill(c, f); s = s.view(B)`: the three
+                    walk.masking = tuple(assigned.body.body[-3:])
+                made = _made_for_the_mask(walk, assigned, setup) if setup and chain.mask is not None else None
+                if made is not None:  # fairseq: `if attn_mask is not None: attn_mask = attn_mask.unsqueeze(0)`
+                    setup = []
                 if setup and chain.mask is not None:
                     raise Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
                 if setup and walk.scopes:
@@ -51,8 +68,21 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                                   "the fused call goes")
                 if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
                     walk.guard_if, walk.setup = assigned, list(setup)
-                    chain.consumed[-1] = masking
+                    chain.consumed[-1:] = walk.masking or [masking]
+                if viewed is not None and viewed.fill is not None:
+                    if not very_negative(fill_of(walk, viewed.fill), walk.names):
+                        raise Refused(f"masked_fill fills with {code_of(viewed.fill)}, not with -inf or the dtype's "
+                                      "minimum")
+                    set_mask(walk, viewed.mask, False, fill=viewed.fill)
+                    node = viewed.scores
+                    continue
+                if viewed is not None:
+                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
+                    node = viewed.scores
+                    continue
                 node = redefinition(masking, node.value)
+                if made:
+                    node = substituted(node, made)
             else:
                 node = redefinition(assigned, node.value)
             continue
@@ -72,6 +102,9 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 tensor, factor = _split_scale(node)
                 chain.factors.append(here(walk, factor))
                 node = tensor
+                continue
+            if isinstance(operator, cst.Subtract) and _row_max_of(node.right, node.left):
+                node = node.left  # the softmax ignores a shift by its row's maximum; the fused call needs none
                 continue
             if isinstance(operator, cst.Add):
                 tensor, mask = _chain_side(walk, node.left, node.right, statement)
@@ -108,6 +141,13 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 else:
                     raise Refused("torch.where does not fill with -inf or the dtype's minimum")
                 continue
+            if name in ("view", "reshape") and isinstance(receiver, cst.Name) and not walk.scopes:
+                viewed = _viewed_mask(walk, receiver.value, statement)
+                if viewed is not None:  # `s = s.view(A) + m` before this `s = s.view(B)`
+                    statement = chain.consumed[-1]
+                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
+                    node = viewed.scores
+                    continue
             if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, walk.names) and \
                     len(positional) == 1:
                 scaled = _scaled(walk)
@@ -125,15 +165,33 @@ def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.Si
                 return
             if name in ("baddbmm", "addmm") and is_namespace(receiver, walk.names) and len(positional) == 3:
                 chain.scores_product = node
-                _baddbmm(walk, positional, keywords, scaled)
+                _baddbmm(walk, positional, keywords, scaled, statement)
                 return
             inlined = helper_called(walk, node, statement)
+            added = _added_by(walk, node, inlined) if inlined is not None and walk.guarded is not None else None
+            if added is not None:  # `if self.use_rel_pos: attn = add_decomposed_rel_pos(attn, q, ...)` (SAM)
+                set_mask(walk, added[1], True, additive=True, scaled=scaled)
+                node = added[0]
+                continue
             if inlined is not None:
                 walk.scopes.append(inlined)
                 statement = inlined.block[-1]
                 node = statement.body[0].value
                 continue
         raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+
+
+def _viewed_mask(walk: Walk, name: str, back: cst.BaseStatement) -> ViewedMask | None:
+    """The mask of `name = name.view(A) + m` just before `back` (`name = name.view(B)`), its statement
+    taken into the chain; None when `name` was set otherwise."""
+    try:
+        add = definition(walk, name, back)
+    except Refused:
+        return None
+    viewed = viewed_mask(add, back, name)
+    if viewed is not None:
+        walk.chain.consumed.append(add)
+    return viewed
 
 
 def _scaled(walk: Walk) -> bool:
@@ -143,18 +201,53 @@ def _scaled(walk: Walk) -> bool:
     return True
 
 
-def _baddbmm(walk: Walk, positional, keywords, scaled: bool) -> None:
+def _baddbmm(walk: Walk, positional, keywords, scaled: bool, statement: cst.BaseStatement) -> None:
     """`baddbmm(bias, q, kᵀ, beta=1, alpha=s)` (or `addmm`) is `s * q @ kᵀ + bias`: `scale=s`,
     `attn_mask=bias`; with `beta=0` the bias is ignored."""
     bias, left, right = positional
     beta = keywords.get("beta")
+    chosen = chosen_bias(walk, bias, beta, statement) if beta is not None else None
+    if chosen is not None:  # `if mask is None: b, beta = ..., 0 else: b, beta = mask, 1`
+        _take_the_choice(walk, chosen, bias, beta, scaled)
+        beta = None if code_of(chosen[0]) != "None" else cst.Integer("0")
+        bias = chosen[0]
     if beta is not None and not is_number(beta, (0.0, 1.0)):
         raise Refused(f"baddbmm scales its bias by beta={code_of(beta)}, which the fused call cannot express")
     if keywords.get("alpha") is not None:
         walk.chain.factors.append(here(walk, keywords["alpha"]))
     if beta is None or not is_number(beta, (0.0,)):
+        at = walk.at
+        if chosen is not None and not walk.scopes:
+            walk.at = chosen[1]  # the chosen bias is read in the `if`; it must not change from there on
         set_mask(walk, bias, True, additive=True, scaled=scaled)
+        walk.at = at
     _product(walk, left, right)
+
+
+def _take_the_choice(walk: Walk, chosen, bias: cst.Name, beta: cst.Name, scaled: bool) -> None:
+    """The `if`/`else` that chose the bias goes with the chain (a helper's own statements stay)."""
+    mask, choice = chosen
+    if scaled and "None" in {n.value for n in names_read(mask)}:
+        raise Refused(f"the bias chosen under `if {code_of(choice.test)}:` is scaled after the product, with no "
+                      "bias in one branch")
+    if not walk.scopes:
+        walk.chain.consumed.append(choice)
+        walk.chain.names.update((bias.value, beta.value))
+
+
+def _take_the_loop(walk: Walk, name: str, loop: cst.For, items: list, scaled: bool) -> cst.For:
+    """The biases a loop adds to the scores are one mask, their sum; the loop (and its list, when nothing else
+    reads it) goes with the chain (a helper's own statements stay)."""
+    mask, made = summed(items), list_statement(walk, loop) if not walk.scopes else None
+    if mask is not None:
+        if not walk.scopes:
+            walk.at = made or loop  # the biases are read where the list is made; they must not change from there on
+        set_mask(walk, mask, True, additive=True, scaled=scaled)
+    if not walk.scopes:
+        walk.chain.consumed.extend((loop, made) if made is not None else (loop,))
+        walk.chain.names.update((name, loop.target.value))
+        walk.chain.scores_names.add(name)
+    return loop
 
 
 def _chain_side(walk: Walk, left, right, statement) -> tuple[cst.BaseExpression, cst.BaseExpression]:
@@ -169,6 +262,12 @@ def _leads_to_product(walk: Walk, node, statement, depth: int = 0) -> bool:
     if depth > 12:
         return False
     if isinstance(node, cst.Name):
+        if walk.scopes and is_parameter(walk, node.value, statement):  # what the helper's caller passed
+            scope = walk.scopes.pop()
+            try:
+                return _leads_to_product(walk, scope.args[node.value], scope.call_statement, depth + 1)
+            finally:
+                walk.scopes.append(scope)
         try:
             assigned = definition(walk, node.value, statement, guarded=True)
         except Refused:
@@ -286,13 +385,14 @@ def fold_prescaled(walk: Walk) -> None:
 
 
 def _upcast_only(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
-    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it); None otherwise."""
+    """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it, or copies it: Uni-Core's
+    `if not inplace: input = input.clone()`, whose values are the same); None otherwise."""
     if not isinstance(statement, cst.If) or statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock) \
             or len(statement.body.body) != 1:
         return None
     value = redefinition(statement.body.body[0], name)
     cast, receiver, _, _ = call_parts(value)
-    if cast in CASTS and isinstance(receiver, cst.Name) and receiver.value == name:
+    if (cast in CASTS or cast == "clone") and isinstance(receiver, cst.Name) and receiver.value == name:
         return receiver
     return None
 
@@ -317,4 +417,61 @@ def _split_scale(node: cst.BinaryOperation) -> tuple[cst.BaseExpression, cst.Bas
 def _scalar_like(node: cst.BaseExpression) -> bool:
     text = code_of(node)
     return isinstance(node, (cst.Integer, cst.Float)) or any(
-        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale"))
+        marker in text for marker in ("math.", "**", ".shape", ".size(", "sqrt", "scale", "scaling"))
+
+
+def _row_max_of(shift: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+    """`scores.max(dim=-1, keepdim=True)[0]` (`.values`, `torch.max(scores, -1, keepdim=True)[0]`, `amax`,
+    `logsumexp`, `.detach()` on any): a value per row of the last dimension, which the softmax over it ignores."""
+    while call_parts(shift)[0] == "detach" and call_parts(shift)[1] is not None:
+        shift = call_parts(shift)[1]
+    picked = isinstance(shift, cst.Subscript) and len(shift.slice) == 1 and \
+        isinstance(shift.slice[0].slice, cst.Index) and code_of(shift.slice[0].slice.value) == "0"
+    if picked or (isinstance(shift, cst.Attribute) and shift.attr.value == "values"):
+        shift = shift.value
+        if call_parts(shift)[0] != "max":
+            return False
+    name, receiver, positional, keywords = call_parts(shift)
+    if name not in ("max", "amax", "logsumexp") or receiver is None:
+        return False
+    args = positional if receiver is not None and code_of(receiver) not in ("torch",) else positional[1:]
+    tensor = receiver if code_of(receiver) != "torch" else (positional[0] if positional else None)
+    dim = args[0] if args else keywords.get("dim")
+    keepdim = args[1] if len(args) > 1 else keywords.get("keepdim")
+    return tensor is not None and compact(tensor) == compact(scores) and dim is not None and \
+        compact(dim) in ("-1", "(-1,)", "[-1]") and keepdim is not None and code_of(keepdim) == "True"
+
+
+def _made_for_the_mask(walk: Walk, guard: cst.If, setup: list) -> dict | None:
+    """`{name: value}` of a guard's one statement before it masks, `name = value`, when nothing after the guard
+    reads `name` (fairseq's `attn_mask = attn_mask.unsqueeze(0)`): the whole `if` goes, so the mask is the value."""
+    if walk.scopes or len(setup) != 1 or not plain_name_assignment(setup[0]) or guard not in walk.block:
+        return None
+    name, value = setup[0].body[0].targets[0].target.value, setup[0].body[0].value
+    later = list(walk.block)[list(walk.block).index(guard) + 1:]
+    if any(n.value == name for s in later for n in names_read(s)):
+        return None
+    return {name: value}
+
+
+ZEROS = "_scores_shaped_zeros"  # stands for zeros shaped as the scores until q and k are read (zeros_for_added)
+
+
+def _added_by(walk: Walk, call: cst.Call, helper) -> tuple | None:
+    """(the scores, the mask) of a helper that only adds to the scores it is passed (views.adds_to): the mask is
+    the helper called on zeros of the scores' shape, the rest of its arguments as they are."""
+    first = helper.function.params.params[0].name.value if helper.function.params.params else None
+    if walk.scopes or first is None or not adds_to(helper.function, first) or \
+            not isinstance(helper.args.get(first), cst.Name) or len(call.args) < 1 or call.args[0].keyword:
+        return None
+    return helper.args[first], call.with_changes(args=[call.args[0].with_changes(value=cst.Name(ZEROS)),
+                                                       *call.args[1:]])
+
+
+def zeros_for_added(walk: Walk) -> None:
+    """The zeros a mask made by a helper is computed from: shaped as the scores, `q`'s rows by `k`'s."""
+    chain = walk.chain
+    if chain.mask is not None and ZEROS in {n.value for n in names_read(chain.mask)}:
+        q, k = code_of(atom(chain.q)), code_of(atom(chain.k))
+        zeros = cst.parse_expression(f"{q}.new_zeros(*{q}.shape[:-1], {k}.shape[-2])")
+        chain.mask = substituted(chain.mask, {ZEROS: zeros})

@@ -12,6 +12,9 @@ from graphlint.fix.source import assigned_names, is_target, path_to, plain_assig
 
 def walk_to_values(walk: Walk, softmax: cst.CSTNode, statement: cst.SimpleStatementLine) -> None:
     chain = walk.chain
+    if walk.helper_dropout is not None:  # the helper that returns the probabilities drops them out first
+        positional, keywords = walk.helper_dropout
+        _functional_dropout(walk, [None, *positional], keywords)
     current = softmax
     while True:
         path = path_to(statement, current)
@@ -211,6 +214,11 @@ def _next_use(walk: Walk, name: str, after: cst.SimpleStatementLine) -> tuple[cs
         if isinstance(statement, cst.If) and _guarded_dropout(walk, statement, name):
             walk.chain.consumed.append(statement)
             continue
+        if isinstance(statement, cst.If) and name not in assigned_names(statement):
+            continue  # a read under a flag (BLIP's `if self.save_attention:`): checks.py says why it stays
+        if isinstance(statement, cst.If):  # BLIP's `if head_mask is not None: probs = probs * head_mask`
+            raise Refused(f"`if {code_of(statement.test)}:` changes the probabilities `{name}` before the values "
+                          "product; the fused call applies nothing to them")
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             raise Refused(f"`{name}` is used in a compound statement; the rewrite keeps to plain ones")
         targets = assigned_names(statement)
