@@ -273,7 +273,12 @@ FIXED = {
         q, k, v = (w(x).view(b, n, self.heads, -1).transpose(1, 2) for w in (self.to_q, self.to_k, self.to_v))
         causal_mask = torch.ones(n, n, device=x.device, dtype=torch.bool).tril()
         mask = input_mask[:, None, None, :] & causal_mask
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min),
+        )
 '''),
     "x-transformers-causal-mask-joined-in-place": (X_TRANSFORMERS.replace('''
         causal_mask = torch.ones(n, n, device=x.device, dtype=torch.bool).tril()
@@ -283,7 +288,12 @@ FIXED = {
         b, n, _ = x.shape
         q, k, v = (w(x).view(b, n, self.heads, -1).transpose(1, 2) for w in (self.to_q, self.to_k, self.to_v))
         mask = torch.ones(n, n, device=x.device, dtype=torch.bool).tril() & input_mask[:, None, None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min),
+        )
 '''),
     "swin-softmax-in-both-branches": (SWIN, '''
     def forward(self, x, mask=None):
@@ -435,13 +445,30 @@ def test_copied_spellings_are_rewritten_proven_and_compute_the_same(tmp_path, ca
     path = _model(tmp_path, source)
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
-    plan = fix_plan(report, tmp_path)
-    assert plan.refused == [] and plan.applied == [finding]
+    assert finding.fix is not None, finding.no_fix
+    unsafe = UNSAFE_COPIES.get(case)
+    assert finding.fix.applicability == ("unsafe" if unsafe else "safe"), finding.fix.message
+    plan = fix_plan(report, tmp_path, unsafe=bool(unsafe))
+    assert plan.applied == [finding] and plan.broken == []
+    assert [why.startswith("declared unsafe: ") and unsafe[0] in why for _, why in plan.refused] == \
+        ([True] if unsafe else [])
     fixed = plan.texts[str(path)]
     assert _forward(fixed) == forward
     rewritten = write(tmp_path, "rewritten.py", fixed)
-    _assert_same_in_plain_pytorch(path, rewritten)
+    if not unsafe or "proven on the model" in plan.refused[0][1]:
+        _assert_same_in_plain_pytorch(path, rewritten)
+    else:  # a finite fill: the proof's fully masked row is where it differs, and the reason says so
+        assert unsafe[1] in plan.refused[0][1], plan.refused[0][1]
+
+
+_FILL = "the fill `-torch.finfo(sim.dtype).max` gives an even average and no gradient to the scores"
+# case: (a piece of the unsafe fix's reason, a piece of what its proof found); the others are safe
+UNSAFE_COPIES = {
+    "x-transformers-boolean-masks-joined": (_FILL, "on an input the factory's do not cover"),
+    "x-transformers-causal-mask-joined-in-place": (_FILL, "on an input the factory's do not cover"),
+    "swin-softmax-in-both-branches": ("the fix no longer calls self.attn_drop (a Dropout module), self.softmax "
+                                      "(a Softmax module)", "proven on the model"),
+}
 
 
 # (the model, the finding's reason for no fix)
@@ -545,8 +572,8 @@ def make():
     assert "else" in path.read_text().splitlines()[plain.location.line - 2]  # the `else:` branch's softmax
     assert plain.fix is not None and masked.fix is not None, (plain.no_fix, masked.no_fix)
     assert plain.fix.edits == masked.fix.edits
-    plan = fix_plan(report, tmp_path)
-    assert plan.refused == []
+    plan = fix_plan(report, tmp_path, unsafe=True)  # unsafe: the softmax and dropout modules are no longer called
+    assert [(f.rule_id, "; proven on the model" in why) for f, why in plan.refused] == [("GL101", True)] * 2
     fixed = plan.texts[str(path)]
     assert _forward(fixed) == FIXED["swin-softmax-in-both-branches"][1]
     rewritten = write(tmp_path, "rewritten.py", fixed)

@@ -68,4 +68,4 @@ def dropped_module_calls(olds: Iterable[cst.CSTNode], news: Iterable[cst.CSTNode
 def hooks_reason(dropped: list[tuple[str, str]]) -> str:
     """Why such a fix is unsafe, in one clause."""
     named = ", ".join(f"self.{name} (a {kind} module)" for name, kind in dropped)
-    return f"the fix no longer calls {named}; hooks registered on it would stop firing"
+    return f"the fix no longer calls {named}; hooks registered on {'them' if len(dropped) > 1 else 'it'} would stop firing"
