@@ -1,8 +1,9 @@
 """GL101 on the masks of public repositories the held-out set (benchmarks/fix_share.py) showed unfixed, each
 written here in that style: fairseq's and Graphormer's key padding filled on a view of the scores under an `if`
 after an added mask, CLIP's two masks under two guards, SAM's decomposed relative position added by a helper,
-BLIP's probabilities read or changed under a flag. Proven on the model and, where the guards choose, checked in
-plain PyTorch for each case of them; what cannot be rewritten is refused naming what stands in the way."""
+BLIP's probabilities read or changed under a flag (the guarded fallback). Proven on the model and, where the
+guards choose, checked in plain PyTorch for each case of them; what cannot be rewritten is refused
+naming what stands in the way."""
 
 from __future__ import annotations
 
@@ -105,21 +106,23 @@ def make():
 '''
 
 
-@pytest.mark.parametrize("head_mask, reason", [
-    ("", "`attention_probs` is read under `if self.save_attention:` (`self.save_attention_map(attention_probs)`); "
-         "where that holds it needs the probabilities, which the fused call does not give back, so the attention "
-         "stays as written"),
+@pytest.mark.proof
+@pytest.mark.parametrize("head_mask, guard", [
+    ("", "not self.save_attention"),
     ("if head_mask is not None:\n            attention_probs_dropped = attention_probs_dropped * head_mask",
-     "`if head_mask is not None:` changes the probabilities `attention_probs_dropped` before the values product; "
-     "the fused call applies nothing to them"),
+     "not self.save_attention and head_mask is None"),
 ])
-def test_probabilities_read_or_changed_under_a_flag_the_graph_did_not_take_are_refused_naming_it(
-        tmp_path, head_mask, reason):
-    """BLIP: the flag is false in the graph, but the statement under it needs the probabilities; None in their
-    place would break it where the flag holds, so no fix, and the reason names the flag."""
+def test_probabilities_read_or_changed_under_a_flag_the_graph_did_not_take_get_the_guarded_fallback(
+        tmp_path, head_mask, guard):
+    """BLIP: the flag is false in the graph, but the statement under it needs the probabilities: the fused call
+    where the flags are off, the statements as written otherwise (tests/test_fix_attention_fallback.py checks
+    both cases in plain PyTorch); unsafe, since the fused path no longer calls self.dropout."""
     path = _model(tmp_path, BLIP.replace("HEAD_MASK", head_mask))
-    [finding] = findings_of(lint_file(path, device="cpu"), "GL101")
-    assert finding.fix is None and finding.no_fix == reason
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == UNSAFE, finding.no_fix
+    assert f"where `{guard}`, the statements as written otherwise" in finding.fix.message
+    assert prove_fix(report, tmp_path, finding).ok
 
 
 KEY_PADDING = '''

@@ -13,11 +13,14 @@ from graphlint.fix.rewrite import code_of
 from graphlint.fix.source import functions_in, self_assignments
 
 
-def self_calls(node: cst.CSTNode) -> list[cst.Call]:
-    """The calls `self.NAME(...)` in `node`."""
+def self_calls(node: cst.CSTNode, in_else: bool = True) -> list[cst.Call]:
+    """The calls `self.NAME(...)` in `node` (outside its `else:` blocks unless `in_else`)."""
     found: list[cst.Call] = []
 
     class _Calls(cst.CSTVisitor):
+        def visit_Else(self, node: cst.Else) -> bool:
+            return in_else
+
         def visit_Call(self, call: cst.Call) -> None:
             if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and \
                     call.func.value.value == "self":
@@ -52,7 +55,9 @@ def dropped_module_calls(olds: Iterable[cst.CSTNode], news: Iterable[cst.CSTNode
     """(name, module class) of each `self.NAME` submodule the replaced code `olds` called and the new code `news`
     never calls; `class_around` gives the class an old call is written in. A call the new code still makes fewer
     times (`self.gate(x) * torch.sigmoid(self.gate(x))` → `F.silu(self.gate(x))`) keeps the module's hooks."""
-    kept = {code_of(call.func) for node in news for call in self_calls(node)}
+    # A call the new code keeps only in an `else:` (GL101's fallback for flags the capture did not take) is not
+    # made on the path the fix takes: there its hooks stop firing.
+    kept = {code_of(call.func) for node in news for call in self_calls(node, in_else=False)}
     dropped: dict[str, str] = {}
     for node in olds:
         for call in self_calls(node):

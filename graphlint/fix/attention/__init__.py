@@ -41,6 +41,7 @@ from graphlint.fix.attention.branches import softmax_in_both_branches
 from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_input
 from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
 from graphlint.fix.attention.emit import fused_call
+from graphlint.fix.attention.fallback import guarded_fallback
 from graphlint.fix.attention.implementation import use_sdpa_in_transformers
 from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
 from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
@@ -66,7 +67,10 @@ def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: boo
         rewrite = _rewrite(walk)
         return branches.restored(rewrite) if branches is not None else rewrite
     except Refused as why:
-        return str(why)
+        try:  # probabilities read under flags the capture did not take: the fused call where they are off
+            return guarded_fallback(site, rank, default_scale, why, _rewrite)
+        except Refused as reason:
+            return str(reason)
 
 
 def _rewrite(walk: Walk) -> Rewrite:

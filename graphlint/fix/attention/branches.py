@@ -72,7 +72,7 @@ def softmax_in_both_branches(walk: Walk) -> Branches | None:
     single = real.with_changes(body=real.body.with_changes(body=tuple(first[:-1])), orelse=None)
     holder = next(n for n in reversed(path[:path.index(real)]) if isinstance(n, cst.IndentedBlock))
     body = [s for b in holder.body for s in ((single, softmax) if b is real else (b,))]
-    walk.function = _with_block(walk.function, real, body)
+    walk.function = with_block(walk.function, real, body)
     walk.block, walk.softmax_statement = block_in(walk.function, walk.softmax)
     walk.indent = indent_of(walk.module, real)
     return Branches(real, single, softmax)
@@ -88,7 +88,7 @@ def _same_place(root: cst.CSTNode, node: cst.CSTNode, other: cst.CSTNode) -> cst
     return found
 
 
-def _with_block(function: cst.FunctionDef, real: cst.If, body: list) -> cst.FunctionDef:
+def with_block(function: cst.FunctionDef, real: cst.If, body: list) -> cst.FunctionDef:
     """`function` with the statement list that holds `real` replaced by `body`: only the blocks and statements
     around it are new nodes, every other statement is the same node."""
     path = path_to(function, real) or []

@@ -1,0 +1,190 @@
+"""Probabilities read or changed under flags the capture did not take (BART's `if layer_head_mask is not None:`
+and `if output_attentions:`, BLIP's `if self.save_attention:`): the fused call cannot serve those statements,
+so the fix is the guarded fallback `transformers` writes for SDPA itself:
+
+    if layer_head_mask is None and not output_attentions:
+        attn_output = F.scaled_dot_product_attention(...)
+        attn_weights_reshaped = None      # what the not-taken `if`'s `else:` assigns
+    else:
+        <the statements as written, from the scores to the values product>
+
+The fused branch is the walk's rewrite of a copy of the function in which each such `if` is replaced by its
+`else:` (the path the capture took); its condition is exactly the complement of the `if`s, so each case computes
+what it did. Refused where a statement under such an `if` ran in the graph, where the condition holds a call or
+is assigned between the attention's first statement and the `if` (a guard before it would read another value),
+and where the fused branch would leave a name unset that later code reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import libcst as cst
+
+from graphlint.fix.attention.branches import with_block
+from graphlint.fix.attention.chain import Walk, anchor_at_the_values, block_in
+from graphlint.fix.rewrite import Refused, Rewrite, code_of, names_read
+from graphlint.fix.source import assigned_names, calls_in, indent_of, inside, mutated_in_place
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fallback(cst.If):
+    """An `if` written at the column of the statement it replaces: every line after its first is indented by
+    `outer`, as the block around it is."""
+
+    outer: str = ""
+
+    def _codegen_impl(self, state, is_elif: bool = False) -> None:
+        start = len(state.tokens)
+        state.increase_indent(self.outer)
+        super()._codegen_impl(state, is_elif)
+        state.decrease_indent()
+        if state.tokens[start:start + 1] == [self.outer]:
+            del state.tokens[start]  # the edit starts at the old statement's column
+        state.pop_trailing_newline()
+
+
+def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
+                     rewrite: Callable[[Walk], Rewrite]) -> Rewrite:
+    """The fused call under the complement of the `if`s that read the probabilities, the original statements
+    in the `else:`; raises `why` where no such `if` stands in the way or the fused path cannot be read."""
+    walk = Walk(site, rank, default_scale)
+    anchor_at_the_values(walk)
+    values = site.role("values")
+    block = list(walk.block)
+    end = next((i for i, s in enumerate(block) if values and inside(values[0].node, s)), None)
+    if walk.scopes or walk.start is not None or end is None or walk.softmax_statement not in block:
+        raise why
+    start = block.index(walk.softmax_statement)
+    made, guards = set(assigned_names(walk.softmax_statement)), []
+    for statement in block[start + 1:end]:
+        if isinstance(statement, cst.If) and made & {n.value for n in names_read(statement)} and \
+                not _module_call_alone(statement):
+            guards.append(statement)
+        made |= assigned_names(statement)
+    if not guards or any(inside(r.node, g) for r in site.roles for g in guards):
+        raise why  # nothing under a flag, or a flag the graph took: the reason stands
+    for guard in guards:
+        if not isinstance(guard.body, cst.IndentedBlock) or (guard.orelse is not None and (
+                not isinstance(guard.orelse, cst.Else) or not isinstance(guard.orelse.body, cst.IndentedBlock))):
+            raise why
+        if calls_in(guard.test):
+            raise Refused(f"`if {code_of(guard.test)}:` calls a function; the fused call's guard would call it "
+                          "once more, before the attention")
+    not_taken = {id(g): list(g.orelse.body.body) if g.orelse is not None else [] for g in guards}
+    path = [s for b in block for s in (not_taken[id(b)] if id(b) in not_taken else [b])]
+    indent = indent_of(walk.module, walk.softmax_statement)
+    walk.function = with_block(walk.function, guards[0], path)
+    walk.block, walk.softmax_statement = block_in(walk.function, walk.softmax)
+    walk.indent = ""  # the fused call is laid out inside the `if`, whose lines take the block's indent
+    try:
+        inner = rewrite(walk)
+    except Refused:
+        raise why from None
+    if walk.chain.elsewhere or inner.inserted:
+        raise why
+    copy = list(walk.block)
+    if any(s not in copy for s in inner.removed) or \
+            any(not any(inside(old, s) for s in copy) for old, _ in inner.also):
+        raise why
+    first = min([copy.index(s) for s in inner.removed] + [copy.index(block[end])])
+    if copy[first] not in block:
+        raise why
+    real = block[block.index(copy[first]):end + 1]
+    _check_guards_unchanged(real, guards)
+    replaced = {id(old): new for old, new in ((inner.old, inner.new), *inner.also)}
+    fused = [s.visit(_Replace(replaced)) for s in copy[first:copy.index(block[end]) + 1] if s not in inner.removed]
+    unset = {n for s in inner.removed for n in assigned_names(s)} - {n for s in fused for n in assigned_names(s)}
+    read_after = {n.value for s in block[end + 1:] for n in names_read(s)} & unset
+    if read_after:
+        raise Refused(f"`{sorted(read_after)[0]}` is read after the attention, and the fused branch would not set "
+                      "it; the attention stays as written")
+    test = cst.parse_expression(" and ".join(_complement(g.test) for g in guards))
+    fused[0] = fused[0].with_changes(leading_lines=())
+    kept = [real[0].with_changes(leading_lines=()), *real[1:]]
+    node = _Fallback(test=test, body=cst.IndentedBlock(body=fused),
+                     orelse=cst.Else(body=cst.IndentedBlock(body=kept)), outer=indent)
+    return Rewrite(real[0], node, f"{inner.message} where `{code_of(test)}`, the statements as written otherwise",
+                   removed=tuple(real[1:]), imports=inner.imports, applicability=inner.applicability)
+
+
+def _module_call_alone(guard: cst.If) -> bool:
+    """`if self.dropout is not None: p = self.dropout(p)`: a guarded dropout, which values.py reads."""
+    body = guard.body.body if isinstance(guard.body, cst.IndentedBlock) else ()
+    if guard.orelse is not None or len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine):
+        return False
+    small = body[0].body[0]
+    return isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and len(small.value.args) == 1 and \
+        code_of(small.value.args[0].value) == code_of(small.targets[0].target)
+
+
+def _check_guards_unchanged(real: list, guards: list) -> None:
+    """The fused call's guard is read before the attention's first statement; each `if` reads its test where it
+    is, so nothing in between may assign what the test reads (a name, or the attribute itself)."""
+    for guard in guards:
+        if guard not in real:
+            raise Refused(f"`if {code_of(guard.test)}:` is not in the statements the fused call replaces")
+        tested = {code_of(n) for n in _operands(guard.test)}
+        for statement in real[:real.index(guard)]:
+            targets = assigned_names(statement) | _attribute_targets(statement)
+            changed = sorted(t for t in tested if t in targets or mutated_in_place(statement, t))
+            if changed:
+                raise Refused(f"`{changed[0]}` in `if {code_of(guard.test)}:` is assigned between the attention's "
+                              "first statement and that `if`; a guard before the attention would read another "
+                              "value, so the attention stays as written")
+
+
+def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The names and attribute chains a test reads: `self.save_attention`, `layer_head_mask`."""
+    found: list[cst.BaseExpression] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            found.append(node)
+            return True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+    test.visit(_Reads())
+    return found
+
+
+def _attribute_targets(statement: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class _Targets(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            found.update(code_of(t) for t in _operands(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            found.update(code_of(t) for t in _operands(node.target))
+
+    statement.visit(_Targets())
+    return found
+
+
+def _complement(test: cst.BaseExpression) -> str:
+    """The test that holds exactly where `test` does not: `x is not None` → `x is None`, `flag` → `not flag`."""
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar:
+        operator = test.comparisons[0].operator
+        swapped = {cst.IsNot: "is", cst.Is: "is not", cst.NotIn: "in", cst.In: "not in"}.get(type(operator))
+        if swapped is not None:
+            return f"{code_of(test.left)} {swapped} {code_of(test.comparisons[0].comparator)}"
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and not test.lpar:
+        inner = test.expression
+        return code_of(inner) if inner.lpar or not isinstance(inner, cst.BooleanOperation) else f"({code_of(inner)})"
+    if isinstance(test, (cst.Name, cst.Attribute)):
+        return f"not {code_of(test)}"
+    return f"not ({code_of(test)})"
+
+
+class _Replace(cst.CSTTransformer):
+    """The rewrite's replacements, found by identity."""
+
+    def __init__(self, replaced: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.replaced = replaced
+
+    def on_leave(self, original_node, updated_node):
+        return self.replaced.get(id(original_node), updated_node)
