@@ -223,6 +223,24 @@ def test_a_flag_assigned_between_the_attention_and_its_if_is_refused(tmp_path):
     path = _model(tmp_path, BLIP.replace("SAVING", saving).replace("SAVE", "False"))
     [finding] = findings_of(lint_file(path, device="cpu"), "GL101")
     assert finding.fix is None
-    assert finding.no_fix == ("`keep` in `if keep:` is assigned between the attention's first statement and that "
-                              "`if`; a guard before the attention would read another value, so the attention stays "
-                              "as written")
+    assert finding.no_fix == ("`keep` is assigned between the attention's first statement and where `keep` reads "
+                              "it; a guard before the attention would read another value, so the attention stays as "
+                              "written")
+
+
+@pytest.mark.proof
+def test_weights_returned_only_under_a_flag_join_the_guard(tmp_path):
+    """BLIP's `(context, probs) if output_attentions else (context,)`: read only where the flag holds, so the
+    flag joins the guard and the return stays as written; with the flag on, the same weights come back."""
+    source = BLIP.replace("SAVING", SAVING).replace("SAVE", "False").replace(
+        "head_mask=None):", "head_mask=None, output_attentions=False):").replace(
+        "        return context_layer.permute(0, 2, 1, 3).flatten(2)",
+        "        context_layer = context_layer.permute(0, 2, 1, 3).flatten(2)\n"
+        "        return (context_layer, attention_probs) if output_attentions else (context_layer,)")
+    path, finding, rewritten = _fixed(tmp_path, source, unsafe=True)
+    assert "where `not self.save_attention and head_mask is None and not output_attentions`" in finding.fix.message
+    before, after = _both(path, rewritten, "BertSelfAttention")
+    x, mask = torch.randn(2, 5, 16, dtype=torch.float64), torch.zeros(2, 1, 1, 5, dtype=torch.float64)
+    for flag in (False, True):
+        one, two = before(x, mask, output_attentions=flag), after(x, mask, output_attentions=flag)
+        assert len(one) == len(two) == 1 + flag and all(torch.allclose(a, b) for a, b in zip(one, two, strict=True))

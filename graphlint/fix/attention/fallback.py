@@ -24,7 +24,8 @@ import libcst as cst
 from graphlint.fix.attention.branches import with_block
 from graphlint.fix.attention.chain import Walk, anchor_at_the_values, block_in
 from graphlint.fix.rewrite import Refused, Rewrite, code_of, names_read
-from graphlint.fix.source import assigned_names, calls_in, indent_of, inside, mutated_in_place
+from graphlint.fix.source import assigned_names, calls_in, indent_of, inside, mutated_in_place, path_to
+from graphlint.results import SAFE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,31 +82,54 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
         inner = rewrite(walk)
     except Refused:
         raise why from None
-    if walk.chain.elsewhere or inner.inserted:
+    if inner.inserted:
         raise why
     copy = list(walk.block)
-    if any(s not in copy for s in inner.removed) or \
-            any(not any(inside(old, s) for s in copy) for old, _ in inner.also):
+    # `(out, probs) if output_attentions else (out,)` after the attention: read only where that flag holds, so
+    # the flag joins the guard and the read stays as written.
+    chosen = [_chosen_by_a_flag(walk.function, e) for e in walk.chain.elsewhere]
+    if any(c is None for c in chosen):
+        raise why
+    also = [(old, new) for old, new in inner.also if not any(old is e for e in walk.chain.elsewhere)]
+    if any(s not in copy for s in inner.removed) or any(not any(inside(old, s) for s in copy) for old, _ in also):
         raise why
     first = min([copy.index(s) for s in inner.removed] + [copy.index(block[end])])
     if copy[first] not in block:
         raise why
     real = block[block.index(copy[first]):end + 1]
-    _check_guards_unchanged(real, guards)
-    replaced = {id(old): new for old, new in ((inner.old, inner.new), *inner.also)}
+    tests = [(g.test, real[:real.index(g)] if g in real else None) for g in guards]
+    for choice in dict.fromkeys(chosen):
+        until = next((i for i, s in enumerate(block) if inside(choice, s)), None)
+        tests.append((choice.test, block[block.index(real[0]):until] if until is not None and until > end else None))
+    _check_guards_unchanged(tests)
+    replaced = {id(old): new for old, new in ((inner.old, inner.new), *also)}
     fused = [s.visit(_Replace(replaced)) for s in copy[first:copy.index(block[end]) + 1] if s not in inner.removed]
     unset = {n for s in inner.removed for n in assigned_names(s)} - {n for s in fused for n in assigned_names(s)}
-    read_after = {n.value for s in block[end + 1:] for n in names_read(s)} & unset
+    in_choices = {id(n) for c in chosen for n in names_read(c.body)}
+    read_after = {n.value for s in block[end + 1:] for n in names_read(s) if id(n) not in in_choices} & unset
     if read_after:
         raise Refused(f"`{sorted(read_after)[0]}` is read after the attention, and the fused branch would not set "
                       "it; the attention stays as written")
-    test = cst.parse_expression(" and ".join(_complement(g.test) for g in guards))
+    test = cst.parse_expression(" and ".join(dict.fromkeys(_complement(t) for t, _ in tests)))
     fused[0] = fused[0].with_changes(leading_lines=())
     kept = [real[0].with_changes(leading_lines=()), *real[1:]]
     node = _Fallback(test=test, body=cst.IndentedBlock(body=fused),
                      orelse=cst.Else(body=cst.IndentedBlock(body=kept)), outer=indent)
-    return Rewrite(real[0], node, f"{inner.message} where `{code_of(test)}`, the statements as written otherwise",
-                   removed=tuple(real[1:]), imports=inner.imports, applicability=inner.applicability)
+    parts = [p for p in inner.message.split("; ") if not p.endswith("returned or stored as None")]
+    message = f"{parts[0]} where `{code_of(test)}`, the statements as written otherwise" + \
+        "".join(f"; {p}" for p in parts[1:])
+    applicability = inner.applicability if len(parts) > 1 or not walk.chain.elsewhere else SAFE
+    return Rewrite(real[0], node, message, removed=tuple(real[1:]), imports=inner.imports,
+                   applicability=applicability)
+
+
+def _chosen_by_a_flag(function: cst.FunctionDef, read: cst.BaseExpression) -> cst.IfExp | None:
+    """The conditional expression whose first value holds `read`, when its test calls nothing."""
+    path = path_to(function, read) or []
+    choice = next((n for n in reversed(path) if isinstance(n, cst.IfExp)), None)
+    if choice is None or not inside(read, choice.body) or calls_in(choice.test):
+        return None
+    return choice
 
 
 def _module_call_alone(guard: cst.If) -> bool:
@@ -118,20 +142,21 @@ def _module_call_alone(guard: cst.If) -> bool:
         code_of(small.value.args[0].value) == code_of(small.targets[0].target)
 
 
-def _check_guards_unchanged(real: list, guards: list) -> None:
-    """The fused call's guard is read before the attention's first statement; each `if` reads its test where it
-    is, so nothing in between may assign what the test reads (a name, or the attribute itself)."""
-    for guard in guards:
-        if guard not in real:
-            raise Refused(f"`if {code_of(guard.test)}:` is not in the statements the fused call replaces")
-        tested = {code_of(n) for n in _operands(guard.test)}
-        for statement in real[:real.index(guard)]:
+def _check_guards_unchanged(tests: list) -> None:
+    """The fused call's guard is read before the attention's first statement; each test is read where it is
+    (with the statements before it there), so nothing in between may assign what it reads (a name, or the
+    attribute itself)."""
+    for test, before in tests:
+        if before is None:
+            raise Refused(f"`{code_of(test)}` is not read in the block the fused call is in, after it")
+        tested = {code_of(n) for n in _operands(test)}
+        for statement in before:
             targets = assigned_names(statement) | _attribute_targets(statement)
             changed = sorted(t for t in tested if t in targets or mutated_in_place(statement, t))
             if changed:
-                raise Refused(f"`{changed[0]}` in `if {code_of(guard.test)}:` is assigned between the attention's "
-                              "first statement and that `if`; a guard before the attention would read another "
-                              "value, so the attention stays as written")
+                raise Refused(f"`{changed[0]}` is assigned between the attention's first statement and where "
+                              f"`{code_of(test)}` reads it; a guard before the attention would read another value, "
+                              "so the attention stays as written")
 
 
 def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
