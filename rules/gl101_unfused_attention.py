@@ -113,6 +113,10 @@ class UnfusedAttention(Rule):
         (diffusers, also in its `get_attention_scores` helper, whose `if self.upcast_attention:` casts of q and k
         to float32 are dropped like the softmax's) become that branch's bias, or None; biases summed in a loop
         over a list written out (OpenFold: `for b in [mask_bias, pair_bias]: a += b`) become their sum.
+        Probabilities also read or changed only under flags the graph did not take (BART's `if layer_head_mask
+        is not None:` and `if output_attentions:`, BLIP's `if self.save_attention:`) get a guarded fallback: the
+        fused call under the complement of those flags (`if layer_head_mask is None and not output_attentions:`),
+        the statements as written in its `else:`, so every case computes what it did.
 
         A finite fill (`-1e9`, `torch.finfo(dtype).min`) becomes an additive float mask, 0 where a key takes part
         and the fill elsewhere (`attn_mask=torch.where(keep, q.new_zeros(()), -1e9)`; a dtype's lowest number is
