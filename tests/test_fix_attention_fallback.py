@@ -116,6 +116,8 @@ class BertSelfAttention(nn.Module):
         attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
         attention_scores = attention_scores / math.sqrt(self.attention_head_size)
         attention_scores = attention_scores + attention_mask
+
+        # Normalize the attention scores to probabilities.
         attention_probs = nn.Softmax(dim=-1)(attention_scores)
         SAVING
         attention_probs_dropped = self.dropout(attention_probs)
@@ -193,6 +195,8 @@ def test_blip_save_attention_off_in_the_capture_gets_the_guarded_fallback_unsafe
            "            context_layer = F.scaled_dot_product_attention(\n" in text
     assert "        else:\n            attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))\n" \
            in text
+    # The comment moves into the `else:` with the statement it is about, once.
+    assert text.count("# Normalize") == 1 and "\n            # Normalize the attention scores" in text
     before, after = _both(path, rewritten, "BertSelfAttention")
     x, mask = torch.randn(2, 5, 16, dtype=torch.float64), torch.zeros(2, 1, 1, 5, dtype=torch.float64)
     mask[1, ..., 3:] = -1e4

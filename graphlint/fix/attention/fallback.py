@@ -119,7 +119,9 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
     message = f"{parts[0]} where `{code_of(test)}`, the statements as written otherwise" + \
         "".join(f"; {p}" for p in parts[1:])
     applicability = inner.applicability if len(parts) > 1 or not walk.chain.elsewhere else SAFE
-    return Rewrite(real[0], node, message, removed=tuple(real[1:]), imports=inner.imports,
+    # The lines before each later statement (comments, blank lines) move into the `else:` with it.
+    between = tuple(line for statement in real[1:] for line in statement.leading_lines)
+    return Rewrite(real[0], node, message, removed=(*real[1:], *between), imports=inner.imports,
                    applicability=applicability)
 
 
