@@ -30,7 +30,9 @@ checks.py decides whether the rewrite is exact, emit.py writes the call; impleme
 `transformers` models. Helpers the chain passes through are read with graphlint.fix.inline. Spellings copied
 across model files have their own readers: views.py (a mask added to a view of the scores), chosen.py (a
 `baddbmm` bias chosen in an `if`/`else`), loops.py (biases summed in a loop), branches.py (the same softmax
-ending both branches of an `if`/`else`, read as one softmax after the `if`).
+ending both branches of an `if`/`else`, read as one softmax after the `if`). Where the chain is refused
+because the probabilities are also read or changed under flags the graph did not take, fallback.py gives the
+fused call under the complement of those flags and keeps the statements as written in an `else:`.
 """
 
 from __future__ import annotations
