@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 # pytester's fixture removes at teardown every module imported during its test; torch._dynamo registers a native
 # operator library on import, so a second import after that removal fails: import it once, before any snapshot.
+import torch
 import torch._dynamo  # noqa: F401
 
 from graphlint.config import Config
@@ -152,3 +153,46 @@ def project_dir(tmp_path: Path) -> Path:
     """An empty project folder with a pyproject.toml, so that it is its own project root."""
     write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
     return tmp_path
+
+
+# The attention fix tests' shared pieces: a model file in its own project, the rewritten forward's text, and the
+# original and rewritten models compared in plain PyTorch, with nothing of graphlint's.
+def model_file(folder: Path, source: str, header: str = "", name: str = "model.py") -> Path:
+    write(folder, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
+    return write(folder, name, header + textwrap.dedent(source).lstrip("\n"))
+
+
+def forward_text(text: str, name: str = "forward") -> str:
+    """The method `name` of a rewritten file, from its `def` to the next blank pair of lines."""
+    return f"\n    def {name}" + text.split(f"\n    def {name}", 1)[1].split("\n\n\n", 1)[0] + "\n"
+
+
+def outputs_and_gradients(path: Path, dtype=torch.float64):
+    """The model's first output and its parameters' and inputs' gradients, built and run in `dtype`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(str(path)))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    model, args = module.make()
+    model = model.to(dtype).eval()
+    args = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
+    out = model(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    out.sum().backward()
+    inputs = {f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}
+    return out.detach(), {**{n: p.grad for n, p in model.named_parameters()}, **inputs}
+
+
+def assert_same_in_plain_pytorch(original: Path, rewritten: Path) -> None:
+    """Output and gradients agree in float64; in float32 where the original cannot run in float64 (q and k
+    upcast with `.float()` meet a float64 mask). An upcast the model writes still runs in float32, hence 1e-6."""
+    try:
+        before, dtype, tolerance = outputs_and_gradients(original), torch.float64, 1e-6
+    except RuntimeError:
+        before, dtype, tolerance = outputs_and_gradients(original, torch.float32), torch.float32, 1e-5
+    after = outputs_and_gradients(rewritten, dtype)
+    assert torch.allclose(before[0], after[0], atol=tolerance)
+    assert before[1].keys() == after[1].keys()
+    assert all(torch.allclose(before[1][n], after[1][n], atol=tolerance) for n in before[1])

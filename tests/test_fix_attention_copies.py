@@ -7,13 +7,10 @@ get no fix."""
 
 from __future__ import annotations
 
-import importlib.util
-import textwrap
 
 import pytest
-import torch
 
-from conftest import findings_of, fix_plan, lint_file, write
+from conftest import assert_same_in_plain_pytorch, forward_text, model_file, findings_of, fix_plan, lint_file, write
 
 HEADER = '''
 import math
@@ -400,42 +397,10 @@ def make():
 
 
 def _model(tmp_path, source: str, name: str = "model.py"):
-    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
-    return write(tmp_path, name, HEADER + textwrap.dedent(source).lstrip("\n"))
+    return model_file(tmp_path, source, HEADER, name)
 
 
-def _forward(text: str) -> str:
-    return "\n    def forward" + text.split("\n    def forward", 1)[1].split("\n\n\n", 1)[0] + "\n"
 
-
-def _run_in_plain_pytorch(path, dtype=torch.float64):
-    """The model's output and its parameters' and inputs' gradients, built and run in `dtype` with nothing of
-    graphlint's."""
-    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    model, args = module.make()
-    model = model.to(dtype).eval()
-    args = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
-    out = model(*args)
-    out.sum().backward()
-    inputs = {f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}
-    return out.detach(), {**{n: p.grad for n, p in model.named_parameters()}, **inputs}
-
-
-def _assert_same_in_plain_pytorch(original, rewritten) -> None:
-    """Output and gradients agree, in float64; in float32 where the original cannot run in float64 (q and k
-    upcast with `.float()` meet a float64 mask). An upcast the model writes (`scores.float()`) still runs in
-    float32, hence a tolerance of 1e-6 (1e-5 in float32)."""
-    try:
-        before, dtype, tolerance = _run_in_plain_pytorch(original), torch.float64, 1e-6
-    except RuntimeError:
-        before, dtype, tolerance = _run_in_plain_pytorch(original, torch.float32), torch.float32, 1e-5
-    after = _run_in_plain_pytorch(rewritten, dtype)
-    assert torch.allclose(before[0], after[0], atol=tolerance)
-    assert before[1].keys() == after[1].keys()
-    assert all(torch.allclose(before[1][n], after[1][n], atol=tolerance) for n in before[1])
 
 
 @pytest.mark.proof
@@ -453,10 +418,10 @@ def test_copied_spellings_are_rewritten_proven_and_compute_the_same(tmp_path, ca
     assert [why.startswith("declared unsafe: ") and unsafe[0] in why for _, why in plan.refused] == \
         ([True] if unsafe else [])
     fixed = plan.texts[str(path)]
-    assert _forward(fixed) == forward
+    assert forward_text(fixed) == forward
     rewritten = write(tmp_path, "rewritten.py", fixed)
     if not unsafe or "proven on the model" in plan.refused[0][1]:
-        _assert_same_in_plain_pytorch(path, rewritten)
+        assert_same_in_plain_pytorch(path, rewritten)
     else:  # a finite fill: the proof's fully masked row is where it differs, and the reason says so
         assert unsafe[1] in plan.refused[0][1], plan.refused[0][1]
 
@@ -575,6 +540,6 @@ def make():
     plan = fix_plan(report, tmp_path, unsafe=True)  # unsafe: the softmax and dropout modules are no longer called
     assert [(f.rule_id, "; proven on the model" in why) for f, why in plan.refused] == [("GL101", True)] * 2
     fixed = plan.texts[str(path)]
-    assert _forward(fixed) == FIXED["swin-softmax-in-both-branches"][1]
+    assert forward_text(fixed) == FIXED["swin-softmax-in-both-branches"][1]
     rewritten = write(tmp_path, "rewritten.py", fixed)
-    _assert_same_in_plain_pytorch(path, rewritten)
+    assert_same_in_plain_pytorch(path, rewritten)

@@ -7,12 +7,11 @@ assigned between the attention and its `if`, get no such fix."""
 from __future__ import annotations
 
 import importlib.util
-import textwrap
 
 import pytest
 import torch
 
-from conftest import findings_of, fix_plan, lint_file, prove_fix, write
+from conftest import model_file, findings_of, fix_plan, lint_file, prove_fix
 from graphlint.results import UNSAFE
 
 HEADER = '''
@@ -134,8 +133,7 @@ SAVING = "if self.save_attention:\n            self.save_attention_map(attention
 
 
 def _model(tmp_path, source: str):
-    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
-    return write(tmp_path, "model.py", HEADER + textwrap.dedent(source).lstrip("\n"))
+    return model_file(tmp_path, source, HEADER)
 
 
 def _load(path):

@@ -8,13 +8,10 @@ be rewritten is refused with a reason that names what stands in the way."""
 
 from __future__ import annotations
 
-import importlib.util
-import textwrap
 
 import pytest
-import torch
 
-from conftest import findings_of, fix_plan, lint_file, prove_fix, write
+from conftest import assert_same_in_plain_pytorch, forward_text, model_file, findings_of, fix_plan, lint_file, prove_fix, write
 from graphlint.results import UNSAFE
 
 HEADER = '''
@@ -57,35 +54,10 @@ def make():
 
 
 def _model(tmp_path, source: str, name: str = "model.py"):
-    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
-    return write(tmp_path, name, HEADER + textwrap.dedent(source).lstrip("\n"))
+    return model_file(tmp_path, source, HEADER, name)
 
 
-def _forward(text: str, name: str = "forward") -> str:
-    return f"\n    def {name}" + text.split(f"\n    def {name}", 1)[1].split("\n\n\n", 1)[0] + "\n"
 
-
-def _run_in_plain_pytorch(path, dtype=torch.float64):
-    """The model's output and its parameters' and inputs' gradients, in `dtype`, with nothing of graphlint's."""
-    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    model, args = module.make()
-    model = model.to(dtype).eval()
-    args = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
-    out = model(*args)
-    out = out[0] if isinstance(out, tuple) else out
-    out.sum().backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    return out.detach(), {**grads, **{f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}}
-
-
-def _assert_same_in_plain_pytorch(original, rewritten) -> None:
-    before, after = _run_in_plain_pytorch(original), _run_in_plain_pytorch(rewritten)
-    assert torch.allclose(before[0], after[0], atol=1e-6)
-    assert before[1].keys() == after[1].keys()
-    assert all(torch.allclose(before[1][n], after[1][n], atol=1e-6) for n in before[1])
 
 
 def _safe_fix(tmp_path, source: str) -> tuple:
@@ -102,7 +74,7 @@ def _safe_fix(tmp_path, source: str) -> tuple:
 @pytest.mark.proof
 def test_a_shift_by_the_row_maximum_is_attention_and_the_fix_drops_it(tmp_path):
     path, fixed = _safe_fix(tmp_path, WAV2VEC2)
-    assert _forward(fixed) == '''
+    assert forward_text(fixed) == '''
     def forward(self, x, attention_mask):
         batch_size, length, embed_dim = x.size()
         shape = (batch_size, length, self.num_heads, self.head_dim)
@@ -118,7 +90,7 @@ def test_a_shift_by_the_row_maximum_is_attention_and_the_fix_drops_it(tmp_path):
         )
         return output.transpose(2, 1).reshape(batch_size, length, embed_dim)
 '''
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
 
 
 @pytest.mark.parametrize("shift", ["weights.mean(dim=-1, keepdim=True)", "weights.max(dim=-2, keepdim=True)[0]"])
@@ -180,7 +152,7 @@ def test_weights_returned_through_a_view_get_the_unsafe_fix_that_returns_none(tm
     assert prove_fix(report, tmp_path, finding).ok
     plan = fix_plan(report, tmp_path, unsafe=True)
     assert plan.applied == [finding]
-    assert _forward(plan.texts[str(path)]).endswith('''
+    assert forward_text(plan.texts[str(path)]).endswith('''
         query = query / math.sqrt(dim_per_head)
         context = F.scaled_dot_product_attention(
             query, key, value, attn_mask=~mask.unsqueeze(1), scale=1.0
@@ -241,7 +213,7 @@ def test_a_helper_that_masks_softmaxes_and_drops_out_is_read_at_its_call(tmp_pat
     """Uni-Core's softmax_dropout: both guarded masks summed into one, its dropout's p taken, and the `del`s of
     q and k (read by the fused call) and of the probabilities (no longer made) trimmed."""
     path, fixed = _safe_fix(tmp_path, UNICORE)
-    assert _forward(fixed).split("attn = ")[0].endswith('''
+    assert forward_text(fixed).split("attn = ")[0].endswith('''
         v = v.view(v.shape[:-1] + (self.num_heads, -1)).transpose(-2, -3)
         o = F.scaled_dot_product_attention(
             q,
@@ -255,7 +227,7 @@ def test_a_helper_that_masks_softmaxes_and_drops_out_is_read_at_its_call(tmp_pat
         return o.transpose(-2, -3).reshape(*o.shape[:-3], o.shape[-2], -1)
 ''')
     assert "def softmax_dropout(" in fixed  # the helper stays: other callers may use it
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
 
 
 FAIRSEQ = '''
@@ -297,7 +269,7 @@ def make():
 def test_a_softmax_helper_with_an_early_return_of_the_same_softmax_is_read_at_its_call(tmp_path):
     """fairseq's utils.softmax returns the same softmax on both paths, cast differently."""
     path, fixed = _safe_fix(tmp_path, FAIRSEQ)
-    assert _forward(fixed).endswith('''
+    assert forward_text(fixed).endswith('''
         attn = F.scaled_dot_product_attention(
             q,
             k,
@@ -308,7 +280,7 @@ def test_a_softmax_helper_with_an_early_return_of_the_same_softmax_is_read_at_it
         )
         return attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
 ''')
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
 
 
 NON_LOCAL = '''
@@ -353,7 +325,7 @@ def test_a_pairwise_function_that_only_returns_the_probabilities_is_read_at_its_
             theta_x, phi_x.transpose(-2, -1), g_x, scale=1 / theta_x.shape[-1] ** 0.5
         )
 ''' in fixed
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
 
 
 MEGATRON = '''

@@ -8,12 +8,11 @@ naming what stands in the way."""
 from __future__ import annotations
 
 import importlib.util
-import textwrap
 
 import pytest
 import torch
 
-from conftest import findings_of, fix_plan, lint_file, prove_fix, write
+from conftest import assert_same_in_plain_pytorch, forward_text, model_file, findings_of, fix_plan, lint_file, prove_fix, write
 from graphlint.results import UNSAFE
 
 HEADER = '''
@@ -28,35 +27,10 @@ from torch import nn
 
 
 def _model(tmp_path, source: str, name: str = "model.py"):
-    write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
-    return write(tmp_path, name, HEADER + textwrap.dedent(source).lstrip("\n"))
+    return model_file(tmp_path, source, HEADER, name)
 
 
-def _forward(text: str, name: str = "forward") -> str:
-    return f"\n    def {name}" + text.split(f"\n    def {name}", 1)[1].split("\n\n\n", 1)[0] + "\n"
 
-
-def _run_in_plain_pytorch(path, dtype=torch.float64):
-    """The model's output and its parameters' and inputs' gradients, in `dtype`, with nothing of graphlint's."""
-    spec = importlib.util.spec_from_file_location(f"plain_{path.stem}_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    model, args = module.make()
-    model = model.to(dtype).eval()
-    args = [a.to(dtype).requires_grad_() if a.is_floating_point() else a for a in args]
-    out = model(*args)
-    out = out[0] if isinstance(out, tuple) else out
-    out.sum().backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    return out.detach(), {**grads, **{f"input {i}": a.grad for i, a in enumerate(args) if a.is_floating_point()}}
-
-
-def _assert_same_in_plain_pytorch(original, rewritten) -> None:
-    before, after = _run_in_plain_pytorch(original), _run_in_plain_pytorch(rewritten)
-    assert torch.allclose(before[0], after[0], atol=1e-6)
-    assert before[1].keys() == after[1].keys()
-    assert all(torch.allclose(before[1][n], after[1][n], atol=1e-6) for n in before[1])
 
 
 def _safe_fix(tmp_path, source: str) -> tuple:
@@ -207,7 +181,7 @@ def test_a_mask_added_then_a_key_padding_filled_in_a_view_become_one_float_mask(
             weights = None
         return attn, weights
 '''
-    assert _forward(fixed).split("v = self.v_proj")[1].split("\n", 1)[1] == expected
+    assert forward_text(fixed).split("v = self.v_proj")[1].split("\n", 1)[1] == expected
     # In plain PyTorch, each case of the two guards (the weights are not asked for).
     original, rewritten = _import(path, "kp_original"), _import(write(tmp_path, "rewritten.py", fixed), "kp_fixed")
     for padded, masked in ((True, True), (True, False), (False, True), (False, False)):
@@ -330,7 +304,7 @@ def test_a_helper_that_only_adds_to_the_scores_gives_the_mask_it_adds_to_zeros(t
     assert "attn_mask=add_decomposed_rel_pos(q.new_zeros(*q.shape[:-1], k.shape[-2]), q, self.rel_pos_h, " \
         "self.rel_pos_w, (H, W), (H, W)) if self.use_rel_pos else None," in fixed
     assert "def add_decomposed_rel_pos(" in fixed
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
 
 
 def test_a_helper_that_does_more_than_add_to_the_scores_is_no_mask(tmp_path):
@@ -365,4 +339,4 @@ def make():
 def test_a_mask_added_then_a_fill_become_one_float_mask(tmp_path):
     path, fixed = _safe_fix(tmp_path, ADDED_THEN_FILLED)
     assert 'attn_mask=torch.where(~keep, float("-inf"), mask)' in fixed
-    _assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
+    assert_same_in_plain_pytorch(path, write(tmp_path, "rewritten.py", fixed))
