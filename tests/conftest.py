@@ -196,3 +196,13 @@ def assert_same_in_plain_pytorch(original: Path, rewritten: Path) -> None:
     assert torch.allclose(before[0], after[0], atol=tolerance)
     assert before[1].keys() == after[1].keys()
     assert all(torch.allclose(before[1][n], after[1][n], atol=tolerance) for n in before[1])
+
+
+def safe_gl101_fix(folder: Path, path: Path) -> str:
+    """The model file's one GL101 finding gets a safe fix that the proof applies; the fixed text."""
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
+    plan = fix_plan(report, folder)
+    assert plan.refused == [] and plan.applied == [finding]
+    return plan.texts[str(path)]

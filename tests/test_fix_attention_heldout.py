@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_same_in_plain_pytorch, forward_text, model_file, findings_of, fix_plan, lint_file, prove_fix, write
+from conftest import (
+    assert_same_in_plain_pytorch,
+    findings_of,
+    fix_plan,
+    forward_text,
+    lint_file,
+    model_file,
+    prove_fix,
+    safe_gl101_fix,
+    write,
+)
 from graphlint.results import UNSAFE
 
 HEADER = '''
@@ -62,13 +72,7 @@ def _model(tmp_path, source: str, name: str = "model.py"):
 
 def _safe_fix(tmp_path, source: str) -> tuple:
     path = _model(tmp_path, source)
-    report = lint_file(path, device="cpu")
-    [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == "safe", finding.no_fix
-    plan = fix_plan(report, tmp_path)
-    assert plan.refused == [] and plan.applied == [finding]
-    fixed = plan.texts[str(path)]
-    return path, fixed
+    return path, safe_gl101_fix(tmp_path, path)
 
 
 @pytest.mark.proof
