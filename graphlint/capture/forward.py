@@ -172,7 +172,7 @@ class ForwardRecorder(TorchFunctionMode):
         self._fresh_host: list[tuple[fx.Node, torch.Tensor]] = []  # host-made tensors met in the call being recorded
         self._saved_count = saved_count
         self._node_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._attr_nodes: dict[int, fx.Node] = {}
+        self._attr_nodes: dict[int, fx.Node] = {}  # id(parameter or buffer) -> its get_attr node
         self._constants = 0
         self._first_call: fx.Node | None = None
         self._grad_region: GradDisabledRegion | None = None
@@ -343,7 +343,9 @@ class ForwardRecorder(TorchFunctionMode):
         if node is not None:
             return node
         key = id(tensor)
-        node = self._attr_nodes.get(key)
+        # Only the model's own tensors are looked up by id: they live as long as the model, while the id of a
+        # temporary that died is reused by the next tensor Python makes.
+        node = self._attr_nodes.get(key) if key in self._names else None
         if node is None:
             name = self._names.get(key)
             if name is None:
@@ -359,7 +361,8 @@ class ForwardRecorder(TorchFunctionMode):
             node.meta["host_made"] = key not in self._names and self._made_on_host(tensor)
             if node.meta["host_made"]:
                 self._fresh_host.append((node, tensor))
-            self._attr_nodes[key] = node
+            if key in self._names:
+                self._attr_nodes[key] = node
             self._node_of[tensor] = node
         return node
 
