@@ -2,7 +2,9 @@
 rules, with GL301 added, and with GL301 and GL302 (GL3) added, in the same run, from one warm parent (torch, the
 rules and dynamo imported and warmed up once, as `graphlint check` does), interleaved and repeated; medians.
 Each is measured cold (no result cache) and warm: with the result cache, after a one-line edit of the target's
-file outside the model (a comment appended), which today misses the cache as any edit of the file does.
+file outside the model (a comment appended). The edit misses the result cache, as any edit of the file does, so
+the model is captured again; the torch.compile analysis is read from the memo the cold-cache fill left
+(graphlint.capture.compile_memo), since nothing it compiled changed.
 
     python benchmarks/compile_cost.py --repeat 3
     python benchmarks/compile_cost.py --repeat 3 --only vit,resnet

@@ -1,8 +1,9 @@
 """The result cache: a target whose inputs did not change is not captured again, and torch is not imported.
 
     <cache dir>/.gitignore                 "*", so the folder is never committed
-    <cache dir>/v1/rules-<code>.json       the rules' metadata, for reports that need no rule classes
-    <cache dir>/v1/targets/<key>.json      one target's result and the files it depends on
+    <cache dir>/v2/rules-<code>.json       the rules' metadata, for reports that need no rule classes
+    <cache dir>/v2/targets/<key>.json      one target's result and the files it depends on
+    <cache dir>/v2/compile-<code>/          torch.compile analyses kept across runs (graphlint.capture.compile_memo)
 
 A target's key covers graphlint's version and code, torch's version, Python's version, the project root,
 the target, and the settings that change what a capture finds: the device, the rules that run and, for the
@@ -97,6 +98,11 @@ class ResultCache:
             "memory_budget": memory_budget if "GL401" in rules else None,
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
+
+    def compile_folder(self) -> str:
+        """Where the children keep torch.compile analyses across runs: a target whose file changed outside its
+        model is captured again but not compiled again."""
+        return str(self.folder / f"v{VERSION}" / f"compile-{self._code}")
 
     # -- targets --------------------------------------------------------------------------------------------
 

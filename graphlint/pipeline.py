@@ -33,16 +33,20 @@ BUDGET_TAG = "memory-budget"
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
-                vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None) -> TargetResult:
+                vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
+                compile_memo: str = "") -> TargetResult:
     """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows,
-    `memory_budget` the bytes a training step may peak at (GL401)."""
+    `memory_budget` the bytes a training step may peak at (GL401), `compile_memo` the folder where torch.compile
+    analyses are kept across runs ("": none)."""
     after = None
     if any(COMPILE_TAG in rule.tags for rule in rules):
         from graphlint.capture.compile import analyse_target
+        from graphlint.capture.compile_memo import CompileMemo
 
         # Only recompiles need more than one call (graph breaks show on the first).
         recompiles = any(RECOMPILE_TAG in rule.tags for rule in rules)
-        after = functools.partial(analyse_target, vary=vary if recompiles else None)
+        after = functools.partial(analyse_target, vary=vary if recompiles else None,
+                                  memo=CompileMemo(compile_memo) if compile_memo else None)
     measured = []
     if memory_budget is not None and any(BUDGET_TAG in rule.tags for rule in rules):
         from graphlint.memory.measure import step_estimate

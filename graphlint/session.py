@@ -181,8 +181,9 @@ class Session:
         """What a child needs to lint the target."""
         from graphlint.run.wire import LintJob
 
+        memo = self.cache.compile_folder() if self.cache is not None else ""
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
-                          target_vary(text, self.config.vary), self.config.memory_budget)
+                          target_vary(text, self.config.vary), self.config.memory_budget, memo)
 
     def _started(self, text: str) -> None:
         self._starts[text] = time.monotonic()

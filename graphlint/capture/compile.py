@@ -79,6 +79,7 @@ class CompileAnalysis:
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (call, error): refused by the model uncompiled
     unavailable: str = ""
     shortcut: bool = False  # the repeated blocks were compiled once each (graphlint.capture.compile_regions)
+    reused: bool = False  # read from an earlier run's memo (graphlint.capture.compile_memo), nothing compiled
 
 
 @functools.lru_cache(maxsize=1)
@@ -358,7 +359,7 @@ VARY_DIMENSIONS = {"batch": 0, "seq": 1}
 DEFAULT_VARY = ("batch",)
 
 
-def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VARY) -> CompileAnalysis:
+def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VARY, memo=None) -> CompileAnalysis:
     """The analysis of a captured target (`graphlint.Target`) on the calls it will see: its inputs three times
     (state that changes on every call shows on the second and third), each `vary` dimension one and two larger
     (a size change that dynamic shapes absorb recompiles once, not twice), then the target's own `calls`. With
@@ -371,16 +372,49 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
     Dynamo traces torch's default-device mode op by op, which doubles its cost, so the model (already on
     `device`) is compiled without it first; only a forward that then fails, such as one that creates tensors
     without a device, is analysed again inside it. Alike repeated blocks are traced once each where that can
-    only give what compiling the whole model gives (graphlint.capture.compile_regions)."""
-    calls, dropped = _accepted(made.model, _calls(made, device, vary), device)
-    analysis = _shortcut(made.model, calls, device)
-    if analysis is None:
-        analysis = analyse_compile(made.model, calls)
-    if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
-        with torch.device(device):
+    only give what compiling the whole model gives (graphlint.capture.compile_regions).
+
+    With a `memo` (graphlint.capture.compile_memo.CompileMemo), an earlier run's analysis of the same model,
+    calls and traced code is returned instead, and a new one is kept for the next run."""
+    from graphlint.capture.compile_memo import traced_code_recorded
+
+    planned = _calls(made, device, vary)
+    key = memo.key(made.model, planned, device) if memo is not None else None
+    if key is not None:
+        found = memo.load(key)
+        if found is not None:
+            try:
+                return _analysis_from(found)
+            except (KeyError, TypeError, ValueError):
+                pass  # an entry of another shape: compiled again, and written over
+    traced: list = []
+    with traced_code_recorded(traced) if key is not None else contextlib.nullcontext():
+        calls, dropped = _accepted(made.model, planned, device)
+        analysis = _shortcut(made.model, calls, device)
+        if analysis is None:
             analysis = analyse_compile(made.model, calls)
+        if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
+            with torch.device(device):
+                analysis = analyse_compile(made.model, calls)
     analysis.dropped = dropped
+    if key is not None and not analysis.unavailable:
+        memo.store(key, analysis, traced)
     return analysis
+
+
+def _analysis_from(data: dict) -> CompileAnalysis:
+    """An analysis kept by graphlint.capture.compile_memo, as it was made."""
+
+    def frame(value):
+        return Frame(*value) if value is not None else None
+
+    breaks = [GraphBreak(b["gb_type"], b["gb_id"], b["explanation"], tuple(b["hints"]),
+                         tuple(frame(f) for f in b["stack"])) for b in data["breaks"]]
+    recompiles = [Recompile(r["guard"], frame(r["function"]), r["call"], frame(r["line"]), r["instance"],
+                            tuple(r["siblings"])) for r in data["recompiles"]]
+    return CompileAnalysis(breaks=breaks, recompiles=recompiles, calls=list(data["calls"]),
+                           recompile_limit=data["recompile_limit"], limit_hit=[frame(f) for f in data["limit_hit"]],
+                           dropped=[tuple(d) for d in data["dropped"]], unavailable=data["unavailable"], reused=True)
 
 
 def _shortcut(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis | None:

@@ -67,7 +67,7 @@ def _lint(job: LintJob) -> TargetResult:
 
     rules = tuple(rule for rule in load_rules() if rule.id in set(job.rules))
     return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
-                       job.vary, job.memory_budget)
+                       job.vary, job.memory_budget, job.compile_memo)
 
 
 def _prove(job: ProofJob) -> Proved:

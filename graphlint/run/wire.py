@@ -29,12 +29,15 @@ class LintJob:
     vary: tuple[str, ...] = ("batch",)  # the input dimensions the torch.compile analysis grows (GL302)
     memory_budget: int | None = None  # bytes a training step may peak at (GL401)
     pythonpath: tuple[str, ...] = ()  # the folders the target imports from (graphlint.project)
+    compile_memo: str = ""  # the folder of torch.compile analyses kept across runs; "": none (--no-cache)
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-           debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None) -> LintJob:
+           debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
+           compile_memo: str = "") -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
-                   tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath))
+                   tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath),
+                   compile_memo)
 
     def project(self) -> Project:
         """The project as the run knows it (its configuration is not read again: only the folders matter)."""
