@@ -7,8 +7,9 @@ print) and the capture ran again.
 The key covers what is known before compiling: torch's and Python's versions, the device, every module of the
 model (its class, its own plain values by value, tensors by shape, dtype and which tensor they are, its
 children), the plain class attributes of the model's own classes, and each call the analysis makes (its label,
-its tensors by shape, stride and dtype, other values by value). Under one key, a stored analysis is used only
-when, now as then:
+its tensors by shape, stride and dtype, other values by value). On the CPU (a capture that needed real values)
+tensors are also keyed by their values: after a break on a tensor's value, the path taken depends on them.
+Under one key, a stored analysis is used only when, now as then:
 
 - the source lines of every function dynamo traced or the analysis ran (torch's own excepted: torch's version is
   in the key) are the same, at the same line numbers, so findings stay at their lines;
@@ -257,7 +258,7 @@ class _Fingerprint:
             self._kept.append(value)
         if isinstance(value, torch.Tensor):
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
-                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__]
+                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value)]
         if isinstance(value, torch.nn.Module):
             return ["nn.Module", _qualified(type(value))]  # its state is listed under its own path
         if depth >= _DEPTH:
@@ -292,6 +293,17 @@ class _Fingerprint:
         return ["function", function.__module__ or "", function.__qualname__, file, first, body,
                 self.value(function.__defaults__, depth + 1), cells,
                 self.value(wrapped, depth + 1) if wrapped is not None else None]
+
+
+def _values(tensor: torch.Tensor) -> str | None:
+    """A digest of a host tensor's values (a capture on the CPU runs on real values, and which path the code
+    takes after a break on a tensor's value depends on them); None on meta, where there are none."""
+    if tensor.device.type != "cpu":
+        return None
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise TypeError(f"no digest of a {tensor.layout} tensor's values")
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:24]
 
 
 def _filled(cell) -> bool:
