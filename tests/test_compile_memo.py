@@ -159,6 +159,55 @@ def test_the_memo_is_used_exactly_when_nothing_the_compilation_reads_changed(edi
         assert (again.breaks, again.recompiles, again.calls) == (first.breaks, first.recompiles, first.calls)
 
 
+VALUES = '''
+import torch
+from torch import nn
+
+
+class Signed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if x.sum() > 0:
+            h = h * 2
+        else:
+            print("negative")  # a second break, on this path only
+        return h
+
+
+def make(sign=1):
+    return Signed(), (torch.ones(4, 8) * sign,)
+'''
+
+
+def test_on_the_cpu_the_inputs_values_are_part_of_the_key(tmp_path):
+    """After a break on a tensor's value the path taken depends on the values: on the CPU (a capture that
+    needed real values) new values compile again, and the analysis shows the other path's break."""
+    path = write(tmp_path, "model.py", VALUES)
+    memo = CompileMemo(tmp_path / "memo")
+
+    def analysed(sign):
+        spec = importlib.util.spec_from_file_location("memo_values", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["memo_values"] = module
+        try:
+            spec.loader.exec_module(module)
+            torch.manual_seed(0)
+            model, args = module.make(sign)
+            return analyse_target(Target(model, args, {}), "cpu", None, memo=memo)
+        finally:
+            del sys.modules["memo_values"]
+
+    positive = analysed(1)
+    assert not positive.reused and analysed(1).reused
+    negative = analysed(-1)
+    assert not negative.reused
+    assert len(negative.breaks) > len(positive.breaks)
+
+
 def test_a_forward_without_a_source_file_is_not_kept(tmp_path):
     namespace = {"torch": torch}
     exec(compile("def forward(self, x):\n    return x * 2\n", "<generated>", "exec"), namespace)
