@@ -96,6 +96,13 @@ def unused(h):
     return h - 1
 
 
+class Settings:
+    offset = 0
+
+
+ACT = nn.Softplus(beta=1)
+
+
 class Block(nn.Module):
     shift = 0
 
@@ -105,7 +112,7 @@ class Block(nn.Module):
         self.mode = "plain"
 
     def forward(self, x):
-        h = helper(self.fc(x)) + self.shift
+        h = ACT(helper(self.fc(x))) + self.shift + Settings.offset
         for _ in range(LIMIT["steps"]):
             h = h + 1
         return h
@@ -139,6 +146,8 @@ EDITS = {
     "a global the helper reads": (lambda s: s.replace("SCALE = 2", "SCALE = 3"), {}, False),
     "a global dict the forward reads": (lambda s: s.replace('{"steps": 1}', '{"steps": 2}'), {}, False),
     "a class attribute": (lambda s: s.replace("shift = 0", "shift = 1"), {}, False),
+    "a plain class's attribute": (lambda s: s.replace("offset = 0", "offset = 1"), {}, False),
+    "a module built at module level": (lambda s: s.replace("beta=1", "beta=2"), {}, False),
     "a module's own value": (lambda s: s.replace('self.mode = "plain"', 'self.mode = "other"'), {}, False),
     "the inputs' shape": (None, {"batch": 5}, False),
     "the parameters' shape": (None, {"width": 16}, False),

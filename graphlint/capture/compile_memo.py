@@ -57,8 +57,10 @@ class CompileMemo:
         """The key for compiling `model` on `calls` on `device`; None when the model cannot be fingerprinted."""
         try:
             fingerprint = _Fingerprint()
-            modules = [[path, _qualified(type(module)), fingerprint.state(module)] for path, module in
-                       model.named_modules()]
+            named = list(model.named_modules())
+            for _, module in named:  # each module's state is listed once, under its path
+                fingerprint.number(module)
+            modules = [[path, _qualified(type(module)), fingerprint.state(module)] for path, module in named]
             classes = sorted({kind for module in model.modules() for kind in type(module).__mro__
                               if not _is_torch_or_builtin(kind)}, key=_qualified)
             attributes = [[_qualified(kind), fingerprint.namespace(vars(kind))] for kind in classes]
@@ -224,8 +226,13 @@ class _Fingerprint:
         self._seen: dict[int, int] = {}
         self._kept: list = []  # the objects numbered, alive while numbered
 
-    def state(self, module: torch.nn.Module) -> list:
-        return self.namespace({k: v for k, v in vars(module).items() if k not in _TORCH_MARKS})
+    def number(self, value) -> None:
+        """Give `value` the next number: met again, it is written as that number."""
+        self._seen[id(value)] = len(self._kept)
+        self._kept.append(value)
+
+    def state(self, module: torch.nn.Module, depth: int = 0) -> list:
+        return self.namespace({k: v for k, v in vars(module).items() if k not in _TORCH_MARKS}, depth)
 
     def namespace(self, space, depth: int = 0) -> list:
         # A stored hash (transformers' `_original_object_hash`) differs in every process: str hashes are salted.
@@ -241,7 +248,7 @@ class _Fingerprint:
             return ["torch", str(value)]
         if isinstance(value, enum.Enum):
             return ["enum", _qualified(type(value)), value.name]
-        if isinstance(value, type):
+        if isinstance(value, type) and _is_torch_or_builtin(value):
             return ["class", _qualified(value)]
         if isinstance(value, types.ModuleType):
             return ["module", value.__name__]
@@ -254,13 +261,14 @@ class _Fingerprint:
             return ["again", known]
         if isinstance(value, (torch.Tensor, torch.nn.Module, dict, list, set, frozenset, tuple)) or \
                 hasattr(value, "__dict__"):
-            self._seen[id(value)] = len(self._kept)
-            self._kept.append(value)
+            self.number(value)
+        if isinstance(value, type):  # a class of yours or a library's: its attributes (`Config.scale`) too
+            return ["class", _qualified(value), self.namespace(vars(value), depth + 1) if depth < _DEPTH else "deep"]
         if isinstance(value, torch.Tensor):
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
                     str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value)]
-        if isinstance(value, torch.nn.Module):
-            return ["nn.Module", _qualified(type(value))]  # its state is listed under its own path
+        if isinstance(value, torch.nn.Module):  # one outside the model (a global `ACT = nn.GELU()`): its state
+            return ["nn.Module", _qualified(type(value)), self.state(value, depth + 1) if depth < _DEPTH else "deep"]
         if depth >= _DEPTH:
             return ["deep", _qualified(type(value))]
         if isinstance(value, (list, tuple)):
