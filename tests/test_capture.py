@@ -224,6 +224,8 @@ def test_graph_breaks_do_not_stop_the_capture(tmp_path):
         model, args = importlib.import_module("breaky").make()
     finally:
         sys.path.remove(str(tmp_path))
+        # Children forked from this process later would find this module under a name another test's model imports.
+        sys.modules.pop("breaky", None)
     explained = torch._dynamo.explain(model)(*args)
     assert explained.graph_break_count >= 1  # dynamo cannot take this forward whole
     capture = capture_file(path)
