@@ -152,9 +152,18 @@ def _read_by(traced: list[types.CodeType]) -> tuple[list, list]:
         space = spaces.get(file)
         if space is None:
             continue
-        for name in sorted(_names_of(code)):
-            if name in space and (file, name) not in names:
-                names[(file, name)] = None
+        read = _names_of(code)
+        modules, done = [(file, space)], set()
+        while modules:  # `settings.VERBOSE`, `pkg.settings.VERBOSE`: a global of a module the code names
+            where, space = modules.pop()
+            done.add(where)
+            for name in sorted(read & space.keys()):
+                names.setdefault((where, name), None)
+                held = space[name]
+                inner = os.path.abspath(held.__file__) if isinstance(held, types.ModuleType) and \
+                    isinstance(getattr(held, "__file__", None), str) else None
+                if inner in spaces and inner not in done:
+                    modules.append((inner, spaces[inner]))
     code = [[file, first, last, _region_digest(file, first, last)] for file, first, last in sorted(regions)]
     values = [[file, name, _global_fingerprint(spaces, file, name)] for file, name in sorted(names)]
     return code, values
