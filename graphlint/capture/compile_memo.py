@@ -272,7 +272,10 @@ class _Fingerprint:
                 hasattr(value, "__dict__"):
             self.number(value)
         if isinstance(value, type):  # a class of yours or a library's: its attributes (`Config.scale`) too
-            return ["class", _qualified(value), self.namespace(vars(value), depth + 1) if depth < _DEPTH else "deep"]
+            if depth >= _DEPTH:
+                return ["class", _qualified(value), "deep"]
+            bases = [self.value(base, depth + 1) for base in value.__mro__[1:] if not _is_torch_or_builtin(base)]
+            return ["class", _qualified(value), self.namespace(vars(value), depth + 1), bases]
         if isinstance(value, torch.Tensor):
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
                     str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value)]
@@ -293,9 +296,13 @@ class _Fingerprint:
             return ["method", self.value(value.__func__, depth + 1), self.value(value.__self__, depth + 1)]
         if isinstance(value, types.FunctionType):
             return self._function(value, depth)
-        if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
-            attributes = vars(value) if hasattr(value, "__dict__") else {}
-            return ["object", _qualified(type(value)), self.namespace(attributes, depth + 1)]
+        # Slots read only where the text would show an address (a Path's lazily filled slots would differ by use).
+        slots = _slots(value) if type(value).__repr__ is object.__repr__ else {}
+        if dataclasses.is_dataclass(value) or hasattr(value, "__dict__") or slots:
+            attributes = {**slots, **(vars(value) if hasattr(value, "__dict__") else {})}
+            # Its class's attributes too: `OPTIONS.verbose` reads `Options.verbose` when the instance has none.
+            kind = self.value(type(value), depth + 1) if not _is_torch_or_builtin(type(value)) else None
+            return ["object", _qualified(type(value)), self.namespace(attributes, depth + 1), kind]
         text = repr(value)
         return ["repr", _qualified(type(value)), "" if " at 0x" in text else text]
 
@@ -321,6 +328,17 @@ def _values(tensor: torch.Tensor) -> str | None:
         raise TypeError(f"no digest of a {tensor.layout} tensor's values")
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:24]
+
+
+def _slots(value) -> dict:
+    """The attributes an object keeps in its classes' __slots__ (it may have no __dict__ to show them)."""
+    found = {}
+    for kind in type(value).__mro__:
+        names = vars(kind).get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found.setdefault(name, getattr(value, name))
+    return found
 
 
 def _filled(cell) -> bool:
