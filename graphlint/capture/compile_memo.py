@@ -245,8 +245,10 @@ class _Fingerprint:
 
     def namespace(self, space, depth: int = 0) -> list:
         # A stored hash (transformers' `_original_object_hash`) differs in every process: str hashes are salted.
+        # Only private names: a setting such as `self.use_hashing` is the user's and keyed.
         return [[str(name), self.value(value, depth)] for name, value in space.items()
-                if not (isinstance(name, str) and (name.startswith("__") and name.endswith("__") or "hash" in name))]
+                if not (isinstance(name, str) and (name.startswith("__") and name.endswith("__") or
+                                                   name.startswith("_") and "hash" in name))]
 
     def value(self, value, depth: int = 0):
         if isinstance(value, (bool, int, str, type(None))):
