@@ -65,7 +65,9 @@ class CompileMemo:
                               if not _is_torch_or_builtin(kind)}, key=_qualified)
             attributes = [[_qualified(kind), fingerprint.namespace(vars(kind))] for kind in classes]
             inputs = [[label, fingerprint.value(args), fingerprint.value(kwargs)] for label, args, kwargs in calls]
-            fields = [torch.__version__, sys.version, device, modules, attributes, inputs]
+            # Dynamo's settings as the target left them (`config.automatic_dynamic_shapes = False` in its file).
+            settings = fingerprint.value(_dynamo_config().get_config_copy())
+            fields = [torch.__version__, sys.version, device, modules, attributes, inputs, settings]
             return hashlib.sha256(json.dumps(fields, default=repr).encode()).hexdigest()[:32]
         except Exception:  # graphlint's own failure to fingerprint: compile as without the memo
             return None
@@ -278,9 +280,10 @@ class _Fingerprint:
                 return ["class", _qualified(value), "deep"]
             bases = [self.value(base, depth + 1) for base in value.__mro__[1:] if not _is_torch_or_builtin(base)]
             return ["class", _qualified(value), self.namespace(vars(value), depth + 1), bases]
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor):  # its attributes too: dynamo's marks (`mark_dynamic`) are kept there
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
-                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value)]
+                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value),
+                    self.namespace(vars(value), depth + 1) if depth < _DEPTH else "deep"]
         if isinstance(value, torch.nn.Module):  # one outside the model (a global `ACT = nn.GELU()`): its state
             return ["nn.Module", _qualified(type(value)), self.state(value, depth + 1) if depth < _DEPTH else "deep"]
         if depth >= _DEPTH:
@@ -318,7 +321,7 @@ class _Fingerprint:
         wrapped = getattr(function, "__wrapped__", None)
         return ["function", function.__module__ or "", function.__qualname__, file, first, body,
                 self.value(function.__defaults__, depth + 1), cells,
-                self.value(wrapped, depth + 1) if wrapped is not None else None]
+                self.value(wrapped, depth + 1) if wrapped is not None else None, _dynamo_marks(function)]
 
 
 def _values(tensor: torch.Tensor) -> str | None:
@@ -330,6 +333,21 @@ def _values(tensor: torch.Tensor) -> str | None:
         raise TypeError(f"no digest of a {tensor.layout} tensor's values")
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:24]
+
+
+def _dynamo_config():
+    import torch._dynamo  # noqa: F401 - its config module is loaded with it
+
+    return torch._dynamo.config
+
+
+def _dynamo_marks(function) -> list[str]:
+    """The lists of dynamo's trace rules that name `function` by its id (`allow_in_graph(helper)` as a statement
+    leaves the function as it was)."""
+    from torch._dynamo import trace_rules
+
+    return [name for name in ("_allowed_callable_ids", "_disallowed_callable_ids", "_nonstrict_trace_callable_ids")
+            if id(function) in getattr(trace_rules, name, ())]
 
 
 def _slots(value) -> dict:
