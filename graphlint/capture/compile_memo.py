@@ -297,6 +297,8 @@ class _Fingerprint:
         if isinstance(value, functools.partial):
             return ["partial", self.value(value.func, depth + 1), self.value(value.args, depth + 1),
                     self.value(value.keywords, depth + 1)]
+        if isinstance(value, (staticmethod, classmethod)):  # the function, defaults included
+            return [type(value).__name__, self.value(value.__func__, depth + 1)]
         if isinstance(value, types.MethodType):
             return ["method", self.value(value.__func__, depth + 1), self.value(value.__self__, depth + 1)]
         if isinstance(value, types.FunctionType):
