@@ -189,11 +189,12 @@ def _global_fingerprint(spaces: dict, file: str, name: str):
 
 
 def _module_spaces() -> dict[str, dict]:
-    """Each imported module's file and globals."""
+    """Each imported module's file and globals (torch's too: `F.gelu = my_gelu` in a model file is a global of
+    torch.nn.functional that the traced code reads)."""
     spaces = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if isinstance(file, str) and not file.startswith(_TORCH_DIR):
+        if isinstance(file, str):
             spaces.setdefault(os.path.abspath(file), vars(module))
     return spaces
 
@@ -292,8 +293,9 @@ class _Fingerprint:
             return [type(value).__name__, [self.value(item, depth + 1) for item in value]]
         if isinstance(value, dict):
             return [type(value).__name__, [[repr(key), self.value(item, depth + 1)] for key, item in value.items()]]
-        if isinstance(value, (set, frozenset)):
-            return [type(value).__name__, sorted(json.dumps(self.value(item, depth + 1), default=repr) for item in value)]
+        if isinstance(value, (set, frozenset)):  # each item on its own: their order, so any `again`, varies by run
+            return [type(value).__name__, sorted(json.dumps(_Fingerprint().value(item, depth + 1), default=repr)
+                                                 for item in value)]
         if isinstance(value, functools.partial):
             return ["partial", self.value(value.func, depth + 1), self.value(value.args, depth + 1),
                     self.value(value.keywords, depth + 1)]
