@@ -295,6 +295,7 @@ def _project_analysed(folder, memo, device="meta"):
     _forget(folder)
     importlib.invalidate_caches()
     saved, functional = torch._dynamo.config.save_config(), dict(vars(torch.nn.functional))
+    hooks = dict(torch.nn.modules.module._global_forward_hooks)
     try:
         module = importlib.import_module("model")
         torch.manual_seed(0)
@@ -306,19 +307,22 @@ def _project_analysed(folder, memo, device="meta"):
         _forget(folder)
         torch._dynamo.config.load_config(saved)  # the module's settings and patches last as long as its run
         vars(torch.nn.functional).update(functional)
+        torch.nn.modules.module._global_forward_hooks.clear()
+        torch.nn.modules.module._global_forward_hooks.update(hooks)
 
 
 def _reported(analysis):
     return analysis.breaks, analysis.recompiles, analysis.recompile_limit, analysis.limit_hit
 
 
-def _memo_agrees_after(folder, files: dict, edits: dict, device="meta"):
-    """Analyse `files`, apply `edits` (file -> (old, new)), and check the memo's answer is plain compile's."""
+def _memo_agrees_after(folder, files: dict, edits: dict, device="meta", kept=True):
+    """Analyse `files`, apply `edits` (file -> (old, new)), and check the memo's answer is plain compile's;
+    `kept`: whether an unchanged run reuses the first."""
     for name, text in files.items():
         write(folder, name, text)
     memo = CompileMemo(folder / "memo")
     first = _project_analysed(folder, memo, device)
-    assert not first.reused and _project_analysed(folder, memo, device).reused
+    assert not first.reused and _project_analysed(folder, memo, device).reused is kept
     for name, (old, new) in edits.items():
         text = (folder / name).read_text(encoding="utf-8")
         assert old in text
@@ -605,3 +609,19 @@ def test_a_forward_that_updates_a_global_is_reused(project_files):
     memo = CompileMemo(project_files / "memo")
     assert not _project_analysed(project_files, memo).reused
     assert _project_analysed(project_files, memo).reused
+
+
+def test_hole_a_setting_imported_inside_the_forward(project_files):
+    model = VERBOSE_MODEL.replace("import settings\n", "").replace(
+        "        if settings.VERBOSE:", "        from settings import VERBOSE\n        if VERBOSE:")
+    # A false miss kept: the next run reads the memo before the forward has imported `settings`.
+    _memo_agrees_after(project_files, {"model.py": model, "settings.py": "VERBOSE = False\n"},
+                       {"settings.py": ("False", "True")}, kept=False)
+
+
+def test_hole_a_global_forward_hook_registered_by_the_model_file(project_files):
+    model = PLAIN_MODEL.replace('    print("h")\n', "").replace(
+        "# settings", "def loud(module, args, output):\n    print('out')\n\n\n# hook")
+    _memo_agrees_after(project_files, {"model.py": model},
+                       {"model.py": ("# hook", "nn.modules.module.register_module_forward_hook(loud)")})
+

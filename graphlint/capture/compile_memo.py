@@ -67,7 +67,10 @@ class CompileMemo:
             inputs = [[label, fingerprint.value(args), fingerprint.value(kwargs)] for label, args, kwargs in calls]
             # Dynamo's settings as the target left them (`config.automatic_dynamic_shapes = False` in its file).
             settings = fingerprint.value(_dynamo_config().get_config_copy())
-            fields = [torch.__version__, sys.version, device, modules, attributes, inputs, settings]
+            # Hooks on every module (`register_module_forward_hook(loud)` in its file), by function, not handle id.
+            hooks = [[name, fingerprint.value(list(value.values()))] for name, value in
+                     sorted(vars(torch.nn.modules.module).items()) if name.startswith("_global_") and isinstance(value, dict)]
+            fields = [torch.__version__, sys.version, device, modules, attributes, inputs, settings, hooks]
             return hashlib.sha256(json.dumps(fields, default=repr).encode()).hexdigest()[:32]
         except Exception:  # graphlint's own failure to fingerprint: compile as without the memo
             return None
@@ -156,6 +159,12 @@ def _read_by(traced: list[types.CodeType]) -> tuple[list, list]:
             continue
         read = _names_of(code)
         modules, done = [(file, space)], set()
+        package = space.get("__package__") or ""
+        for name in read:  # `from settings import VERBOSE` (or `from .settings ...`) inside the traced function
+            imported = sys.modules.get(name) or sys.modules.get(f"{package}.{name}")
+            inner = getattr(imported, "__file__", None)
+            if isinstance(inner, str) and os.path.abspath(inner) in spaces and os.path.abspath(inner) != file:
+                modules.append((os.path.abspath(inner), spaces[os.path.abspath(inner)]))
         while modules:  # `settings.VERBOSE`, `pkg.settings.VERBOSE`: a global of a module the code names
             where, space = modules.pop()
             done.add(where)
