@@ -625,3 +625,37 @@ def test_hole_a_global_forward_hook_registered_by_the_model_file(project_files):
     _memo_agrees_after(project_files, {"model.py": model},
                        {"model.py": ("# hook", "nn.modules.module.register_module_forward_hook(loud)")})
 
+
+
+ENUM_MODEL = '''
+import enum
+
+import torch
+from torch import nn
+
+
+class Kind(enum.Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.kind = Kind.FAST
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.kind.value == "slow":
+            print("h")
+        return h
+
+
+def make():
+    return Block(), (torch.randn(4, 8),)
+'''
+
+
+def test_hole_an_enum_members_value(project_files):
+    _memo_agrees_after(project_files, {"model.py": ENUM_MODEL}, {"model.py": ('FAST = "fast"', 'FAST = "slow"')})

@@ -269,8 +269,8 @@ class _Fingerprint:
             return repr(value)
         if isinstance(value, (torch.dtype, torch.device, torch.Size)):
             return ["torch", str(value)]
-        if isinstance(value, enum.Enum):
-            return ["enum", _qualified(type(value)), value.name]
+        if isinstance(value, enum.Enum):  # its value too: `self.kind.value == "slow"` reads it
+            return ["enum", _qualified(type(value)), value.name, self.value(value.value, depth + 1)]
         if isinstance(value, type) and _is_torch_or_builtin(value):
             return ["class", _qualified(value)]
         if isinstance(value, types.ModuleType):
