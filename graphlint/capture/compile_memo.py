@@ -6,15 +6,18 @@ print) and the capture ran again.
 
 The key covers what is known before compiling: torch's and Python's versions, the device, every module of the
 model (its class, its own plain values by value, tensors by shape, dtype and which tensor they are, its
-children), the plain class attributes of the model's own classes, and each call the analysis makes (its label,
-its tensors by shape, stride and dtype, other values by value). On the CPU (a capture that needed real values)
-tensors are also keyed by their values: after a break on a tensor's value, the path taken depends on them.
+children), the plain class attributes of the model's own classes, each call the analysis makes (its label,
+its tensors by shape, stride, dtype and attributes such as mark_dynamic's marks, other values by value), dynamo's
+settings and the hooks registered on every module. On the CPU (a capture that needed real values) tensors are
+also keyed by their values: after a break on a tensor's value, the path taken depends on them.
 Under one key, a stored analysis is used only when, now as then:
 
 - the source lines of every function dynamo traced or the analysis ran (torch's own excepted: torch's version is
   in the key) are the same, at the same line numbers, so findings stay at their lines;
-- every global name those functions read has the same value: plain data by value, functions by where they are
-  defined and their source lines, classes and modules by name, objects by their attributes.
+- every global name those functions read has the same value, and so has every global they read through a module
+  (`settings.VERBOSE`, `F.gelu`, torch's modules included, and modules they import inside themselves): plain data
+  by value, functions by where they are defined, their source lines, defaults, closures and dynamo's trace rules
+  (allow_in_graph), classes by name and attributes, modules by name, objects by their attributes and class.
 
 A value graphlint cannot fingerprint (an object without attributes whose text shows only an address) is kept by
 its type alone; a change to it is not seen (use --no-cache). Reading or writing the memo never fails a run.
