@@ -337,7 +337,8 @@ class _Fingerprint:
         wrapped = getattr(function, "__wrapped__", None)
         return ["function", function.__module__ or "", function.__qualname__, file, first, body,
                 self.value(function.__defaults__, depth + 1), cells,
-                self.value(wrapped, depth + 1) if wrapped is not None else None, _dynamo_marks(function)]
+                self.value(wrapped, depth + 1) if wrapped is not None else None,
+                [] if body == "torch" else _dynamo_marks(function)]  # torch's own: its version is in the key
 
 
 def _values(tensor: torch.Tensor) -> str | None:
