@@ -6,15 +6,18 @@ print) and the capture ran again.
 
 The key covers what is known before compiling: torch's and Python's versions, the device, every module of the
 model (its class, its own plain values by value, tensors by shape, dtype and which tensor they are, its
-children), the plain class attributes of the model's own classes, and each call the analysis makes (its label,
-its tensors by shape, stride and dtype, other values by value). On the CPU (a capture that needed real values)
-tensors are also keyed by their values: after a break on a tensor's value, the path taken depends on them.
+children), the plain class attributes of the model's own classes, each call the analysis makes (its label,
+its tensors by shape, stride, dtype and attributes such as mark_dynamic's marks, other values by value), dynamo's
+settings and the hooks registered on every module. On the CPU (a capture that needed real values) tensors are
+also keyed by their values: after a break on a tensor's value, the path taken depends on them.
 Under one key, a stored analysis is used only when, now as then:
 
 - the source lines of every function dynamo traced or the analysis ran (torch's own excepted: torch's version is
   in the key) are the same, at the same line numbers, so findings stay at their lines;
-- every global name those functions read has the same value: plain data by value, functions by where they are
-  defined and their source lines, classes and modules by name, objects by their attributes.
+- every global name those functions read has the same value, and so has every global they read through a module
+  (`settings.VERBOSE`, `F.gelu`, torch's modules included, and modules they import inside themselves): plain data
+  by value, functions by where they are defined, their source lines, defaults, closures and dynamo's trace rules
+  (allow_in_graph), classes by name and attributes, modules by name, objects by their attributes and class.
 
 A value graphlint cannot fingerprint (an object without attributes whose text shows only an address) is kept by
 its type alone; a change to it is not seen (use --no-cache). Reading or writing the memo never fails a run.
@@ -65,7 +68,12 @@ class CompileMemo:
                               if not _is_torch_or_builtin(kind)}, key=_qualified)
             attributes = [[_qualified(kind), fingerprint.namespace(vars(kind))] for kind in classes]
             inputs = [[label, fingerprint.value(args), fingerprint.value(kwargs)] for label, args, kwargs in calls]
-            fields = [torch.__version__, sys.version, device, modules, attributes, inputs]
+            # Dynamo's settings as the target left them (`config.automatic_dynamic_shapes = False` in its file).
+            settings = fingerprint.value(_dynamo_config().get_config_copy())
+            # Hooks on every module (`register_module_forward_hook(loud)` in its file), by function, not handle id.
+            hooks = [[name, fingerprint.value(list(value.values()))] for name, value in
+                     sorted(vars(torch.nn.modules.module).items()) if name.startswith("_global_") and isinstance(value, dict)]
+            fields = [torch.__version__, sys.version, device, modules, attributes, inputs, settings, hooks]
             return hashlib.sha256(json.dumps(fields, default=repr).encode()).hexdigest()[:32]
         except Exception:  # graphlint's own failure to fingerprint: compile as without the memo
             return None
@@ -152,9 +160,24 @@ def _read_by(traced: list[types.CodeType]) -> tuple[list, list]:
         space = spaces.get(file)
         if space is None:
             continue
-        for name in sorted(_names_of(code)):
-            if name in space and (file, name) not in names:
-                names[(file, name)] = None
+        read = _names_of(code)
+        modules, done = [(file, space)], set()
+        package = space.get("__package__") or ""
+        for name in read:  # `from settings import VERBOSE` (or `from .settings ...`) inside the traced function
+            imported = sys.modules.get(name) or sys.modules.get(f"{package}.{name}")
+            inner = getattr(imported, "__file__", None)
+            if isinstance(inner, str) and os.path.abspath(inner) in spaces and os.path.abspath(inner) != file:
+                modules.append((os.path.abspath(inner), spaces[os.path.abspath(inner)]))
+        while modules:  # `settings.VERBOSE`, `pkg.settings.VERBOSE`: a global of a module the code names
+            where, space = modules.pop()
+            done.add(where)
+            for name in sorted(read & space.keys()):
+                names.setdefault((where, name), None)
+                held = space[name]
+                inner = os.path.abspath(held.__file__) if isinstance(held, types.ModuleType) and \
+                    isinstance(getattr(held, "__file__", None), str) else None
+                if inner in spaces and inner not in done:
+                    modules.append((inner, spaces[inner]))
     code = [[file, first, last, _region_digest(file, first, last)] for file, first, last in sorted(regions)]
     values = [[file, name, _global_fingerprint(spaces, file, name)] for file, name in sorted(names)]
     return code, values
@@ -178,11 +201,12 @@ def _global_fingerprint(spaces: dict, file: str, name: str):
 
 
 def _module_spaces() -> dict[str, dict]:
-    """Each imported module's file and globals."""
+    """Each imported module's file and globals (torch's too: `F.gelu = my_gelu` in a model file is a global of
+    torch.nn.functional that the traced code reads)."""
     spaces = {}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if isinstance(file, str) and not file.startswith(_TORCH_DIR):
+        if isinstance(file, str):
             spaces.setdefault(os.path.abspath(file), vars(module))
     return spaces
 
@@ -236,8 +260,10 @@ class _Fingerprint:
 
     def namespace(self, space, depth: int = 0) -> list:
         # A stored hash (transformers' `_original_object_hash`) differs in every process: str hashes are salted.
+        # Only private names: a setting such as `self.use_hashing` is the user's and keyed.
         return [[str(name), self.value(value, depth)] for name, value in space.items()
-                if not (isinstance(name, str) and (name.startswith("__") and name.endswith("__") or "hash" in name))]
+                if not (isinstance(name, str) and (name.startswith("__") and name.endswith("__") or
+                                                   name.startswith("_") and "hash" in name))]
 
     def value(self, value, depth: int = 0):
         if isinstance(value, (bool, int, str, type(None))):
@@ -246,8 +272,8 @@ class _Fingerprint:
             return repr(value)
         if isinstance(value, (torch.dtype, torch.device, torch.Size)):
             return ["torch", str(value)]
-        if isinstance(value, enum.Enum):
-            return ["enum", _qualified(type(value)), value.name]
+        if isinstance(value, enum.Enum):  # its value too: `self.kind.value == "slow"` reads it
+            return ["enum", _qualified(type(value)), value.name, self.value(value.value, depth + 1)]
         if isinstance(value, type) and _is_torch_or_builtin(value):
             return ["class", _qualified(value)]
         if isinstance(value, types.ModuleType):
@@ -263,10 +289,14 @@ class _Fingerprint:
                 hasattr(value, "__dict__"):
             self.number(value)
         if isinstance(value, type):  # a class of yours or a library's: its attributes (`Config.scale`) too
-            return ["class", _qualified(value), self.namespace(vars(value), depth + 1) if depth < _DEPTH else "deep"]
-        if isinstance(value, torch.Tensor):
+            if depth >= _DEPTH:
+                return ["class", _qualified(value), "deep"]
+            bases = [self.value(base, depth + 1) for base in value.__mro__[1:] if not _is_torch_or_builtin(base)]
+            return ["class", _qualified(value), self.namespace(vars(value), depth + 1), bases]
+        if isinstance(value, torch.Tensor):  # its attributes too: dynamo's marks (`mark_dynamic`) are kept there
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
-                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value)]
+                    str(value.dtype), value.device.type, value.requires_grad, type(value).__name__, _values(value),
+                    self.namespace(vars(value), depth + 1) if depth < _DEPTH else "deep"]
         if isinstance(value, torch.nn.Module):  # one outside the model (a global `ACT = nn.GELU()`): its state
             return ["nn.Module", _qualified(type(value)), self.state(value, depth + 1) if depth < _DEPTH else "deep"]
         if depth >= _DEPTH:
@@ -275,18 +305,25 @@ class _Fingerprint:
             return [type(value).__name__, [self.value(item, depth + 1) for item in value]]
         if isinstance(value, dict):
             return [type(value).__name__, [[repr(key), self.value(item, depth + 1)] for key, item in value.items()]]
-        if isinstance(value, (set, frozenset)):
-            return [type(value).__name__, sorted(json.dumps(self.value(item, depth + 1), default=repr) for item in value)]
+        if isinstance(value, (set, frozenset)):  # each item on its own: their order, so any `again`, varies by run
+            return [type(value).__name__, sorted(json.dumps(_Fingerprint().value(item, depth + 1), default=repr)
+                                                 for item in value)]
         if isinstance(value, functools.partial):
             return ["partial", self.value(value.func, depth + 1), self.value(value.args, depth + 1),
                     self.value(value.keywords, depth + 1)]
+        if isinstance(value, (staticmethod, classmethod)):  # the function, defaults included
+            return [type(value).__name__, self.value(value.__func__, depth + 1)]
         if isinstance(value, types.MethodType):
             return ["method", self.value(value.__func__, depth + 1), self.value(value.__self__, depth + 1)]
         if isinstance(value, types.FunctionType):
             return self._function(value, depth)
-        if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
-            attributes = vars(value) if hasattr(value, "__dict__") else {}
-            return ["object", _qualified(type(value)), self.namespace(attributes, depth + 1)]
+        # Slots read only where the text would show an address (a Path's lazily filled slots would differ by use).
+        slots = _slots(value) if type(value).__repr__ is object.__repr__ else {}
+        if dataclasses.is_dataclass(value) or hasattr(value, "__dict__") or slots:
+            attributes = {**slots, **(vars(value) if hasattr(value, "__dict__") else {})}
+            # Its class's attributes too: `OPTIONS.verbose` reads `Options.verbose` when the instance has none.
+            kind = self.value(type(value), depth + 1) if not _is_torch_or_builtin(type(value)) else None
+            return ["object", _qualified(type(value)), self.namespace(attributes, depth + 1), kind]
         text = repr(value)
         return ["repr", _qualified(type(value)), "" if " at 0x" in text else text]
 
@@ -300,7 +337,8 @@ class _Fingerprint:
         wrapped = getattr(function, "__wrapped__", None)
         return ["function", function.__module__ or "", function.__qualname__, file, first, body,
                 self.value(function.__defaults__, depth + 1), cells,
-                self.value(wrapped, depth + 1) if wrapped is not None else None]
+                self.value(wrapped, depth + 1) if wrapped is not None else None,
+                [] if body == "torch" else _dynamo_marks(function)]  # torch's own: its version is in the key
 
 
 def _values(tensor: torch.Tensor) -> str | None:
@@ -312,6 +350,32 @@ def _values(tensor: torch.Tensor) -> str | None:
         raise TypeError(f"no digest of a {tensor.layout} tensor's values")
     data = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return hashlib.sha256(data.numpy().tobytes()).hexdigest()[:24]
+
+
+def _dynamo_config():
+    import torch._dynamo  # noqa: F401 - its config module is loaded with it
+
+    return torch._dynamo.config
+
+
+def _dynamo_marks(function) -> list[str]:
+    """The lists of dynamo's trace rules that name `function` by its id (`allow_in_graph(helper)` as a statement
+    leaves the function as it was)."""
+    from torch._dynamo import trace_rules
+
+    return [name for name in ("_allowed_callable_ids", "_disallowed_callable_ids", "_nonstrict_trace_callable_ids")
+            if id(function) in getattr(trace_rules, name, ())]
+
+
+def _slots(value) -> dict:
+    """The attributes an object keeps in its classes' __slots__ (it may have no __dict__ to show them)."""
+    found = {}
+    for kind in type(value).__mro__:
+        names = vars(kind).get("__slots__", ())
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found.setdefault(name, getattr(value, name))
+    return found
 
 
 def _filled(cell) -> bool:
