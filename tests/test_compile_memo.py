@@ -333,20 +333,25 @@ def _memo_agrees_after(folder, files: dict, edits: dict, device="meta", kept=Tru
     assert _reported(again) == _reported(fresh), f"memo reused={again.reused}: a stale analysis"
 
 
-VERBOSE_MODEL = '''
+def _printing_block(condition: str, before: str = "", state: str = "", imports: str = "") -> str:
+    """A model whose forward prints (a graph break) when `condition` holds: `before` is module-level code
+    above the model, `state` lines for its __init__."""
+    init = "".join(f"\n        {line}" for line in state.splitlines())
+    return f'''
 import torch
 from torch import nn
-import settings
+{imports}
 
+{before}
 
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(8, 8)
+        self.fc = nn.Linear(8, 8){init}
 
     def forward(self, x):
         h = self.fc(x)
-        if settings.VERBOSE:
+        if {condition}:
             print("h")
         return h
 
@@ -354,6 +359,9 @@ class Block(nn.Module):
 def make():
     return Block(), (torch.randn(4, 8),)
 '''
+
+
+VERBOSE_MODEL = _printing_block("settings.VERBOSE", imports="import settings")
 
 
 def test_hole_a_global_of_an_imported_module_read_as_its_attribute(project_files):
@@ -370,34 +378,13 @@ def test_hole_a_global_of_a_package_module_read_through_its_package(project_file
                        {"pkg/settings.py": ("False", "True")})
 
 
-OPTIONS_MODEL = '''
-import torch
-from torch import nn
-
-
+OPTIONS_MODEL = _printing_block("{reader}.verbose", before="""
 class Options:
     verbose = False
 
 
 OPTIONS = Options()
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.options = Options()
-
-    def forward(self, x):
-        h = self.fc(x)
-        if {reader}.verbose:
-            print("h")
-        return h
-
-
-def make():
-    return Block(), (torch.randn(4, 8),)
-'''
+""", state="self.options = Options()")
 
 
 @pytest.mark.parametrize("reader", ["OPTIONS", "self.options"])
@@ -407,11 +394,7 @@ def test_hole_a_class_attribute_read_through_an_instance(reader, project_files):
                        {"model.py": ("verbose = False", "verbose = True")})
 
 
-SLOTS_MODEL = '''
-import torch
-from torch import nn
-
-
+SLOTS_MODEL = _printing_block("OPTIONS.verbose", before="""
 class Options:
     __slots__ = ("verbose",)
 
@@ -420,23 +403,7 @@ class Options:
 
 
 OPTIONS = Options()
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x):
-        h = self.fc(x)
-        if OPTIONS.verbose:
-            print("h")
-        return h
-
-
-def make():
-    return Block(), (torch.randn(4, 8),)
-'''
+""")
 
 
 def test_hole_an_object_with_slots(project_files):
@@ -444,27 +411,7 @@ def test_hole_an_object_with_slots(project_files):
                        {"model.py": ("self.verbose = False", "self.verbose = True")})
 
 
-HASHED_MODEL = '''
-import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.use_hashing = False
-
-    def forward(self, x):
-        h = self.fc(x)
-        if self.use_hashing:
-            print("h")
-        return h
-
-
-def make():
-    return Block(), (torch.randn(4, 8),)
-'''
+HASHED_MODEL = _printing_block("self.use_hashing", state="self.use_hashing = False")
 
 
 def test_hole_a_module_attribute_named_with_hash(project_files):
@@ -627,34 +574,11 @@ def test_hole_a_global_forward_hook_registered_by_the_model_file(project_files):
 
 
 
-ENUM_MODEL = '''
-import enum
-
-import torch
-from torch import nn
-
-
+ENUM_MODEL = _printing_block('self.kind.value == "slow"', imports="import enum", before="""
 class Kind(enum.Enum):
     FAST = "fast"
     SLOW = "slow"
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.kind = Kind.FAST
-
-    def forward(self, x):
-        h = self.fc(x)
-        if self.kind.value == "slow":
-            print("h")
-        return h
-
-
-def make():
-    return Block(), (torch.randn(4, 8),)
-'''
+""", state="self.kind = Kind.FAST")
 
 
 def test_hole_an_enum_members_value(project_files):
