@@ -192,6 +192,15 @@ def make(sign=1):
 '''
 
 
+def test_a_setting_edited_back_and_forth_is_read_in_either_version(tmp_path):
+    path = write(tmp_path, "model.py", MODEL)
+    memo = CompileMemo(tmp_path / "memo")
+    assert not _analysed(path, memo).reused
+    assert not _analysed(path, memo, lambda s: s.replace("SCALE = 2", "SCALE = 3")).reused
+    assert _analysed(path, memo, lambda s: s.replace("SCALE = 3", "SCALE = 2")).reused
+    assert _analysed(path, memo, lambda s: s.replace("SCALE = 2", "SCALE = 3")).reused
+
+
 def test_on_the_cpu_the_inputs_values_are_part_of_the_key(tmp_path):
     """After a break on a tensor's value the path taken depends on the values: on the CPU (a capture that
     needed real values) new values compile again, and the analysis shows the other path's break."""

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 
-# Analyses kept per key: a file edited back and forth hits either version.
+# Analyses kept per key: code or a setting edited back and forth hits either version.
 _VARIANTS = 4
 _DEPTH = 6
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -100,7 +100,8 @@ class CompileMemo:
                 variants = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 variants = []
-            variants = [variant] + [v for v in variants if isinstance(v, dict) and v.get("code") != code][:_VARIANTS - 1]
+            others = [v for v in variants if isinstance(v, dict) and (v.get("code"), v.get("globals")) != (code, names)]
+            variants = [variant] + others[:_VARIANTS - 1]
             self.folder.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
