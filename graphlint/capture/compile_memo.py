@@ -88,6 +88,8 @@ class CompileMemo:
                     return variant["analysis"]
         except (OSError, ValueError, KeyError, TypeError):
             pass  # no entry, or a corrupt one: a miss
+        except Exception:  # noqa: BLE001 - graphlint's own failure to check an entry (an odd module): a miss
+            logging.getLogger(__name__).debug("compile memo not read", exc_info=True)
         return None
 
     def store(self, key: str, analysis, traced: list[types.CodeType]) -> None:
