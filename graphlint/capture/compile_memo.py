@@ -94,6 +94,8 @@ class CompileMemo:
 
     def store(self, key: str, analysis, traced: list[types.CodeType]) -> None:
         """Keep `analysis`, made by compiling the functions of `traced`, under `key`."""
+        if not traced:
+            return  # this torch did not say what it traced (every compilation traces the forward at least)
         try:
             code, names = _read_by(traced)
             variant = {"code": code, "globals": names, "analysis": _analysis_to(analysis)}
@@ -118,6 +120,9 @@ def traced_code_recorded(into: list[types.CodeType]):
     """Every code object dynamo traces while this is open, inlined functions included, appended to `into`."""
     from torch import _guards
 
+    if not hasattr(_guards, "TracingContext"):  # an older torch: nothing recorded, so nothing is kept
+        yield
+        return
     contexts = []
     original = _guards.TracingContext.__init__
 
