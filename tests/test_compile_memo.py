@@ -592,3 +592,11 @@ class Kind(enum.Enum):
 
 def test_hole_an_enum_members_value(project_files):
     _memo_agrees_after(project_files, {"model.py": ENUM_MODEL}, {"model.py": ('FAST = "fast"', 'FAST = "slow"')})
+
+
+def test_nothing_is_kept_when_torch_did_not_say_what_it_traced(tmp_path):
+    """An older torch records no traced code: an entry with no source lines to check would never miss."""
+    from graphlint.capture.compile import CompileAnalysis
+
+    CompileMemo(tmp_path / "memo").store("key", CompileAnalysis(calls=["the factory's inputs"]), [])
+    assert not (tmp_path / "memo").exists()
