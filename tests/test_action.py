@@ -208,7 +208,7 @@ def test_the_readme_pins_every_action_by_commit_as_the_action_does():
     pinned = {name: sha for name, sha, _ in re.findall(r"uses: ([\w./-]+)@([0-9a-f]{40}) # (v[\d.]+)",
                                                        ACTION.read_text(encoding="utf-8"))}
     others = [(name, sha, version) for name, sha, version in used if name != "torch-graphlint/torch-graphlint"]
-    assert {name for name, _, _ in others} == {"actions/checkout", "actions/setup-python",
+    assert {name for name, _, _ in others} == {"actions/checkout", "actions/setup-python", "actions/cache",
                                                "github/codeql-action/upload-sarif"}
     for name, sha, version in others:
         assert re.fullmatch(r"[0-9a-f]{40}", sha) and version, f"{name}@{sha} is not pinned by commit"
