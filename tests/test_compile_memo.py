@@ -44,7 +44,10 @@ def _memo_files(cache) -> list:
 def _targets():
     cases = [(f"{rule.id}-{index}", example.code, "make") for rule in load_rules() if rule.id in GL3
              for index, example in enumerate((*rule.bad_examples, *rule.good_examples))]
-    cases += [(f"break-{name}", TEMPLATE.replace("{line}", bad), "make") for name, (bad, _) in CASES.items()]
+    # Breaks of each source: an op, a Python builtin, a library call, data-dependent control flow (the rule
+    # examples hold more).
+    cases += [(f"break-{name}", TEMPLATE.replace("{line}", CASES[name][0]), "make")
+              for name in ("item", "print", "numpy", "branch")]
     cases += [(f"recompiles-{name}", RECOMPILES, name) for name in ("counter", "loop_over_batch", "steps", "shape_branch")]
     return cases
 
@@ -238,24 +241,19 @@ def test_a_forward_without_a_source_file_is_not_kept(tmp_path):
 
 TRANSFORMERS = '''
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 
 def llama():
     config = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=128)
     return AutoModelForCausalLM.from_config(config), (), {"input_ids": torch.randint(0, 128, (2, 16))}
-
-
-def gpt2():
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
-    return AutoModelForCausalLM.from_config(config), (), {"input_ids": torch.randint(0, 128, (2, 16))}
 '''
 
 
 @pytest.mark.cli
 @pytest.mark.transformers
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama"])
 def test_a_transformers_model_is_reused_across_runs_of_the_command(family, tmp_path):
     """Its configuration keeps values that differ in every process (a salted hash), and its outputs are
     dataclasses whose __init__ Python generates: neither may keep the memo from being read by the next run."""
