@@ -41,13 +41,12 @@ from pathlib import Path
 
 import torch
 
+from graphlint.capture.compile_regions import TORCH_MARKS, is_torch_or_builtin
 
 # Analyses kept per key: code or a setting edited back and forth hits either version.
 _VARIANTS = 4
 _DEPTH = 6
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-# Marks torch puts on modules it compiled: not the user's state.
-_TORCH_MARKS = frozenset({"_is_torch_compile", "_compiled_call_impl"})
 
 
 class CompileMemo:
@@ -65,7 +64,7 @@ class CompileMemo:
                 fingerprint.number(module)
             modules = [[path, _qualified(type(module)), fingerprint.state(module)] for path, module in named]
             classes = sorted({kind for module in model.modules() for kind in type(module).__mro__
-                              if not _is_torch_or_builtin(kind)}, key=_qualified)
+                              if not is_torch_or_builtin(kind)}, key=_qualified)
             attributes = [[_qualified(kind), fingerprint.namespace(vars(kind))] for kind in classes]
             inputs = [[label, fingerprint.value(args), fingerprint.value(kwargs)] for label, args, kwargs in calls]
             # Dynamo's settings as the target left them (`config.automatic_dynamic_shapes = False` in its file).
@@ -264,7 +263,7 @@ class _Fingerprint:
         self._kept.append(value)
 
     def state(self, module: torch.nn.Module, depth: int = 0) -> list:
-        return self.namespace({k: v for k, v in vars(module).items() if k not in _TORCH_MARKS}, depth)
+        return self.namespace({k: v for k, v in vars(module).items() if k not in TORCH_MARKS}, depth)
 
     def namespace(self, space, depth: int = 0) -> list:
         # A stored hash (transformers' `_original_object_hash`) differs in every process: str hashes are salted.
@@ -282,7 +281,7 @@ class _Fingerprint:
             return ["torch", str(value)]
         if isinstance(value, enum.Enum):  # its value too: `self.kind.value == "slow"` reads it
             return ["enum", _qualified(type(value)), value.name, self.value(value.value, depth + 1)]
-        if isinstance(value, type) and _is_torch_or_builtin(value):
+        if isinstance(value, type) and is_torch_or_builtin(value):
             return ["class", _qualified(value)]
         if isinstance(value, types.ModuleType):
             return ["module", value.__name__]
@@ -299,7 +298,7 @@ class _Fingerprint:
         if isinstance(value, type):  # a class of yours or a library's: its attributes (`Config.scale`) too
             if depth >= _DEPTH:
                 return ["class", _qualified(value), "deep"]
-            bases = [self.value(base, depth + 1) for base in value.__mro__[1:] if not _is_torch_or_builtin(base)]
+            bases = [self.value(base, depth + 1) for base in value.__mro__[1:] if not is_torch_or_builtin(base)]
             return ["class", _qualified(value), self.namespace(vars(value), depth + 1), bases]
         if isinstance(value, torch.Tensor):  # its attributes too: dynamo's marks (`mark_dynamic`) are kept there
             return ["tensor", list(value.shape), list(value.stride()) if value.layout == torch.strided else [],
@@ -330,7 +329,7 @@ class _Fingerprint:
         if dataclasses.is_dataclass(value) or hasattr(value, "__dict__") or slots:
             attributes = {**slots, **(vars(value) if hasattr(value, "__dict__") else {})}
             # Its class's attributes too: `OPTIONS.verbose` reads `Options.verbose` when the instance has none.
-            kind = self.value(type(value), depth + 1) if not _is_torch_or_builtin(type(value)) else None
+            kind = self.value(type(value), depth + 1) if not is_torch_or_builtin(type(value)) else None
             return ["object", _qualified(type(value)), self.namespace(attributes, depth + 1), kind]
         text = repr(value)
         return ["repr", _qualified(type(value)), "" if " at 0x" in text else text]
@@ -396,10 +395,6 @@ def _filled(cell) -> bool:
 
 def _qualified(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _is_torch_or_builtin(kind: type) -> bool:
-    return kind.__module__.split(".")[0] in ("torch", "builtins")
 
 
 # -- the analysis as JSON ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import torch
 
 WHOLE_MODEL_ENV = "GRAPHLINT_COMPILE_WHOLE_MODEL"
 # What torch.compile itself sets on the module it compiles.
-_TORCH_MARKS = frozenset({"_is_torch_compile"})
+TORCH_MARKS = frozenset({"_is_torch_compile", "_compiled_call_impl"})
 # A guard on an input's size or stride: dynamic shapes absorb it on the next size (GL302 reports only repeats).
 _SIZE_GUARD = re.compile(r"^tensor '[^']+' (size|stride) mismatch at index \d+")
 
@@ -130,10 +130,15 @@ def compile_regions(model: torch.nn.Module, groups: list[list[str]]):
             vars(module).pop("forward", None)
 
 
+def is_torch_or_builtin(kind: type) -> bool:
+    """Whether a class is torch's or Python's own (not the user's or a library's, whose attributes may change)."""
+    return kind.__module__.split(".")[0] in ("torch", "builtins")
+
+
 def module_state(model: torch.nn.Module) -> list:
     """What of every module's own state a guard may read: plain values by value, tensors by identity and shape,
     other objects by identity (a list's length and items too), the parameter, buffer and child slots."""
-    return [(path, tuple((key, _fingerprint(value)) for key, value in vars(module).items() if key not in _TORCH_MARKS))
+    return [(path, tuple((key, _fingerprint(value)) for key, value in vars(module).items() if key not in TORCH_MARKS))
             for path, module in model.named_modules()]
 
 
@@ -194,8 +199,7 @@ def globals_kept(model: torch.nn.Module):
     import random
     import sys
 
-    classes = {kind for module in model.modules() for kind in type(module).__mro__
-               if kind.__module__.split(".")[0] not in ("torch", "builtins")}
+    classes = {kind for module in model.modules() for kind in type(module).__mro__ if not is_torch_or_builtin(kind)}
     spaces = {id(space): space for kind in classes
               for space in (vars(sys.modules[kind.__module__]) if kind.__module__ in sys.modules else {},)}
     saved = [(space, name, value, copy.deepcopy(value)) for space in spaces.values()
