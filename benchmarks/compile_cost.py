@@ -18,6 +18,13 @@ Targets, all on the meta device:
 `--whole-model` adds a column: GL3 with the repeated-block shortcut off (GRAPHLINT_COMPILE_WHOLE_MODEL=1), the
 analysis as it was before the shortcut, measured in the same run.
 
+`--floor` adds two columns measured without graphlint's analysis: plain dynamo with a backend that only returns
+the traced graph, on the target's meta model, in a process where torch and dynamo are already warm, timed around
+the compiled model's calls alone: the first call (one trace: the least any analysis that asks dynamo where the
+graph breaks can cost), and that call then the batch one and two larger (the automatic-dynamic recompile: the
+least an analysis that asks dynamo what recompiles can cost). Each is added to the plain check's time of the same
+run and quoted against it, so it is the ratio GL301 and GL3 could reach if graphlint's own work cost nothing.
+
 The issue's bar: GL301 and GL302 join the default selection when GL3 costs at most 1.3x a plain check on all four.
 """
 
@@ -166,9 +173,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default="gpt2,llama,vit,resnet", help="comma-separated target names")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-cache measurements")
+    parser.add_argument("--floor", action="store_true",
+                        help="also plain dynamo alone on the target (no graphlint analysis), in the same run")
+    parser.add_argument("--floor-of", help=argparse.SUPPRESS)  # internal: one floor measurement, in its own process
     parser.add_argument("--whole-model", action="store_true",
                         help="also GL3 with the repeated-block shortcut off (the whole model compiled), in the same run")
     options = parser.parse_args()
+    if options.floor_of:
+        print(*(f"{value:.4f}" for value in _floor_of(options.floor_of)))
+        return
 
     from graphlint.capture.compile_regions import WHOLE_MODEL_ENV
     from graphlint.config import Config
@@ -217,8 +230,69 @@ def main() -> None:
                     times[label].append(seconds(target, config, warm))
             medians = {label: statistics.median(values) for label, values in times.items()}
             base = medians["check"]
+            if options.floor and not warm:
+                floors = [_floor(target) for _ in range(options.repeat)]
+                for index, label in enumerate(("one trace", "trace and recompile", "one block's trace",
+                                               "one block's trace and recompile")):
+                    medians[f"check + {label}"] = base + statistics.median(f[index] for f in floors)
             shown = "; ".join(f"{label} {m:.2f} s ({m / base:.2f}x)" for label, m in medians.items())
             print(f"{name} ({'warm cache, one-line edit' if warm else 'cold'}): {shown}")
+
+
+def _floor(target: str) -> list[float]:
+    """One floor measurement (see `--floor`) in a fresh process: nothing of another run's dynamo state reaches it."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--floor-of", target], capture_output=True, text=True, check=True)
+    return [float(value) for value in done.stdout.split()]
+
+
+def _floor_of(target: str) -> list[float]:
+    """Seconds of plain dynamo on the target's meta model: the first call, and the first call with the batch one
+    and two larger after it; then the same for the first of its repeated blocks alone, on the inputs it got in
+    the first call (the least a shortcut that traces one block of each kind could cost, glue not counted).
+    torch, dynamo and the target's model are ready before each clock starts."""
+    import copy
+
+    import torch
+    import torch._dynamo as dynamo
+
+    from graphlint.capture.compile import _grown, _real_meta_tensors_accepted, varied_size, warm_up
+    from graphlint.capture.compile_regions import repeated_blocks
+    from graphlint.capture.device import _move_to_meta
+    from graphlint.target import TargetSpec, importable, load_factory, normalize_factory_result
+
+    warm_up()
+    spec = TargetSpec.parse(target, Path.cwd())
+    with importable(spec):
+        loaded = load_factory(spec)
+    with torch.device("meta"):
+        made = normalize_factory_result(loaded.factory())
+    _move_to_meta(made)
+    model = made.model
+    block = model.get_submodule(repeated_blocks(model)[0])
+    seen = []
+    # A copy as it came in: a cache object the call fills (transformers' DynamicCache) starts empty on each call.
+    handle = block.register_forward_pre_hook(lambda _, args, kwargs: seen.append(copy.deepcopy((args, kwargs))),
+                                             with_kwargs=True)
+    with torch.no_grad():
+        model(*made.args, **made.kwargs)
+    handle.remove()
+
+    def timed(module, args, kwargs) -> list[float]:
+        size = varied_size(args, kwargs, 0)
+        calls = [copy.deepcopy((args, kwargs))] + ([_grown(args, kwargs, 0, size, extra) for extra in (1, 2)] if size else [])
+        dynamo.reset()
+        compiled = dynamo.optimize(lambda gm, example_inputs: gm.forward)(module)
+        with torch.no_grad(), _real_meta_tensors_accepted(True):  # what graphlint needs to run dynamo on meta
+            start = time.perf_counter()
+            compiled(*calls[0][0], **calls[0][1])
+            first = time.perf_counter() - start
+            for call_args, call_kwargs in calls[1:]:
+                compiled(*copy.deepcopy(call_args), **copy.deepcopy(call_kwargs))
+            return [first, time.perf_counter() - start]
+
+    return timed(model, made.args, made.kwargs) + timed(block, *seen[0])
 
 
 def _cores() -> int:
