@@ -89,6 +89,75 @@ def test_a_functional_softmax_stays_safe(tmp_path, softmax):
     assert plan.refused == [] and plan.applied == [finding]
 
 
+HELPER = '''
+import math
+
+import torch
+from torch import nn
+
+
+def attention(query, key, value, mask=None, dropout=None):
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(query.size(-1))
+    p_attn = scores.softmax(dim=-1)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return torch.matmul(p_attn, value)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.dropout = DROPOUT
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        return CALL
+
+
+RECORDED = []
+
+
+def make():
+    model = Attention()
+    if isinstance(model.dropout, nn.Module):
+        model.dropout.register_forward_hook(lambda module, inputs, output: RECORDED.append(output))
+    return model, (torch.randn(2, 6, 16),)
+'''
+
+
+@pytest.mark.proof
+@pytest.mark.parametrize("call", ["attention(q, k, v, dropout=self.dropout)", "attention(q, k, v, None, self.dropout)"])
+def test_a_fix_that_stops_calling_a_module_passed_to_a_helper_is_unsafe_and_says_why(tmp_path, call):
+    """The Annotated Transformer's spelling: the module reaches the helper as a parameter, by keyword or position."""
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    path = write(tmp_path, "model.py", HELPER.replace("DROPOUT", "nn.Dropout(0.1)").replace("CALL", call))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix.applicability == UNSAFE
+    assert "the fix no longer calls dropout (self.dropout, a Dropout module); hooks registered on it would stop " \
+           "firing" in finding.fix.message
+    plan = fix_plan(report, tmp_path, unsafe=True)
+    fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
+    for source, fires in ((path, 1), (fixed, 0)):  # in plain PyTorch: the hook stops firing
+        module = _import(source, f"helper_{fires}")
+        model, inputs = module.make()
+        model(*inputs)
+        assert len(module.RECORDED) == fires
+
+
+@pytest.mark.proof
+def test_a_helper_given_a_function_stays_safe(tmp_path):
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    path = write(tmp_path, "model.py", HELPER.replace("DROPOUT", "nn.functional.dropout").replace(
+        "CALL", "attention(q, k, v, dropout=None)"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix.applicability == SAFE, finding.fix.message
+
+
 PERCEIVER = '''
 import torch
 from torch import nn

@@ -128,7 +128,8 @@ class SourceSpans:
             edits.append(Edit(path, line, 1, line, 1, f"{text[: len(text) - len(text.lstrip())]}{code}\n"))
         imports_in = where(answer.old)[0]
         edits += _import_edits(files[imports_in], imports_in, answer.imports)
-        message, applicability = _hooks_kept(answer, lambda call: _enclosing(where(call)[1], call)[1])
+        message, applicability = _hooks_kept(answer, lambda call: _enclosing(where(call)[1], call)[1],
+                                             lambda call: (_enclosing(where(call)[1], call)[0], where(call)[1].module))
         return Fix(message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
                    applicability)
 
@@ -237,12 +238,12 @@ class SourceSpans:
         return (start.line, start.column + 1, end.line, end.column + 1)
 
 
-def _hooks_kept(answer: Rewrite, class_around) -> tuple[str, str]:
+def _hooks_kept(answer: Rewrite, class_around, around) -> tuple[str, str]:
     """The fix's message and applicability: never safe when it stops calling a submodule, whose hooks would
     stop firing (graphlint.fix.submodules), whichever fixer wrote it."""
     olds = [answer.old, *(old for old, _ in answer.also), *answer.removed]
     news = [answer.new, *(new for _, new in answer.also), *(cst.parse_module(code) for _, code in answer.inserted)]
-    dropped = dropped_module_calls(olds, news, class_around)
+    dropped = dropped_module_calls(olds, news, class_around, around)
     if not dropped:
         return answer.message, answer.applicability
     applicability = UNSAFE if answer.applicability == SAFE else answer.applicability
