@@ -133,7 +133,9 @@ class UnfusedAttention(Rule):
         import) would mean something else at the call, or that the caller's file lacks, is left alone.
 
         For `transformers` models built with `from_config` or `from_pretrained`, the fix is
-        `attn_implementation="sdpa"` on that call.
+        `attn_implementation="sdpa"` on that call. A model class the installed `transformers` has no SDPA
+        attention for (its `_supports_sdpa` is False, as DeBERTa-v2's) is reported without a fix, and the
+        message says so: building it with `attn_implementation="sdpa"` raises.
 
         Unsafe: when the probabilities (or the scores) are also returned or stored after the values product
         (attention maps for visualisation, `qk.detach()`), the fused call cannot give them back; the fix is
@@ -376,6 +378,13 @@ class UnfusedAttention(Rule):
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
             fix = FixerAt("graphlint.fix.attention:use_sdpa_in_transformers")
+            # The model class that attn_implementation applies to: the outermost transformers model around it.
+            built = next((m for m in facts(softmax).module_stack if m.supports_sdpa is not None), None)
+            if built is not None and not built.supports_sdpa:
+                advice = (f"transformers has no fused (sdpa) attention for {built.class_name} in the installed "
+                          "version; a model class or a transformers version that has one runs it as one fused kernel")
+                fix = partial(_refuse, f'{built.class_name} does not support attn_implementation="sdpa" in the '
+                                       "installed transformers")
         related = [(scores, f"attention scores: {op(scores)}")]
         related += [(n, f"{name} of the scores") for n in before[1:] if (name := _step_name(n)) in ("scale", "mask")]
         related.append((values, f"probabilities times values: {op(values)}"))

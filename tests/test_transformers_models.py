@@ -68,6 +68,14 @@ class DetachedEmbeddings(torch.nn.Module):
 
 def llama_detached_embeddings():
     return DetachedEmbeddings(), (torch.randint(0, 128, (2, 16)),)
+
+
+def deberta():
+    from transformers import DebertaV2Config
+
+    config = DebertaV2Config(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                             vocab_size=128)
+    return AutoModel.from_config(config), (), {"input_ids": torch.randint(0, 128, (2, 16))}  # deberta built
 '''
 
 FAMILIES = {"gpt2": "modeling_gpt2.py", "llama": "modeling_llama.py", "bert": "modeling_bert.py"}
@@ -97,6 +105,24 @@ def test_sdpa_attention_is_not_flagged(family, targets):
     report = lint_file(targets, f"{family}_sdpa")
     assert report.errors == []
     assert findings_of(report, "GL101") == []
+
+
+def test_a_model_class_without_sdpa_gets_no_advice_to_use_it(targets):
+    """DeBERTa-v2 has no SDPA attention in transformers: building it with attn_implementation="sdpa" raises, so
+    the finding says so and offers no fix."""
+    from transformers import AutoModel, DebertaV2Config
+
+    with pytest.raises(ValueError, match="does not support"):  # what the advice would have led to
+        AutoModel.from_config(DebertaV2Config(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
+                                              vocab_size=128), attn_implementation="sdpa")
+    report = lint_file(targets, "deberta")
+    assert report.errors == []
+    [finding] = findings_of(report, "GL101")
+    assert finding.location.line == line_of(targets, "# deberta built")
+    assert 'attn_implementation="sdpa"' not in finding.message
+    assert "no fused (sdpa) attention for DebertaV2Model" in finding.message
+    assert finding.fix is None
+    assert finding.no_fix == 'DebertaV2Model does not support attn_implementation="sdpa" in the installed transformers'
 
 
 CLEAN_OF_CORRECTNESS_RULES = ["gpt2_eager", "gpt2_sdpa", "llama_eager", "llama_sdpa", "bert_eager", "bert_sdpa",

@@ -26,6 +26,9 @@ class ModuleInfo:
     type_name: str  # "torch.nn.modules.linear.Linear"
     library: bool  # defined by torch (torch.nn), so its forward is not the user's code
     built_at: tuple[Frame, ...] = ()  # user frames that constructed it, outermost first; () when unknown
+    # A `transformers` model class's `_supports_sdpa`: whether it can be built with attn_implementation="sdpa";
+    # None for any other class.
+    supports_sdpa: bool | None = None
 
     @property
     def class_name(self) -> str:
@@ -106,8 +109,14 @@ def describe_modules(model: nn.Module, build_sites: BuildSiteRecorder | None) ->
             type_name=_type_name(module),
             library=type(module).__module__.startswith("torch."),
             built_at=build_sites.built_at(module) if build_sites else (),
+            supports_sdpa=_supports_sdpa(type(module)),
         )
     return infos
+
+
+def _supports_sdpa(kind: type) -> bool | None:
+    value = getattr(kind, "_supports_sdpa", None)
+    return value if isinstance(value, bool) else None
 
 
 class ModuleCallTracker:
