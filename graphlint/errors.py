@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import traceback
 
-from graphlint.files import display_path, is_graphlint_file, is_hidden_file, is_torch_or_standard_library_file
+from graphlint.files import (display_path, is_graphlint_file, is_hidden_file, is_installed_file,
+                             is_torch_or_standard_library_file)
 
 
 class GraphlintError(Exception):
@@ -32,20 +33,40 @@ def one_line(error: BaseException) -> str:
 
 
 def raised_at(error: BaseException) -> str:
-    """` (at file:line)` for the innermost frame of user code in an exception's traceback."""
-    where = raised_where(error)
-    return f" (at {display_path(where[0])}:{where[1]})" if where is not None else ""
+    """` (at file:line)` for the innermost frame of user code in an exception's traceback; when that frame is in
+    an installed library, ` (at project_file:line, in library_file:line)`: the project's own call is the line to
+    change."""
+    frames = _user_frames(error)
+    if not frames:
+        return ""
+    (path, line), project = frames[-1], _project_frame(frames)
+    if project is not None and project != frames[-1]:
+        return f" (at {display_path(project[0])}:{project[1]}, in {display_path(path)}:{line})"
+    return f" (at {display_path(path)}:{line})"
 
 
 def raised_where(error: BaseException) -> tuple[str, int] | None:
-    """(absolute file, line) of the innermost frame of user code in an exception's traceback; for a syntax
-    error, the line that does not parse."""
+    """(absolute file, line) of the innermost frame of the project's code in an exception's traceback (of any
+    user code, libraries included, when the project's own is not in it); for a syntax error, the line that
+    does not parse."""
+    frames = _user_frames(error)
+    return (_project_frame(frames) or frames[-1]) if frames else None
+
+
+def _user_frames(error: BaseException) -> list[tuple[str, int]]:
+    """(absolute file, line) of every frame of user code (the project's and libraries') in the traceback,
+    outermost first."""
     if isinstance(error, SyntaxError) and error.filename and error.lineno:
-        return os.path.abspath(error.filename), error.lineno
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not is_hidden_file(os.path.abspath(f.filename))]
-    if not frames or frames[-1].lineno is None:
-        return None
-    return os.path.abspath(frames[-1].filename), frames[-1].lineno
+        return [(os.path.abspath(error.filename), error.lineno)]
+    frames = [(os.path.abspath(f.filename), f.lineno) for f in traceback.extract_tb(error.__traceback__)
+              if not is_hidden_file(os.path.abspath(f.filename))]
+    if not frames or frames[-1][1] is None:
+        return []
+    return [(path, line) for path, line in frames if line is not None]
+
+
+def _project_frame(frames: list[tuple[str, int]]) -> tuple[str, int] | None:
+    return next((frame for frame in reversed(frames) if not is_installed_file(frame[0])), None)
 
 
 def failure_where(error: GraphlintError) -> tuple[str | None, int | None]:

@@ -7,7 +7,9 @@ so each case also checks that the others survive it.
 from __future__ import annotations
 
 import json
+import re
 import os
+import sys
 import textwrap
 
 import pytest
@@ -19,6 +21,7 @@ MODEL = "import torch\nfrom torch import nn\n\n\n"
 FILES = {
     "good.py": ATTENTION,
     "raises.py": "def make():\n    raise ValueError('no weights here')\n",
+    "library_raises.py": "import libcst\n\n\ndef make():\n    return libcst.parse_expression('1 +')\n",
     "broken.py": "def make(:\n    pass\n",
     "missing_dependency.py": "import not_a_real_package_xyz\n\n\ndef make():\n    pass\n",
     "constant.py": "make = 3\n",
@@ -43,6 +46,9 @@ ERRORS = {
     "good.py:nothing": "good.py:nothing: good.py has no 'nothing'; define a function nothing() that returns (model, args)",
     "constant.py:make": "constant.py:make: constant.py: 'make' is an int, not a function; make it a function",
     "raises.py:make": "raises.py:make: the factory raised ValueError: no weights here (at raises.py:2)",
+    # Raised inside an installed library: the project's line that called it first, then the library's.
+    "library_raises.py:make": "library_raises.py:make: the factory raised ParserSyntaxError: Syntax Error @ 1:1. "
+                              "(at library_raises.py:5, in ",
     "not_a_module.py:make": "not_a_module.py:make: the factory's model is a str, not a torch.nn.Module",
     "args_not_tuple.py:make": "args_not_tuple.py:make: the factory's args is a Tensor, not a tuple "
                               "(write (x,) for a single input)",
@@ -260,3 +266,24 @@ def test_a_target_under_a_symlinked_folder_is_linted(project_dir):
     result = run_graphlint("check", "models/model.py:make", "--no-cache", cwd=project_dir)
     assert result.returncode == 1, result.stderr
     assert "GL101" in result.stdout and "model.py:" in result.stdout
+
+
+def test_an_error_inside_a_library_is_placed_at_the_projects_call_into_it(tmp_path, monkeypatch):
+    """Where a failure is shown (the editor's diagnostic, the error's location) is the project's own line that
+    called the library, not the library's file, which the user cannot change."""
+    import importlib
+
+    from graphlint.errors import raised_at, raised_where
+    from graphlint.results import TargetError
+    from graphlint.server.diagnostics import error_place
+
+    path = write(tmp_path, "library_raises.py", FILES["library_raises.py"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("library_raises")
+    with pytest.raises(Exception) as raised:
+        module.make()
+    assert raised_where(raised.value) == (str(path), 5)
+    assert re.fullmatch(r" \(at \S*library_raises\.py:5, in \S*/libcst/\S+\.py:\d+\)", raised_at(raised.value))
+    error = TargetError("library_raises.py:make", "the factory raised", *raised_where(raised.value))
+    assert error_place(error, str(path)) == (str(path), 5)
+    sys.modules.pop("library_raises", None)
