@@ -9,7 +9,7 @@ from torch import fx
 
 from graphlint.capture import facts
 from graphlint.memory.savings import kept_output
-from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, tensor_meta
+from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
@@ -35,7 +35,8 @@ class CastInLoop(Rule):
         The message says how many times the conversion ran in one forward. Not flagged: no-op casts (`.float()`
         of a float32 tensor), a cast that runs once (`logits.float()` at the end), and up-casts around
         numerically sensitive work such as softmax, normalisation, variance, log and exp, or the loss (the
-        float32 RMSNorm in every layer of a bfloat16 Llama is right).
+        float32 RMSNorm in every layer of a bfloat16 Llama is right), and conversions inside installed libraries
+        (a `diffusers` block converting the timestep again), which their users cannot move.
     """
     why = """
         Every conversion reads and writes the whole tensor and, in training, adds a `ToCopyBackward0` node
@@ -166,7 +167,7 @@ class CastInLoop(Rule):
     )
 
     def check(self, capture):
-        casts = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None]
+        casts = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None and not ran_in_library(n)]
         round_trips: dict[tuple, list[tuple[fx.Node, fx.Node, fx.Node]]] = defaultdict(list)
         for down in casts:
             match = _round_trip(down)

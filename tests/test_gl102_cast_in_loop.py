@@ -144,3 +144,27 @@ def test_a_single_cast_outside_any_loop_is_not_flagged(tmp_path):
                  .replace("        return x\n\n\ndef make", "        return x.float()\n\n\ndef make"))
     report = lint_file(path)
     assert report.errors == [] and findings_of(report, "GL102") == []
+
+
+def test_a_cast_repeated_inside_an_installed_library_is_not_flagged(tmp_path):
+    """A library block that converts the same input again in every layer (a diffusion model's timestep
+    embedding) is not the user's to move; the same code in the project is."""
+    library = '''
+import torch
+
+
+def embed(mask, h):
+    return h * mask.to(h.dtype)  # cast
+'''
+    write(tmp_path / "site-packages", "masklib.py", library)
+    call = "h = masklib.embed(mask[t], h)"
+    path = write(tmp_path, "model.py", loop_model(call).replace(
+        "import torch\n", "import sys\nsys.path.insert(0, __file__.rsplit('/', 1)[0] + '/site-packages')\n"
+                          "import masklib\nimport torch\n", 1))
+    report = lint_file(path)
+    assert report.errors == []
+    assert findings_of(report, "GL102") == []
+    write(tmp_path / "project", "masklib.py", library)  # the same code as the project's own: flagged
+    own = write(tmp_path / "project", "model.py", path.read_text().replace("/site-packages", "/project"))
+    [finding] = findings_of(lint_file(own), "GL102")
+    assert finding.location.path == str(tmp_path / "project" / "masklib.py") and finding.occurrences == 6
