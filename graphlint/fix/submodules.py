@@ -16,19 +16,8 @@ from graphlint.fix.source import functions_in, self_assignments
 
 def self_calls(node: cst.CSTNode, in_else: bool = True) -> list[cst.Call]:
     """The calls `self.NAME(...)` in `node` (outside its `else:` blocks unless `in_else`)."""
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Else(self, node: cst.Else) -> bool:
-            return in_else
-
-        def visit_Call(self, call: cst.Call) -> None:
-            if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and \
-                    call.func.value.value == "self":
-                found.append(call)
-
-    node.visit(_Calls())
-    return found
+    return [call for call in _calls(node, in_else) if isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name) and call.func.value.value == "self"]
 
 
 def module_kind(classdef: cst.ClassDef | None, name: str) -> str | None:
