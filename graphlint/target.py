@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at
+from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at, raised_where
 from graphlint.files import display_path, is_graphlint_file
 from graphlint.inputs import InputSpec, parse_input
 
@@ -521,7 +521,8 @@ def _import_error(what: str, error: BaseException, spec: TargetSpec, pythonpath:
     if isinstance(error, SyntaxError):
         return f"cannot import {what}: syntax error at {display_path(error.filename or '?')}:{error.lineno}: {error.msg}"
     if isinstance(error, ModuleNotFoundError):
-        return f"cannot import {what}: {error}; {_where_imports_looked(error.name or '', spec, pythonpath)}"
+        return (f"cannot import {what}: {error}{_imported_elsewhere(error, spec)}; "
+                f"{_where_imports_looked(error.name or '', spec, pythonpath)}")
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         raise error
     if isinstance(error, ImportError) and "no known parent package" in str(error) and spec.file is not None:
@@ -529,6 +530,15 @@ def _import_error(what: str, error: BaseException, spec: TargetSpec, pythonpath:
                 f"{display_path(str(spec.file.parent))} has no __init__.py, so graphlint imports it as a script: "
                 "add an __init__.py to make the folder a package")
     return f"importing {what} raised {one_line(error)}{raised_at(error)}"
+
+
+def _imported_elsewhere(error: ModuleNotFoundError, spec: TargetSpec) -> str:
+    """` (imported at file:line)` when the missing import is not in the target's own file: a sibling module
+    that the package's `__init__.py` re-exports, which the user would otherwise look for in the wrong file."""
+    where = raised_where(error)
+    if where is None or (spec.file is not None and Path(where[0]) == spec.file):
+        return ""
+    return f" (imported at {display_path(where[0])}:{where[1]})"
 
 
 def _where_imports_looked(missing: str, spec: TargetSpec, pythonpath: tuple[Path, ...]) -> str:

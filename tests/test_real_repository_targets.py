@@ -37,3 +37,19 @@ def test_an_error_of_the_users_call_reads_as_python_raises_it_after_the_cpu_rebu
     assert "KeyError" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert f"(at zoo.py:{line_of(path, 'return Net(depth=2')})" in result.stderr, result.stderr
 
+
+def test_a_missing_module_imported_by_a_sibling_that_the_package_re_exports_names_that_line(project_dir):
+    # vit_pytorch/__init__.py imports dino.py, which needs torchvision: linting vit.py fails on an import that
+    # vit.py does not have.
+    write(project_dir, "zoo/__init__.py", "from zoo.vit import ViT\nfrom zoo.dino import Dino\n")
+    write(project_dir, "zoo/vit.py", "from torch import nn\n\n\nclass ViT(nn.Linear):\n    pass\n")
+    dino = write(project_dir, "zoo/dino.py", "import torch\nfrom not_installed_xyz import transforms\n\nDino = 1\n")
+    where = f"No module named 'not_installed_xyz' (imported at zoo/dino.py:{line_of(dino, 'not_installed_xyz')});"
+    for target in ("zoo/vit.py:ViT", "zoo.vit:ViT"):
+        result = run_graphlint("check", target, "--init", "in_features=4", "--init", "out_features=4",
+                               "--input", "float32[2,4]", cwd=project_dir)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert where in result.stderr, result.stderr
+    # The file that has the import is not named twice.
+    result = run_graphlint("check", "zoo/dino.py:Dino", cwd=project_dir)
+    assert "No module named 'not_installed_xyz'; graphlint imported it" in result.stderr, result.stderr
