@@ -310,8 +310,11 @@ class _Builder:
         try:
             made = call_user_code(self.build, **kwargs)
         except Exception as error:
-            words = {key: value for key, value in kwargs.items() if isinstance(value, str)}
-            if not words or not isinstance(error, (AttributeError, TypeError)) or "'str'" not in str(error):
+            # A literal where the constructor needed an object: `--init attn_layers=Decoder` reaches it as the text
+            # "Decoder", `--init config={"n_layer": 2}` for a config dataclass as a dict, never as the object.
+            words = {key: value for key, value in kwargs.items() if isinstance(value, (str, dict))
+                     and f"'{type(value).__name__}'" in str(error)}
+            if not words or not isinstance(error, (AttributeError, TypeError)):
                 unset = _unset_objects(self.build, kwargs)
                 if not unset:
                     raise
@@ -321,8 +324,8 @@ class _Builder:
                                     f" and no --init literal can give {them}, write a factory function that builds "
                                     f"{self.spec.name}(...) and returns (model, args), and name it as the target"
                                     ) from error
-            # `--init attn_layers=Decoder` reaches the constructor as the text "Decoder", never as an object.
-            given = ", ".join(f"{key} as the text {value!r}" for key, value in words.items())
+            given = ", ".join(f"{key} as the {'text' if isinstance(value, str) else 'table'} {value!r}"
+                              for key, value in words.items())
             raise TargetFailure(f"{self.spec.name}() raised {one_line(error)}{raised_at(error)}; --init gave {given}: "
                                 "an argument that must be an object (a module, a config) cannot be written on the "
                                 f"command line: write a factory function that builds {self.spec.name}(...) and "

@@ -53,3 +53,33 @@ def test_a_missing_module_imported_by_a_sibling_that_the_package_re_exports_name
     # The file that has the import is not named twice.
     result = run_graphlint("check", "zoo/dino.py:Dino", cwd=project_dir)
     assert "No module named 'not_installed_xyz'; graphlint imported it" in result.stderr, result.stderr
+
+
+def test_a_table_given_for_a_config_object_says_to_write_a_factory(project_dir):
+    # nanoGPT's GPT(config) and mamba.py's LM(model_config) read attributes of a config dataclass.
+    write(project_dir, "gpt.py", """
+        from dataclasses import dataclass
+
+        from torch import nn
+
+
+        @dataclass
+        class GPTConfig:
+            n_embd: int = 16
+            n_layer: int = 2
+
+
+        class GPT(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.blocks = nn.Sequential(*[nn.Linear(config.n_embd, config.n_embd) for _ in range(config.n_layer)])
+
+            def forward(self, x):
+                return self.blocks(x)
+    """)
+    result = run_graphlint("check", "gpt.py:GPT", "--init", 'config={"n_layer": 1}', "--input", "float32[2,16]",
+                           cwd=project_dir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "GPT() raised AttributeError: 'dict' object has no attribute 'n_layer'" in result.stderr, result.stderr
+    assert ("--init gave config as the table {'n_layer': 1}: an argument that must be an object (a module, a "
+            "config) cannot be written on the command line: write a factory function") in result.stderr, result.stderr
