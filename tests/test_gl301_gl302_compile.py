@@ -161,6 +161,40 @@ def test_a_break_in_a_block_of_every_layer_is_one_finding_with_its_count(tmp_pat
     assert found[0].occurrences == 4 and "blocks.0 … blocks.3" in found[0].message
 
 
+def test_a_break_that_only_a_training_forward_hits_is_reported(tmp_path):
+    # A mixture-of-experts layer's router weights made with requires_grad=h.requires_grad (mamba.py's Jamba):
+    # torch.compile breaks there when gradients are on, as in training, and not under no_grad.
+    path = write(tmp_path, "router.py", '''
+        import torch
+        from torch import nn
+
+
+        class Router(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+
+            def forward(self, x):
+                h = self.fc(x)
+                weights = torch.ones(h.shape[0], 1, requires_grad=h.requires_grad)
+                return h * weights
+
+
+        def make():
+            return Router(), (torch.randn(4, 8),)
+    ''')
+    model, args = _module(path).make()
+    breaks = {}
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            breaks[grad] = torch._dynamo.explain(model)(*args).graph_break_count
+        torch._dynamo.reset()
+    assert breaks == {True: 1, False: 0}
+    found = findings_of(lint_file(path, select=("GL301",)), "GL301")
+    assert [f.location.line for f in found] == [line_of(path, "requires_grad=h.requires_grad")]
+    assert "requires_grad=True" in found[0].message
+
+
 def test_a_break_inside_a_library_is_a_note_not_a_finding_and_one_reached_from_the_users_line_is_theirs(tmp_path):
     library = tmp_path / "env" / "site-packages" / "breaky"
     library.mkdir(parents=True)

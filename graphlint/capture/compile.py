@@ -124,7 +124,9 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
                 analysis.calls.append(label)
                 seen = len(analysis.breaks)
                 try:
-                    with torch.no_grad():
+                    # With gradients, as the training step runs: some breaks happen only then (a tensor made with
+                    # requires_grad=True, an autograd.Function whose backward dynamo must trace).
+                    with torch.enable_grad():
                         compiled(*args, **kwargs)
                 except Exception as error:  # the analysis stops; the capture's findings stand
                     analysis.calls[-1] += f" (failed under torch.compile: {one_line(error)})"
