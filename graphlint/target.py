@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at, raised_where
+from graphlint.errors import (PRIVATE_MODULE_PREFIX, TargetFailure, UsageError, call_user_code, one_line, raised_at,
+                              raised_where)
 from graphlint.files import display_path, is_graphlint_file
 from graphlint.inputs import InputSpec, parse_input
 
@@ -456,7 +457,7 @@ def _import_file(spec: TargetSpec, pythonpath: tuple[Path, ...]):
         return _import_packaged(spec, package[0], package[1], pythonpath)
     # A private module name: the file's own stem could shadow a standard-library or installed module.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"_graphlint_target_{path.stem}_{digest}"
+    name = f"{PRIVATE_MODULE_PREFIX}{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)

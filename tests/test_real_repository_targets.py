@@ -38,6 +38,15 @@ def test_an_error_of_the_users_call_reads_as_python_raises_it_after_the_cpu_rebu
     assert f"(at zoo.py:{line_of(path, 'return Net(depth=2')})" in result.stderr, result.stderr
 
 
+
+def test_a_plain_files_module_is_named_by_its_stem_in_pythons_messages(project_dir):
+    # A file outside any package (nanoGPT's model.py) is imported under a private module name, which Python's
+    # message for the class named it by.
+    write(project_dir, "zoo.py", NET)
+    result = run_graphlint("check", "zoo.py:small", "--init", "depth=3", "--input", "float32[2,4]", cwd=project_dir)
+    assert "TypeError: zoo.Net() got multiple values for keyword argument 'depth'" in result.stderr, result.stderr
+    assert "_graphlint_target_" not in result.stderr, result.stderr
+
 def test_a_missing_module_imported_by_a_sibling_that_the_package_re_exports_names_that_line(project_dir):
     # vit_pytorch/__init__.py imports dino.py, which needs torchvision: linting vit.py fails on an import that
     # vit.py does not have.
