@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 from graphlint.files import (display_path, is_graphlint_file, is_hidden_file, is_installed_file,
@@ -26,9 +27,16 @@ def single_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip()) if "\n" in text or "\r" in text else text
 
 
+# A target file outside any package is imported under a private module name (graphlint.target), which Python's
+# own messages then name (`_graphlint_target_model_0123456789.GPT() got multiple values for ...`); the user knows
+# that module by its file's stem.
+PRIVATE_MODULE_PREFIX = "_graphlint_target_"
+_PRIVATE_MODULE = re.compile(rf"\b{PRIVATE_MODULE_PREFIX}(\w+?)_[0-9a-f]{{10}}\b")
+
+
 def one_line(error: BaseException) -> str:
     """An exception as `Type: first line of its message`."""
-    lines = str(error).strip().splitlines()
+    lines = _PRIVATE_MODULE.sub(r"\1", str(error)).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 

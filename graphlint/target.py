@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from graphlint.errors import TargetFailure, UsageError, call_user_code, one_line, raised_at
+from graphlint.errors import (PRIVATE_MODULE_PREFIX, TargetFailure, UsageError, call_user_code, one_line, raised_at,
+                              raised_where)
 from graphlint.files import display_path, is_graphlint_file
 from graphlint.inputs import InputSpec, parse_input
 
@@ -310,8 +311,11 @@ class _Builder:
         try:
             made = call_user_code(self.build, **kwargs)
         except Exception as error:
-            words = {key: value for key, value in kwargs.items() if isinstance(value, str)}
-            if not words or not isinstance(error, (AttributeError, TypeError)) or "'str'" not in str(error):
+            # A literal where the constructor needed an object: `--init attn_layers=Decoder` reaches it as the text
+            # "Decoder", `--init config={"n_layer": 2}` for a config dataclass as a dict, never as the object.
+            words = {key: value for key, value in kwargs.items() if isinstance(value, (str, dict))
+                     and f"'{type(value).__name__}'" in str(error)}
+            if not words or not isinstance(error, (AttributeError, TypeError)):
                 unset = _unset_objects(self.build, kwargs)
                 if not unset:
                     raise
@@ -321,8 +325,8 @@ class _Builder:
                                     f" and no --init literal can give {them}, write a factory function that builds "
                                     f"{self.spec.name}(...) and returns (model, args), and name it as the target"
                                     ) from error
-            # `--init attn_layers=Decoder` reaches the constructor as the text "Decoder", never as an object.
-            given = ", ".join(f"{key} as the text {value!r}" for key, value in words.items())
+            given = ", ".join(f"{key} as the {'text' if isinstance(value, str) else 'table'} {value!r}"
+                              for key, value in words.items())
             raise TargetFailure(f"{self.spec.name}() raised {one_line(error)}{raised_at(error)}; --init gave {given}: "
                                 "an argument that must be an object (a module, a config) cannot be written on the "
                                 f"command line: write a factory function that builds {self.spec.name}(...) and "
@@ -453,7 +457,7 @@ def _import_file(spec: TargetSpec, pythonpath: tuple[Path, ...]):
         return _import_packaged(spec, package[0], package[1], pythonpath)
     # A private module name: the file's own stem could shadow a standard-library or installed module.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"_graphlint_target_{path.stem}_{digest}"
+    name = f"{PRIVATE_MODULE_PREFIX}{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
@@ -521,7 +525,8 @@ def _import_error(what: str, error: BaseException, spec: TargetSpec, pythonpath:
     if isinstance(error, SyntaxError):
         return f"cannot import {what}: syntax error at {display_path(error.filename or '?')}:{error.lineno}: {error.msg}"
     if isinstance(error, ModuleNotFoundError):
-        return f"cannot import {what}: {error}; {_where_imports_looked(error.name or '', spec, pythonpath)}"
+        return (f"cannot import {what}: {error}{_imported_elsewhere(error, spec)}; "
+                f"{_where_imports_looked(error.name or '', spec, pythonpath)}")
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         raise error
     if isinstance(error, ImportError) and "no known parent package" in str(error) and spec.file is not None:
@@ -529,6 +534,15 @@ def _import_error(what: str, error: BaseException, spec: TargetSpec, pythonpath:
                 f"{display_path(str(spec.file.parent))} has no __init__.py, so graphlint imports it as a script: "
                 "add an __init__.py to make the folder a package")
     return f"importing {what} raised {one_line(error)}{raised_at(error)}"
+
+
+def _imported_elsewhere(error: ModuleNotFoundError, spec: TargetSpec) -> str:
+    """` (imported at file:line)` when the missing import is not in the target's own file: a sibling module
+    that the package's `__init__.py` re-exports, which the user would otherwise look for in the wrong file."""
+    where = raised_where(error)
+    if where is None or (spec.file is not None and Path(where[0]) == spec.file):
+        return ""
+    return f" (imported at {display_path(where[0])}:{where[1]})"
 
 
 def _where_imports_looked(missing: str, spec: TargetSpec, pythonpath: tuple[Path, ...]) -> str:

@@ -161,6 +161,79 @@ def test_a_break_in_a_block_of_every_layer_is_one_finding_with_its_count(tmp_pat
     assert found[0].occurrences == 4 and "blocks.0 … blocks.3" in found[0].message
 
 
+def test_a_break_that_only_a_training_forward_hits_is_reported(tmp_path):
+    # A mixture-of-experts layer's router weights made with requires_grad=h.requires_grad (mamba.py's Jamba):
+    # torch.compile breaks there when gradients are on, as in training, and not under no_grad.
+    path = write(tmp_path, "router.py", '''
+        import torch
+        from torch import nn
+
+
+        class Router(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+
+            def forward(self, x):
+                h = self.fc(x)
+                weights = torch.ones(h.shape[0], 1, requires_grad=h.requires_grad)
+                return h * weights
+
+
+        def make():
+            return Router(), (torch.randn(4, 8),)
+    ''')
+    model, args = _module(path).make()
+    breaks = {}
+    for grad in (True, False):
+        with torch.set_grad_enabled(grad):
+            breaks[grad] = torch._dynamo.explain(model)(*args).graph_break_count
+        torch._dynamo.reset()
+    assert breaks == {True: 1, False: 0}
+    found = findings_of(lint_file(path, select=("GL301",)), "GL301")
+    assert [f.location.line for f in found] == [line_of(path, "requires_grad=h.requires_grad")]
+    assert "requires_grad=True" in found[0].message
+
+
+def test_one_tensor_given_as_inputs_and_labels_is_grown_as_one_and_dynamic_shapes_absorb_it(tmp_path):
+    # nanoGPT's GPT(idx, targets) given (idx, idx): grown into two copies, the inputs lost their aliasing, the
+    # next batch size compiled as a constant, and GL302 said the batch size was specialised.
+    path = write(tmp_path, "lm.py", '''
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+
+
+        class LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(32, 16)
+                self.head = nn.Linear(16, 32)
+
+            def forward(self, idx, targets):
+                logits = self.head(self.embed(idx))
+                return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+        def make():
+            idx = torch.randint(0, 32, (2, 8))
+            return LM(), (idx, idx)
+    ''')
+    from torch._dynamo.testing import CompileCounter
+
+    model, (idx, _) = _module(path).make()
+    torch._dynamo.reset()
+    frames = CompileCounter()
+    compiled = torch.compile(model, backend=frames)
+    for batch in (2, 3, 4):  # as training calls it, one tensor both times
+        grown = torch.cat([idx] + [idx[:1]] * (batch - 2))
+        compiled(grown, grown)
+    torch._dynamo.reset()
+    assert frames.frame_count == 2  # the second size makes the batch dynamic
+    report = lint_file(path, select=("GL302",))
+    assert not findings_of(report, "GL302"), [f.message for f in report.findings]
+
+
 def test_a_break_inside_a_library_is_a_note_not_a_finding_and_one_reached_from_the_users_line_is_theirs(tmp_path):
     library = tmp_path / "env" / "site-packages" / "breaky"
     library.mkdir(parents=True)

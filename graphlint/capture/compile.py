@@ -124,7 +124,9 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
                 analysis.calls.append(label)
                 seen = len(analysis.breaks)
                 try:
-                    with torch.no_grad():
+                    # With gradients, as the training step runs: some breaks happen only then (a tensor made with
+                    # requires_grad=True, an autograd.Function whose backward dynamo must trace).
+                    with torch.enable_grad():
                         compiled(*args, **kwargs)
                 except Exception as error:  # the analysis stops; the capture's findings stand
                     analysis.calls[-1] += f" (failed under torch.compile: {one_line(error)})"
@@ -496,9 +498,15 @@ def _grown(args, kwargs, dim: int, size: int, extra: int):
     input's `size`; any other (a rotary table `(seq, dim/2)` beside `(batch, seq, dim)`, a graph's `edge_index`
     `(2, edges)`, a broadcast 1 beside a batch of 4) is left as it is."""
 
+    grown: dict[int, torch.Tensor] = {}
+
     def grow(value):
         if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == size:
-            return torch.cat([value] + [value.narrow(dim, 0, 1)] * extra, dim=dim)
+            # One tensor given twice (`model(ids, labels=ids)`) stays one tensor: dynamo guards on the inputs'
+            # aliasing, and two copies would compile the grown size as a constant, then recompile at the next.
+            if id(value) not in grown:
+                grown[id(value)] = torch.cat([value] + [value.narrow(dim, 0, 1)] * extra, dim=dim)
+            return grown[id(value)]
         return value
 
     return (tuple(torch.utils._pytree.tree_map(grow, list(args))), torch.utils._pytree.tree_map(grow, kwargs))

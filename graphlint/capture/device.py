@@ -38,10 +38,13 @@ def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Call
                                 "use --device auto (the default) or --device cpu") from meta_failure
     try:
         return _capture_on(loaded, "meta", vary_inputs, after)
-    except _NeedsRealValues as meta_failure:
-        capture = _capture_on(loaded, "cpu", vary_inputs, after)
-        capture.notes.insert(0, f"captured on CPU because {meta_failure}")
-        return capture
+    except _NeedsRealValues as failure:
+        meta_failure = failure
+    # The rebuild runs after the handler: an exception raised while another is handled is normalized at once,
+    # and Python 3.11 then reports `f(x=1, **{"x": 2})` as KeyError: 'x' instead of its TypeError.
+    capture = _capture_on(loaded, "cpu", vary_inputs, after)
+    capture.notes.insert(0, f"captured on CPU because {meta_failure}")
+    return capture
 
 
 class _NeedsRealValues(Exception):

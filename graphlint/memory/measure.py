@@ -57,6 +57,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
             except _NeedsRealValues as failure:
                 notes.append(f"measured on CPU because {failure}")
                 device = "cpu"
+            if device == "cpu":  # after the handler, as graphlint.capture.device's rebuild, for the same reason
                 trace, sizes = _trace(loaded.factory, "cpu", request, {})
         else:
             trace, sizes = _trace(loaded.factory, device, request, {})
