@@ -284,7 +284,7 @@ def _floor_of(target: str) -> list[float]:
         calls = [copy.deepcopy((args, kwargs))] + ([_grown(args, kwargs, 0, size, extra) for extra in (1, 2)] if size else [])
         dynamo.reset()
         compiled = dynamo.optimize(lambda gm, example_inputs: gm.forward)(module)
-        with torch.no_grad(), _real_meta_tensors_accepted(True):  # what graphlint needs to run dynamo on meta
+        with torch.enable_grad(), _real_meta_tensors_accepted(True):  # as a training step; meta needs the second
             start = time.perf_counter()
             compiled(*calls[0][0], **calls[0][1])
             first = time.perf_counter() - start

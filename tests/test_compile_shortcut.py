@@ -58,6 +58,8 @@ class Block(nn.Module):
             print(h.shape)
         if self.kind in ("mutates", "reads"):
             h = h * self.scale
+        if self.kind == "training":  # breaks only with gradients on, as in training
+            h = h * torch.ones(h.shape[0], 1, requires_grad=h.requires_grad)
         return torch.nn.functional.gelu(h) + x
 
 
@@ -133,9 +135,13 @@ def flag():
 
 def config():
     return Model("config"), (torch.randn(2, 8),)
+
+
+def training():
+    return Model("training"), (torch.randn(2, 8),)
 '''
 BLOCK_TARGETS = ("plain", "block_break", "last_block_breaks", "parity", "counter", "loop", "scaled", "mutates",
-                 "reads", "flag", "config")
+                 "reads", "flag", "config", "training")
 
 
 def _seen(report) -> list:
@@ -164,7 +170,7 @@ def test_repeated_blocks_give_what_whole_model_compilation_gives(select, tmp_pat
     if select == ("GL301", "GL302"):  # the models that must be found are found (the comparison is not vacuous)
         flagged = {target.rsplit(":", 1)[1] for f in shortcut[0] for target in f[-1]}
         assert {"block_break", "last_block_breaks", "parity", "counter", "loop", "mutates", "reads",
-                "flag", "config"} <= flagged
+                "flag", "config", "training"} <= flagged
 
 
 def test_the_shortcut_is_taken_where_blocks_repeat_cleanly_and_not_where_state_changes(tmp_path):

@@ -94,9 +94,11 @@ def graph_break_ids() -> dict[str, str]:
     return {entry["Gb_type"]: gb_id for gb_id, entries in registry.items() for entry in entries if "Gb_type" in entry}
 
 
-def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]) -> CompileAnalysis:
+def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]],
+                    graphs_without_grad: bool = False) -> CompileAnalysis:
     """Compile `model` with dynamo and run it on `calls` (label, args, kwargs), recording breaks and recompiles.
-    A call that fails ends the analysis there (what was seen is kept) with a line saying so."""
+    A call that fails ends the analysis there (what was seen is kept) with a line saying so. Dynamo traces with
+    gradients enabled; `graphs_without_grad` runs the traced graphs without them (see `_run_graph_without_grad`)."""
     analysis = CompileAnalysis()
     try:
         import torch._dynamo as dynamo
@@ -118,7 +120,7 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
         on_meta = any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
         with _quiet(), _real_meta_tensors_accepted(on_meta), _breaks_recorded(symbolic_convert, analysis), \
                 _recompiles_recorded(convert_frame, analysis, current, model), _limit_hits_recorded(analysis):
-            compiled = dynamo.optimize(_run_graph)(model)
+            compiled = dynamo.optimize(_run_graph_without_grad if graphs_without_grad else _run_graph)(model)
             for label, args, kwargs in calls:
                 current[0] = label
                 analysis.calls.append(label)
@@ -190,6 +192,20 @@ def _run_graph(gm: torch.fx.GraphModule, example_inputs) -> Any:
     nothing, and on the CPU rebuild it computes the values eager PyTorch would. Made-up values (zeros) would
     flow into the Python between graphs, take branches the model never takes and raise in its own checks."""
     return gm.forward
+
+
+def _run_graph_without_grad(gm: torch.fx.GraphModule, example_inputs) -> Any:
+    """`_run_graph` with autograd off while the graph runs (dynamo has traced it with gradients on). Only for an
+    analysis whose result stands on a single graph per call (the repeated-block shortcut): there no output of a
+    graph reaches Python code that dynamo traces next, so what requires grad there cannot change what it finds,
+    and the nested regions are not traced again for backward on every call (several times the whole cost)."""
+    forward = gm.forward
+
+    def run(*args):
+        with torch.no_grad():
+            return forward(*args)
+
+    return run
 
 
 @contextlib.contextmanager
@@ -437,7 +453,7 @@ def _shortcut(model, calls: list[tuple[str, tuple, dict]], device: str) -> Compi
     with globals_kept(model) as kept:
         try:
             with compile_regions(copied, groups):
-                analysis = analyse_compile(copied, calls)
+                analysis = analyse_compile(copied, calls, graphs_without_grad=True)
         except Exception:  # graphlint's own failure: whole-model compilation, as without the shortcut
             return None
         analysis.shortcut = shortcut_holds(analysis, before, module_state(copied), grown) and not kept.changed()
