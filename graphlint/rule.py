@@ -86,7 +86,7 @@ class FixerAt:
 
 
 # Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
-MERGE_PLACEHOLDERS = frozenset({"where", "occurrences", "count", "parameters"})
+MERGE_PLACEHOLDERS = frozenset({"where", "occurrences", "count", "parameters", "them"})
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
@@ -108,7 +108,8 @@ class Problem:
     - `{where}`: the module paths (`blocks.0.attn … blocks.11.attn`);
     - `{occurrences}`: `" (12 occurrences)"`, or nothing for one;
     - `{count}`: the number of occurrences;
-    - `{parameters}`: the union of `parameters`, grouped (`enc.0.weight, enc.0.bias, ... (4 tensors in enc)`).
+    - `{parameters}`: the union of `parameters`, grouped (`enc.0.weight, enc.0.bias, ... (4 tensors in enc)`);
+    - `{them}`: "it" for one of those parameters, "them" for more.
     Braces around any other word are left as they are.
 
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch

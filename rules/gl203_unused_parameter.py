@@ -105,8 +105,8 @@ class UnusedParameter(Rule):
                 by_module[capture.parameters[name].module_path].append(name)
             for module, group in by_module.items():
                 yield Problem(
-                    message=f"{opening}, so no gradient reaches them{branch}; "
-                            "remove them, or freeze them with requires_grad_(False).",
+                    message=f"{opening}, so no gradient reaches {{them}}{branch}; "
+                            "remove {them}, or freeze {them} with requires_grad_(False).",
                     stack=capture.parameters[group[0]].built_at,
                     module_path=module,
                     parameters=tuple(group),
@@ -117,10 +117,10 @@ def _branch_note(capture) -> str:
     branch = next((n for n in capture.ops if op(n) == "bool" and leaves_torch(n) and facts(n).stack), None)
     if branch is None and capture.python_draws:
         drawn = " and ".join(f"`{name}`" for name in capture.python_draws)
-        return (f" in this capture (the forward draws from {drawn}, and another draw may use them: "
+        return (f" in this capture (the forward draws from {drawn}, and another draw may use {{them}}: "
                 "check that some draw does)")
     if branch is None:
         return ""
     frame = facts(branch).stack[-1]
     return (f" (the forward branched on a tensor value at {display_path(frame.file)}:{frame.line}, "
-            "and a branch this capture did not take may use them)")
+            "and a branch this capture did not take may use {them})")

@@ -53,6 +53,7 @@ class _Said:
             "occurrences": self._occurrences(),
             "count": self.count,
             "parameters": describe_parameters(list(self.parameters)),
+            "them": "it" if len(self.parameters) == 1 else "them",
         })
 
     def _occurrences(self) -> str:
@@ -244,7 +245,8 @@ class Locator:
                 location = Location(file, line, column, end_line, end_column,
                                     first_party=self.project.is_first_party(file))
                 message = fill(problem.own_message, {"where": problem.where, "occurrences": "", "count": 1,
-                                                     "parameters": describe_parameters(list(problem.parameters))})
+                                                     "parameters": describe_parameters(list(problem.parameters)),
+                                                     "them": "it" if len(problem.parameters) == 1 else "them"})
             except Exception as error:
                 self._failed(f"placing a {rule.id} finding", error)
                 continue
