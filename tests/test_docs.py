@@ -178,7 +178,7 @@ def test_troubleshooting_quotes_what_graphlint_really_says():
     for quoted in ("graphlint could not build this fix: ", "please report it with --debug", '"internal_failures"',
                    "graphlint's own code failed after detection", "this is a bug in graphlint",
                    "on this capture's draw: the forward draws from ", "so the count may differ from step to step",
-                   "in this capture (the forward draws from ", "and another draw may use them: ",
+                   "in this capture (the forward draws from ", "and another draw may use {{them}}: ",
                    'level="warning"', "numpy.random.seed(seed)", "SEED = 0"):
         assert quoted in source, quoted
     for section in ("## When graphlint itself fails", "## Repeatable runs"):
