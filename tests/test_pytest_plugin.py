@@ -429,3 +429,38 @@ def test_a_model_built_from_another_module_gets_a_factory_file_whose_command_fix
     fixed = run_graphlint("check", *command, cwd=pytester.path)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/nested.py").read_text()
+
+
+CONFIGURED_WRAPPERS = """
+import pytest
+import torch
+from zoo.nested import Decoder, Wrapper
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_wrapper(scale):
+    model = Wrapper(attn_layers=Decoder(dim=16, depth=2), vocab=40, embedding_scale_for_the_wrapper=scale)
+    assert model(torch.randint(0, 40, (2, 5))).shape == (2, 5, 16)
+"""
+
+
+@pytest.mark.cli
+def test_configurations_built_at_one_line_get_factory_files_of_their_own(pytester):
+    # The names of the two configurations agree in their first 80 characters, and each command's factory must
+    # still build its own configuration.
+    nested = textwrap.dedent(NESTED).replace(
+        "def __init__(self, attn_layers, vocab=40):\n        super().__init__()",
+        "def __init__(self, attn_layers, vocab=40, embedding_scale_for_the_wrapper=1.0):\n        super().__init__()\n"
+        "        self.scale = embedding_scale_for_the_wrapper")
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/nested.py": nested,
+                           "tests/test_wrappers.py": textwrap.dedent(CONFIGURED_WRAPPERS)})
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = [line for line in result.stdout.lines if line.startswith("graphlint: Wrapper built at")]
+    assert len(lines) == 2, result.stdout.str()
+    for line in lines:
+        scale = line.split("embedding_scale_for_the_wrapper=", 1)[1].split(")", 1)[0]
+        command = line.split("): graphlint check ", 1)[1].split(" (a factory", 1)[0].split()
+        factory = (pytester.path / command[0].split(":")[0]).read_text()
+        assert f"embedding_scale_for_the_wrapper={scale})" in factory, (line, factory)
