@@ -289,3 +289,48 @@ def test_parameters_reaching_a_returned_function_are_not_reported_unused(factory
     report = lint_file(path, name=factory)
     assert report.errors == []
     assert findings_of(report, "GL203") == [] and findings_of(report, "GL202") == []
+
+
+# x-transformers' SyntheticDataGenerator: a method decorated with @torch.compile, called from the forward. The
+# capture records the eager ops of what the forward calls; dynamo tracing graphlint's own recorders instead
+# failed on the meta device, printed dynamo's recompile warnings, and reported anomaly detection (GL108) at the
+# compiled lines, which the model never switches on.
+COMPILED_METHOD = '''
+import torch
+from torch import nn
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
+
+    @torch.compile
+    def step(self, x):
+        h = self.proj(x)
+        return h * torch.sigmoid(h)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.step(x)
+        return self.head(x)
+
+
+def make():
+    return Generator(), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.cli
+def test_a_compiled_method_in_the_forward_is_captured_as_its_eager_ops(tmp_path):
+    from conftest import run_graphlint
+
+    path = write(tmp_path, "generator.py", COMPILED_METHOD)
+    done = run_graphlint("check", "generator.py:make", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr  # GL107 is a note
+    assert "dynamo" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["errors"] == [] and report["notes"] == [], report
+    assert [(f["rule"], f["location"]["line"]) for f in report["findings"]] == [
+        ("GL107", line_of(path, "return h * torch.sigmoid(h)"))]
