@@ -464,3 +464,57 @@ def test_configurations_built_at_one_line_get_factory_files_of_their_own(pyteste
         command = line.split("): graphlint check ", 1)[1].split(" (a factory", 1)[0].split()
         factory = (pytester.path / command[0].split(":")[0]).read_text()
         assert f"embedding_scale_for_the_wrapper={scale})" in factory, (line, factory)
+
+
+INNER = """
+import torch
+from torch import nn
+
+
+class Inner(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.pool = nn.Linear(dim, dim)  # built, never called
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Outer(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)
+"""
+
+INNER_TESTS = """
+import torch
+from zoo.inner import Inner, Outer
+
+
+def test_outer():
+    model = Outer(Inner(8))
+    assert model(torch.randn(2, 8)).shape == (2, 8)
+"""
+
+
+@pytest.mark.cli
+def test_a_module_argument_is_rebuilt_so_its_findings_point_where_its_layers_were_built(pytester):
+    # x-transformers' UniversalPretrainWrapper(TransformerWrapper(...)): a finding on the wrapped model's unused
+    # layer belongs at the line that built that layer, as `graphlint check` on a factory reports it.
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/inner.py": textwrap.dedent(INNER),
+                           "tests/test_inner.py": textwrap.dedent(INNER_TESTS)})
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json",
+                                           timeout=600)
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "out.json").read_text())
+    lines = (pytester.path / "src/zoo/inner.py").read_text().splitlines()
+    built = next(n for n, text in enumerate(lines, 1) if "# built, never called" in text)
+    assert [(f["rule"], f["location"]["path"], f["location"]["line"]) for f in report["findings"]] == [
+        ("GL203", "src/zoo/inner.py", built)]
+    assert report["notes"] == [], report["notes"]  # built on the meta device with the model, not moved there
