@@ -334,3 +334,18 @@ def test_a_compiled_method_in_the_forward_is_captured_as_its_eager_ops(tmp_path)
     assert report["errors"] == [] and report["notes"] == [], report
     assert [(f["rule"], f["location"]["line"]) for f in report["findings"]] == [
         ("GL107", line_of(path, "return h * torch.sigmoid(h)"))]
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_the_fix_in_a_compiled_method_is_proven_on_its_eager_ops(tmp_path):
+    from conftest import run_graphlint
+
+    path = write(tmp_path, "generator.py", COMPILED_METHOD)
+    done = run_graphlint("check", "generator.py:make", "--fix", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dynamo" not in done.stderr, done.stderr
+    # The edge case the original cannot take (a (4, 1) input to Linear(8, 8)) is named by the model's own error,
+    # not by dynamo's failure to trace graphlint's precision watch.
+    assert "the original fails on it (RuntimeError: mat1 and mat2 shapes cannot be multiplied" in done.stderr, done.stderr
+    assert "F.silu(h)" in path.read_text() or "functional.silu(h)" in path.read_text()
