@@ -13,6 +13,7 @@ the controlling process lints them all.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections import Counter
 import os
@@ -231,7 +232,11 @@ def _commands(report, recordings: list[dict], here: Path, factories: Path) -> li
 
 def _write_factory(folder: Path, name: str, source: str) -> Path | None:
     """Write a generated factory as `folder/<Class>_<line>.py`; None when the folder cannot be written."""
-    stem = re.sub(r"\W+", "_", name.replace(" built at ", "_")).strip("_")[:80]
+    stem = re.sub(r"\W+", "_", name.replace(" built at ", "_")).strip("_")
+    if len(stem) > 80 or " with (" in name:
+        # Configurations of one class built at one line share the start of their names: a digest of the whole
+        # name keeps each one's file its own when the name is cut (or differs only in characters made `_`).
+        stem = f"{stem[:71]}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}.py"

@@ -12,6 +12,9 @@ possible) and runs the recorded inputs: the model's own construction is seen, as
 Constructor arguments or inputs that `torch.save` cannot write (a lambda, a class defined inside a test) stay in
 `IN_MEMORY`, which children forked from the recording process inherit.
 
+A module passed to the constructor that the session saw built is saved as its own constructor call
+(`Rebuild`) and built again too.
+
 Limits: a model is rebuilt from its constructor, so changes a test makes after construction (a replaced layer,
 `.half()`) are not seen; a model built by `copy.deepcopy` or unpickling has no constructor call and is not
 linted; a recording that only memory holds cannot leave a pytest-xdist worker or reach a spawned child.
@@ -148,10 +151,13 @@ class ModelRecorder:
         recording.target = as_target(cls, built[0], built[1], inputs)
         if recording.target is None:
             recording.factory = as_factory(cls, built[0], built[1], inputs, self._constructor_call)
+        memo: dict[int, Any] = {}
+        args, kwargs = (_recipes(built[0], self._constructor_call, memo),
+                        _recipes(built[1], self._constructor_call, memo))
         try:
-            recording.data = _saved({"cls": cls, "args": built[0], "kwargs": built[1], "inputs": inputs})
+            recording.data = _saved({"cls": cls, "args": args, "kwargs": kwargs, "inputs": inputs})
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
-            recording.kept = (cls, built[0], built[1], inputs)
+            recording.kept = (cls, args, kwargs, inputs)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
 
     def _constructor_call(self, module) -> tuple[tuple, dict] | None:
@@ -173,6 +179,51 @@ class ModelRecorder:
             return known
         except TypeError:  # a module that cannot be weakly referenced
             return configuration_text(built[0], built[1])
+
+
+@dataclass(eq=False)
+class Rebuild:
+    """A module argument the session saw built, kept as its constructor call: the lint builds it again, so its
+    layers are built on the capture device and their findings point at the lines that built them."""
+
+    cls: type
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def _recipes(value: Any, constructor_call, memo: dict[int, Any]) -> Any:
+    """Constructor arguments with each module the session saw built replaced by its `Rebuild`; one module passed
+    twice (a shared embedding) is one `Rebuild`, built once. A module built elsewhere stays as it is."""
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        if id(value) in memo:
+            return memo[id(value)]
+        call = constructor_call(value)
+        if call is None:
+            return value
+        recipe = memo[id(value)] = Rebuild(type(value))
+        recipe.args = _recipes(tuple(call[0]), constructor_call, memo)
+        recipe.kwargs = _recipes(dict(call[1]), constructor_call, memo)
+        return recipe
+    if type(value) in (list, tuple):
+        return type(value)(_recipes(v, constructor_call, memo) for v in value)
+    if type(value) is dict:
+        return {k: _recipes(v, constructor_call, memo) for k, v in value.items()}
+    return value
+
+
+def _built(value: Any, memo: dict[int, Any]) -> Any:
+    """The arguments with each `Rebuild` built again (once each)."""
+    if isinstance(value, Rebuild):
+        if id(value) not in memo:
+            memo[id(value)] = call_user_code(value.cls, *_built(value.args, memo), **_built(value.kwargs, memo))
+        return memo[id(value)]
+    if type(value) in (list, tuple):
+        return type(value)(_built(v, memo) for v in value)
+    if type(value) is dict:
+        return {k: _built(v, memo) for k, v in value.items()}
+    return value
 
 
 def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
@@ -382,5 +433,7 @@ def rebuild(path: str):
     else:
         data = torch.load(path, map_location="cpu", weights_only=False)
         cls, args, kwargs, inputs = data["cls"], data["args"], data["kwargs"], data["inputs"]
+    memo: dict[int, Any] = {}
+    args, kwargs = _built(args, memo), _built(kwargs, memo)
     model = call_user_code(cls, *args, **kwargs)
     return Target(model, tuple(inputs[0]), dict(inputs[1]))

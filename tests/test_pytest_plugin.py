@@ -429,3 +429,92 @@ def test_a_model_built_from_another_module_gets_a_factory_file_whose_command_fix
     fixed = run_graphlint("check", *command, cwd=pytester.path)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "scaled_dot_product_attention" in (pytester.path / "src/zoo/nested.py").read_text()
+
+
+CONFIGURED_WRAPPERS = """
+import pytest
+import torch
+from zoo.nested import Decoder, Wrapper
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_wrapper(scale):
+    model = Wrapper(attn_layers=Decoder(dim=16, depth=2), vocab=40, embedding_scale_for_the_wrapper=scale)
+    assert model(torch.randint(0, 40, (2, 5))).shape == (2, 5, 16)
+"""
+
+
+@pytest.mark.cli
+def test_configurations_built_at_one_line_get_factory_files_of_their_own(pytester):
+    # The names of the two configurations agree in their first 80 characters, and each command's factory must
+    # still build its own configuration.
+    nested = textwrap.dedent(NESTED).replace(
+        "def __init__(self, attn_layers, vocab=40):\n        super().__init__()",
+        "def __init__(self, attn_layers, vocab=40, embedding_scale_for_the_wrapper=1.0):\n        super().__init__()\n"
+        "        self.scale = embedding_scale_for_the_wrapper")
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/nested.py": nested,
+                           "tests/test_wrappers.py": textwrap.dedent(CONFIGURED_WRAPPERS)})
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
+    assert result.ret == 1, result.stdout.str()
+    lines = [line for line in result.stdout.lines if line.startswith("graphlint: Wrapper built at")]
+    assert len(lines) == 2, result.stdout.str()
+    for line in lines:
+        scale = line.split("embedding_scale_for_the_wrapper=", 1)[1].split(")", 1)[0]
+        command = line.split("): graphlint check ", 1)[1].split(" (a factory", 1)[0].split()
+        factory = (pytester.path / command[0].split(":")[0]).read_text()
+        assert f"embedding_scale_for_the_wrapper={scale})" in factory, (line, factory)
+
+
+INNER = """
+import torch
+from torch import nn
+
+
+class Inner(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.pool = nn.Linear(dim, dim)  # built, never called
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Outer(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)
+"""
+
+INNER_TESTS = """
+import torch
+from zoo.inner import Inner, Outer
+
+
+def test_outer():
+    model = Outer(Inner(8))
+    assert model(torch.randn(2, 8)).shape == (2, 8)
+"""
+
+
+@pytest.mark.cli
+def test_a_module_argument_is_rebuilt_so_its_findings_point_where_its_layers_were_built(pytester):
+    # x-transformers' UniversalPretrainWrapper(TransformerWrapper(...)): a finding on the wrapped model's unused
+    # layer belongs at the line that built that layer, as `graphlint check` on a factory reports it.
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/inner.py": textwrap.dedent(INNER),
+                           "tests/test_inner.py": textwrap.dedent(INNER_TESTS)})
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json",
+                                           timeout=600)
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "out.json").read_text())
+    lines = (pytester.path / "src/zoo/inner.py").read_text().splitlines()
+    built = next(n for n, text in enumerate(lines, 1) if "# built, never called" in text)
+    assert [(f["rule"], f["location"]["path"], f["location"]["line"]) for f in report["findings"]] == [
+        ("GL203", "src/zoo/inner.py", built)]
+    assert report["notes"] == [], report["notes"]  # built on the meta device with the model, not moved there

@@ -230,3 +230,122 @@ def test_a_norm_in_a_custom_autograd_function_is_reported_without_claiming_it_ke
     for finding in findings:
         assert "one kernel" in finding.message and "saves less" not in finding.message, finding.message
         assert finding.saves_bytes == 0
+
+
+# hyper-connections' HyperConnections: the forward returns the branch's input and a function that adds the
+# branch's output back, closing over weights the forward computed from parameters. The caller calls that
+# function later, so those parameters do get gradients; the capture sums what the returned function holds into
+# its loss, as it sums the returned tensors.
+RETURNED_FUNCTION = '''
+import functools
+
+import torch
+from torch import nn
+
+
+class Residual(nn.Module):
+    def __init__(self, dim, as_partial=False):
+        super().__init__()
+        self.mix = nn.Parameter(torch.ones(dim))
+        self.gate = nn.Parameter(torch.zeros(dim))
+        self.as_partial = as_partial
+
+    def add_back(self, branch_out, residual, gate):
+        return residual + branch_out * gate
+
+    def forward(self, x):
+        branch_input = x * self.mix
+        gate = torch.sigmoid(self.gate)
+        if self.as_partial:
+            return branch_input, functools.partial(self.add_back, residual=x, gate=gate)
+
+        def add_residual(branch_out):
+            return self.add_back(branch_out, x, gate)
+
+        return branch_input, add_residual
+
+
+def make_closure():
+    return Residual(8), (torch.randn(4, 8),)
+
+
+def make_partial():
+    return Residual(8, as_partial=True), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.parametrize("factory", ["make_closure", "make_partial"])
+def test_parameters_reaching_a_returned_function_are_not_reported_unused(factory, tmp_path):
+    path = write(tmp_path, "residual.py", RETURNED_FUNCTION)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"plain_residual_{factory}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, (x,) = getattr(module, factory)()
+    branch_input, add_residual = model(x)
+    add_residual(torch.tanh(branch_input)).sum().backward()  # the caller's use: both parameters get gradients
+    assert model.mix.grad is not None and model.gate.grad is not None
+    report = lint_file(path, name=factory)
+    assert report.errors == []
+    assert findings_of(report, "GL203") == [] and findings_of(report, "GL202") == []
+
+
+# x-transformers' SyntheticDataGenerator: a method decorated with @torch.compile, called from the forward. The
+# capture records the eager ops of what the forward calls; dynamo tracing graphlint's own recorders instead
+# failed on the meta device, printed dynamo's recompile warnings, and reported anomaly detection (GL108) at the
+# compiled lines, which the model never switches on.
+COMPILED_METHOD = '''
+import torch
+from torch import nn
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
+
+    @torch.compile
+    def step(self, x):
+        h = self.proj(x)
+        return h * torch.sigmoid(h)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = self.step(x)
+        return self.head(x)
+
+
+def make():
+    return Generator(), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.cli
+def test_a_compiled_method_in_the_forward_is_captured_as_its_eager_ops(tmp_path):
+    from conftest import run_graphlint
+
+    path = write(tmp_path, "generator.py", COMPILED_METHOD)
+    done = run_graphlint("check", "generator.py:make", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr  # GL107 is a note
+    assert "dynamo" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["errors"] == [] and report["notes"] == [], report
+    assert [(f["rule"], f["location"]["line"]) for f in report["findings"]] == [
+        ("GL107", line_of(path, "return h * torch.sigmoid(h)"))]
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_the_fix_in_a_compiled_method_is_proven_on_its_eager_ops(tmp_path):
+    from conftest import run_graphlint
+
+    path = write(tmp_path, "generator.py", COMPILED_METHOD)
+    done = run_graphlint("check", "generator.py:make", "--fix", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dynamo" not in done.stderr, done.stderr
+    # The edge case the original cannot take (a (4, 1) input to Linear(8, 8)) is named by the model's own error,
+    # not by dynamo's failure to trace graphlint's precision watch.
+    assert "the original fails on it (RuntimeError: mat1 and mat2 shapes cannot be multiplied" in done.stderr, done.stderr
+    assert "F.silu(h)" in path.read_text() or "functional.silu(h)" in path.read_text()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 from typing import Any
 from collections.abc import Callable
 
@@ -31,7 +33,9 @@ def choose_loss(output: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     own_loss = getattr(output, "loss", None)
     if isinstance(own_loss, torch.Tensor) and own_loss.numel() == 1:
         return _scalar(own_loss)  # Hugging Face outputs carry their loss when labels are given
-    parts = [t.float().sum() for t in floating_tensors(output) if t.requires_grad]
+    # A function the forward returns (a closure adding a branch's output back, a partial) is called by the
+    # caller later, so the tensors it holds reach the caller's loss as returned tensors do.
+    parts = [t.float().sum() for t in floating_tensors(output, through_functions=True) if t.requires_grad]
     if not parts:
         return None
     total = parts[0]
@@ -45,8 +49,10 @@ def _scalar(loss: torch.Tensor) -> torch.Tensor:
     return loss if loss.dim() == 0 else loss.reshape(())
 
 
-def floating_tensors(value: Any, _seen: set[int] | None = None) -> list[torch.Tensor]:
-    """Every floating-point tensor inside an output: tensors, tuples, lists, dicts, dataclasses, ModelOutputs."""
+def floating_tensors(value: Any, _seen: set[int] | None = None, through_functions: bool = False) -> list[torch.Tensor]:
+    """Every floating-point tensor inside an output: tensors, tuples, lists, dicts, dataclasses, ModelOutputs;
+    with `through_functions`, also those a returned function holds (closure cells, a partial's arguments), but
+    never a module's own (a bound method's `self`)."""
     seen = _seen if _seen is not None else set()
     if id(value) in seen:
         return []
@@ -59,9 +65,22 @@ def floating_tensors(value: Any, _seen: set[int] | None = None) -> list[torch.Te
         items = list(value)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    elif through_functions and isinstance(value, functools.partial):
+        items = [value.func, *value.args, *value.keywords.values()]
+    elif through_functions and isinstance(value, types.MethodType):
+        items = [value.__func__]
+    elif through_functions and isinstance(value, types.FunctionType):
+        items = [_cell_contents(cell) for cell in value.__closure__ or ()]
     else:
         return []
     found = []
     for item in items:
-        found.extend(floating_tensors(item, seen))
+        found.extend(floating_tensors(item, seen, through_functions))
     return found
+
+
+def _cell_contents(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled (a name the function assigns later)
+        return None

@@ -28,3 +28,13 @@ class Patches:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
+
+
+def compiled_code_eager():
+    """A context in which code the model compiled (`@torch.compile` on a method, `torch.compile(fn)` in its
+    forward) runs eagerly: the recorders see its torch calls, and dynamo never traces the recorders themselves
+    (which fails on the meta device, prints its recompile warnings and shows dynamo's own switches as the
+    model's). `torch._dynamo.config.disable` reads the same on every torch graphlint supports."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(disable=True)

@@ -21,6 +21,7 @@ from graphlint.capture.forward import ForwardRecorder, kept_tensors, recorded_op
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.modules import BuildSiteRecorder, ModuleCallTracker, describe_modules
+from graphlint.capture.patches import compiled_code_eager
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.stages import reached
 
@@ -53,7 +54,7 @@ def capture_model(
     generators = python_states()
     try:
         reached("forward")
-        with torch.enable_grad(), debug, saved, tracker, recorder:
+        with compiled_code_eager(), torch.enable_grad(), debug, saved, tracker, recorder:
             output = call_user_code(model, *args, **kwargs)
             recorder.phase = "loss"
             loss = choose_loss(output, loss_fn)
@@ -72,7 +73,7 @@ def capture_model(
         reached("backward")
         weights = frozenset(storage_key(t) for t in (*parameters.values(), *model.buffers()))
         autograd = walk_autograd_graph(loss, saved, names, ops, weights)
-        with debug_modes_off():
+        with debug_modes_off(), compiled_code_eager():
             autograd.backward = run_backward(loss, parameters, autograd)
     saved.release()
     notes = []

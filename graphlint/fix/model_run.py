@@ -26,6 +26,7 @@ import torch
 
 from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
+from graphlint.capture.patches import compiled_code_eager
 from graphlint.errors import one_line
 from graphlint.fix import edge_cases
 from graphlint.target import TargetSpec, load_factory, normalize_factory_result, search_path
@@ -116,14 +117,15 @@ def _forward(model: torch.nn.Module, args: Any, kwargs: dict, loss_of: Any, in_d
     """One forward and backward of the built model: its outputs and parameter gradients."""
     model.zero_grad(set_to_none=True)
     seed_everything(1)
-    with _LowestPrecision() as precision:
+    with compiled_code_eager(), _LowestPrecision() as precision:
         output = model(*_double(args), **_double(kwargs)) if in_double else model(*args, **kwargs)
     outputs = [t.detach().clone() for t in floating_tensors(output)]
     backward_error = None
     try:
         loss = choose_loss(output, loss_of)
         if loss is not None:
-            loss.backward()
+            with compiled_code_eager():
+                loss.backward()
     except RuntimeError as error:
         backward_error = one_line(error).split(". Hint:")[0]
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}

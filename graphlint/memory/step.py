@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphlint.capture.loss import choose_loss
+from graphlint.capture.patches import compiled_code_eager
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
@@ -90,7 +91,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     for tensor in (*torch.utils._pytree.tree_leaves((args, kwargs)), *_closure_tensors(loss_fn)):
         if isinstance(tensor, torch.Tensor):
             tracker.existing(tensor, "input", "")
-    with _FusedAttentionOnMeta(train_on), tracker:
+    with compiled_code_eager(), _FusedAttentionOnMeta(train_on), tracker:
         tracker.phase("forward")
         with _Autocast(autocast) if autocast is not None else contextlib.nullcontext():
             output = model(*args, **kwargs)
