@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphlint.errors import call_user_code, one_line
+from graphlint.files import is_installed_file
 
 
 @dataclass
@@ -124,6 +125,8 @@ class ModelRecorder:
         if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
             self._torch_classes.add(cls)  # torch's own layers and losses called by a test are not the project's
             return
+        if _from_a_library(cls) and next(module.parameters(), None) is None:
+            return  # a library's parameter-free layer (einops' Rearrange) called by a test: nothing to train
         try:
             built = self._built.get(module)
         except TypeError:
@@ -437,3 +440,9 @@ def rebuild(path: str):
     args, kwargs = _built(args, memo), _built(kwargs, memo)
     model = call_user_code(cls, *args, **kwargs)
     return Target(model, tuple(inputs[0]), dict(inputs[1]))
+
+
+def _from_a_library(cls: type) -> bool:
+    """Whether a module class is defined in an installed library's file."""
+    return is_installed_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or "")
+

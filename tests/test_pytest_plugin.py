@@ -518,3 +518,53 @@ def test_a_module_argument_is_rebuilt_so_its_findings_point_where_its_layers_wer
     assert [(f["rule"], f["location"]["path"], f["location"]["line"]) for f in report["findings"]] == [
         ("GL203", "src/zoo/inner.py", built)]
     assert report["notes"] == [], report["notes"]  # built on the meta device with the model, not moved there
+
+
+LIBRARY_LAYER = '''
+from torch import nn
+
+
+class Flattened(nn.Module):
+    """A parameter-free reshaping layer, as einops' Rearrange."""
+
+    def forward(self, x):
+        return x.flatten(1)
+
+
+class Scaled(nn.Module):
+    """A library layer with a weight: a model of its own when a test calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * 2
+'''
+
+LIBRARY_TESTS = '''
+import torch
+from shapelib import Flattened, Scaled
+
+
+def test_flattened():
+    assert Flattened()(torch.randn(2, 3, 4)).shape == (2, 12)
+
+
+def test_scaled():
+    assert Scaled()(torch.randn(2, 4)).shape == (2, 4)
+'''
+
+
+@pytest.mark.cli
+def test_a_libraries_parameter_free_layer_called_by_a_test_is_not_a_target(pytester):
+    pytester.makepyfile(**{"site-packages/shapelib.py": textwrap.dedent(LIBRARY_LAYER),
+                           "tests/test_layers.py": textwrap.dedent(LIBRARY_TESTS)})
+    pytester.makepyprojecttoml('[project]\nname = "p"\nversion = "0"\n[tool.pytest.ini_options]\n'
+                               'pythonpath = ["site-packages"]\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json",
+                                           timeout=600)
+    result.assert_outcomes(passed=2)
+    report = json.loads((pytester.path / "out.json").read_text())
+    assert report["summary"]["targets"] == 1, report["summary"]  # Scaled only: it has a weight to train
