@@ -60,27 +60,36 @@ BEGIN, END = "<!-- memory-accuracy:begin -->", "<!-- memory-accuracy:end -->"
 TORCHINFO_BEGIN, TORCHINFO_END = "<!-- memory-torchinfo:begin -->", "<!-- memory-torchinfo:end -->"
 
 
-def estimated(factory: str, optimizer: str, train_on: str, autocast: str | None = None) -> int:
+def estimated(factory: str, optimizer: str, train_on: str, autocast: str | None = None,
+              module=memory_models, release_output: bool = False) -> int:
     """The peak `graphlint memory benchmarks/memory_models.py:FACTORY --optimizer OPTIMIZER --train-on TRAIN_ON`
-    (and `--autocast AUTOCAST`) reports."""
-    request = Request(optimizer=optimizer, train_on=train_on, autocast=autocast)
-    return measure(f"{HERE / 'memory_models.py'}:{factory}", HERE, request).peak_bytes
+    (and `--autocast AUTOCAST`, `--release-output`) reports; `module`: the file of the factory."""
+    request = Request(optimizer=optimizer, train_on=train_on, autocast=autocast, release_output=release_output)
+    return measure(f"{module.__file__}:{factory}", HERE, request).peak_bytes
 
 
 def profiled(factory: str, optimizer: str, foreach: bool | None, autocast: torch.dtype | None = None,
-             category: str | None = None) -> int:
+             category: str | None = None, module=memory_models, release_output: bool = False) -> int:
     """The peak of the same step run on CPU, as PyTorch's memory profiler records it; with `autocast`, the
     forward and loss under torch.autocast("cpu", dtype=autocast); with `category` (a profiler category name such
-    as "ACTIVATION"), the largest that category alone reaches."""
+    as "ACTIVATION"), the largest that category alone reaches; with `release_output`, the loop of a loss
+    function that returns only the loss (the output is dropped before backward, as Hugging Face's Trainer
+    does)."""
     torch.manual_seed(0)
-    made = normalize_factory_result(getattr(memory_models, factory)())
+    made = normalize_factory_result(getattr(module, factory)())
     model = made.model
     optim = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], foreach)
 
-    def step():
+    def forward_and_loss():
         with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
             output = model(*made.args, **made.kwargs)
-            loss = choose_loss(output, made.loss)
+            return output, choose_loss(output, made.loss)
+
+    def step():
+        if release_output:
+            loss = forward_and_loss()[1]
+        else:
+            output, loss = forward_and_loss()
         loss.backward()
         if optim is not None:
             optim.step()

@@ -36,6 +36,7 @@ class Request:
     optimizer: str = "adamw"
     train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
     autocast: str | None = None  # "bf16" or "fp16": the forward and loss under autocast to that dtype
+    release_output: bool = False  # the loop drops the model's output once the loss is made (only the loss is held)
     device: str = "auto"
     batch: int | None = None
     seq: int | None = None
@@ -182,7 +183,7 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         try:
             with torch.device(device):
                 trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer,
-                                      request.train_on, AUTOCAST.get(request.autocast))
+                                      request.train_on, AUTOCAST.get(request.autocast), request.release_output)
         except TargetFailure:
             raise
         except Exception as error:

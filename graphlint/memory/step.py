@@ -64,10 +64,13 @@ class StepTrace:
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
-             train_on: str = "cuda", autocast: torch.dtype | None = None) -> StepTrace:
+             train_on: str = "cuda", autocast: torch.dtype | None = None,
+             release_output: bool = False) -> StepTrace:
     """Run the steady-state step on the model's device and return what it allocated and freed, with the
     kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
-    `torch.autocast("cuda", dtype=autocast)`."""
+    `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
+    output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
+    calls it)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
     if optim is not None and trainable:
@@ -97,6 +100,8 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             output = model(*args, **kwargs)
             tracker.phase("loss")
             loss = choose_loss(output, loss_fn)
+        if release_output:
+            output = None
         if loss is not None:
             tracker.name_keepers(loss)
             tracker.phase("backward")
@@ -190,7 +195,9 @@ class _Tracker(TorchDispatchMode):
             self._modules.pop()
 
     def name_keepers(self, loss: torch.Tensor) -> None:
-        """Name, on each block autograd kept, the nodes that keep it (read before backward frees them)."""
+        """Name, on each block autograd kept, the nodes that keep it (read before backward frees them). What a
+        node keeps is read as it was packed, never unpacked: an unpack runs the saved-tensor hooks, and inside
+        a non-reentrant checkpoint that recomputes the region and keeps the recomputed tensors until backward."""
         self.loss_found = True
         seen, stack = set(), [loss.grad_fn]
         while stack:
@@ -198,15 +205,10 @@ class _Tracker(TorchDispatchMode):
             if node is None or node in seen:
                 continue
             seen.add(node)
-            for attribute in _saved_attributes(node):
-                try:
-                    value = getattr(node, attribute)
-                except Exception:  # freed already, or not readable on this node type
-                    continue
-                for tensor in value if isinstance(value, (tuple, list)) else (value,):
-                    block = self._block_of(tensor) if isinstance(tensor, torch.Tensor) else None
-                    if block is not None:
-                        block.saved_by.append(node.name())
+            for tensor in kept_by(node):
+                block = self._block_of(tensor)
+                if block is not None:
+                    block.saved_by.append(node.name())
             stack.extend(next_node for next_node, _ in node.next_functions)
 
     def existing(self, tensor: torch.Tensor, kind: str, module: str) -> None:
@@ -402,12 +404,31 @@ def _efficient(query, key, value, bias, needs_grad, dropout_p, is_causal, scale)
 _attribute_names: dict[type, tuple[str, ...]] = {}
 
 
+def kept_by(node) -> list[torch.Tensor]:
+    """The tensors an autograd node keeps for backward, as they were packed: a saved tensor without hooks is
+    its own data; one packed by saved-tensor hooks (a checkpoint's holder, an offload to the host) keeps
+    whatever tensors its packed value holds, read without calling its unpack hook."""
+    found = []
+    for attribute in _saved_attributes(node):
+        try:
+            value = getattr(node, attribute)
+        except Exception:  # freed already, or not readable on this node type
+            continue
+        for saved in value if isinstance(value, (tuple, list)) else (value,):
+            try:
+                packed = saved.data  # torch._C._autograd.SavedTensor: the packed value, as it is
+            except Exception:  # an undefined optional tensor, or a torch without the attribute
+                continue
+            found.extend(t for t in torch.utils._pytree.tree_leaves(packed) if isinstance(t, torch.Tensor))
+    return found
+
+
 def _saved_attributes(node) -> tuple[str, ...]:
+    """The node's raw saved values (`_raw_saved_*`, and `_raw_saved_tensors` on custom autograd.Function
+    nodes): SavedTensor objects, whose reading unpacks nothing."""
     names = _attribute_names.get(type(node))
     if names is None:
-        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
-        if hasattr(node, "saved_tensors"):  # custom autograd.Function nodes
-            names += ("saved_tensors",)
+        names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
         _attribute_names[type(node)] = names
     return names
 
