@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
+from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
@@ -94,7 +95,11 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     for tensor in (*torch.utils._pytree.tree_leaves((args, kwargs)), *_closure_tensors(loss_fn)):
         if isinstance(tensor, torch.Tensor):
             tracker.existing(tensor, "input", "")
-    with compiled_code_eager(), _FusedAttentionOnMeta(train_on), tracker:
+    on_cpu = train_on == "cpu"
+    kernels = CpuKernelsOnMeta() if on_cpu else contextlib.nullcontext()
+    # inside the tracker, so that the kernels' own allocations are tracked
+    memory = CpuKernelMemory() if on_cpu else contextlib.nullcontext()
+    with compiled_code_eager(), _FusedAttentionOnMeta(train_on), kernels, tracker, memory:
         tracker.phase("forward")
         with _Autocast(autocast) if autocast is not None else contextlib.nullcontext():
             output = model(*args, **kwargs)

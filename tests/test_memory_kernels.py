@@ -1,0 +1,85 @@
+"""Kernels measured, not assumed: on the meta device the step takes the paths CPU's kernels take (oneDNN's LSTM
+with its workspace and scratch, the generic GRU/RNN loop with its whole-sequence input projection), checked op
+for op against the real CPU kernels, the workspace against the kernel's own, and the peaks against PyTorch's
+CPU memory profiler."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import memory_zoo  # noqa: E402
+
+from graphlint.memory.kernels import CpuKernelsOnMeta, onednn_lstm_memory  # noqa: E402
+
+
+class _Allocations(TorchDispatchMode):
+    """The ops a call runs and the bytes of each output, autograd's own detaches left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is not torch.ops.aten.detach.default:
+            leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self.log.append((func.__name__, tuple(t.untyped_storage().nbytes() for t in leaves)))
+        return out
+
+
+RECURRENT = [
+    (torch.nn.GRU, {"batch_first": True}),
+    (torch.nn.GRU, {"num_layers": 2, "bidirectional": True, "dropout": 0.2}),
+    (torch.nn.RNN, {"num_layers": 2}),
+    (torch.nn.RNN, {"nonlinearity": "relu", "bidirectional": True, "batch_first": True}),
+    (torch.nn.LSTM, {"num_layers": 2, "bidirectional": True, "batch_first": True}),
+    (torch.nn.LSTM, {}),
+]
+
+
+@pytest.mark.parametrize("layer, options", RECURRENT, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_recurrent_layer_on_meta_runs_the_forward_ops_of_the_cpu_kernel(layer, options):
+    # the forward op for op; backward (whose meta functions copy a bias gradient that the CPU kernel does not,
+    # 4·hidden floats) is checked by the peaks against the profiler below
+    logs = []
+    for device in ("cpu", "meta"):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model, x = layer(8, 16, **options), torch.randn(3, 5, 8, requires_grad=True)
+        allocations = _Allocations()
+        # the CPU side under a saved-tensor hook too, so that neither side's log has autograd's detaches
+        with (CpuKernelsOnMeta() if device == "meta" else torch.autograd.graph.saved_tensors_hooks(
+                lambda t: t, lambda t: t)), allocations:
+            model(x)
+        logs.append(allocations.log)
+    cpu, meta = logs
+    if layer is torch.nn.LSTM:  # the workspace: empty from the meta function, sized by CpuKernelMemory
+        cpu = [(name, sizes[:3]) if name == "mkldnn_rnn_layer.default" else (name, sizes) for name, sizes in cpu]
+        meta = [(name, sizes[:3]) if name == "mkldnn_rnn_layer.default" else (name, sizes) for name, sizes in meta]
+    assert cpu == meta
+
+
+@pytest.mark.parametrize("steps, batch, inputs, hidden", [(37, 5, 24, 40), (64, 12, 100, 96), (200, 4, 32, 64)])
+def test_the_lstm_workspace_is_the_size_the_cpu_kernel_gives_it(steps, batch, inputs, hidden):
+    out = torch.ops.aten.mkldnn_rnn_layer(
+        torch.zeros(steps, batch, inputs), torch.zeros(4 * hidden, inputs), torch.zeros(4 * hidden, hidden),
+        torch.zeros(4 * hidden), torch.zeros(4 * hidden), torch.zeros(batch, hidden), torch.zeros(batch, hidden),
+        False, [], 2, hidden, 1, True, False, False, True)
+    real = out[3].untyped_storage().nbytes()
+    assert real > 10 * steps * batch * hidden * 4  # a workspace the meta function does not have
+    assert abs(onednn_lstm_memory(inputs, hidden).line("workspace", steps, batch) - real) <= 0.01 * real
+
+
+@pytest.mark.parametrize("factory, optimizer", [("lstm_tagger", "adamw"), ("bilstm_tagger_2_layers", "adamw"),
+                                                ("gru_tagger", "adamw"), ("rnn_tagger", "adam")])
+def test_recurrent_taggers_are_within_5_percent_of_the_profiler(factory, optimizer):
+    estimate, measured = memory_zoo.row(factory, optimizer, None)
+    assert abs(estimate - measured) <= 0.05 * measured, (estimate, measured)
