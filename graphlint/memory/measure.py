@@ -63,6 +63,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         else:
             trace, sizes = _trace(loaded.factory, device, request, {})
         result = estimate(trace, text)
+        result.output_held = not request.release_output
         result.notes = notes
         result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
         if request.device_memory is not None:
