@@ -124,10 +124,19 @@ def modeled_scratch(func, args) -> int:
 
 # kernels that make a contiguous copy of these arguments when they are not contiguous
 _CONTIGUOUS = {torch.ops.aten.embedding_dense_backward.default: (0,)}
-# kernels whose CPU implementation (oneDNN, im2col) holds buffers that depend on its algorithm: measured
-# (the positions of their batched arguments)
-_PROBED = {torch.ops.aten.convolution.default: (0,), torch.ops.aten.convolution_backward.default: (0, 1),
-           torch.ops.aten.native_batch_norm_backward.default: (0, 1)}
+# kernels whose CPU implementation (oneDNN, im2col) holds buffers that depend on its algorithm, and composite
+# kernels that decompose below the tracker (their intermediates are invisible to it on any device): measured.
+# op -> (the positions of its batched tensors, of its integer lists whose first element is the batch)
+_PROBED = {
+    torch.ops.aten.convolution.default: ((0,), ()),
+    torch.ops.aten.convolution_backward.default: ((0, 1), ()),
+    torch.ops.aten.native_batch_norm_backward.default: ((0, 1), ()),
+    torch.ops.aten.native_layer_norm_backward.default: ((0, 1), ()),
+    torch.ops.aten._safe_softmax.default: ((0,), ()),
+    torch.ops.aten.binary_cross_entropy_with_logits.default: ((0, 1), ()),
+    torch.ops.aten.upsample_nearest2d.default: ((0,), ()),
+    torch.ops.aten.upsample_nearest2d_backward.default: ((0,), (2,)),
+}
 SMALL_BATCH = 8  # a call of at most this batch is measured at its own size
 
 
@@ -142,20 +151,29 @@ def probed_scratch(func, args) -> int:
     return max(0, high + (high - low) * (batch - SMALL_BATCH) // (SMALL_BATCH // 2))
 
 
-def _call_key(args, batched: tuple[int, ...], size: int) -> tuple:
-    """The call's arguments as hashable specs, dimension 0 of the batched ones replaced by `size`."""
-    def spec(value, resize=False):
+def _call_key(args, batched: tuple[tuple[int, ...], tuple[int, ...]], size: int) -> tuple:
+    """The call's arguments as hashable specs (a tensor's shape, dtype and the order of its strides, which
+    decides whether a kernel copies it), the batch of the batched ones replaced by `size`."""
+    tensors, lists = batched
+
+    def spec(value, index):
         if isinstance(value, torch.Tensor):
             shape = tuple(value.shape)
-            if resize and shape:
+            if index in tensors and shape:
                 shape = (size, *shape[1:])
-            last = value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) \
-                and not value.is_contiguous()
-            return ("tensor", shape, value.dtype, last)
+            order = tuple(sorted(range(value.dim()), key=lambda d: (-value.stride(d), d)))
+            dense, step = True, 1
+            for d in reversed(order):
+                dense = dense and (value.shape[d] == 1 or value.stride(d) == step)
+                step *= value.shape[d]
+            # a view with gaps (a slice of a concatenation's gradient) keeps its own strides
+            return ("tensor", shape, value.dtype, order, None if dense else tuple(value.stride()))
+        if isinstance(value, (list, tuple)) and index in lists and value:
+            return ("ints", (size, *value[1:]))
         if isinstance(value, list):
-            return ("list", tuple(spec(v) for v in value))
+            return ("list", tuple(spec(v, -1) for v in value))
         return value
-    return tuple(spec(a, i in batched) for i, a in enumerate(args))
+    return tuple(spec(a, i) for i, a in enumerate(args))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -165,8 +183,14 @@ def _measured_scratch(func, key: tuple) -> int:
 
     def make(value):
         if isinstance(value, tuple) and value and value[0] == "tensor":
-            tensor = torch.zeros(value[1], dtype=value[2], device="cpu")
-            return tensor.contiguous(memory_format=torch.channels_last) if value[3] else tensor
+            _, shape, dtype, order, strides = value
+            if strides is not None:
+                span = 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True) if n > 0)
+                return torch.zeros(span, dtype=dtype, device="cpu").as_strided(shape, strides)
+            laid_out = torch.zeros([shape[d] for d in order], dtype=dtype, device="cpu")
+            return laid_out.permute([order.index(d) for d in range(len(order))])  # the strides' order, as called
+        if isinstance(value, tuple) and value and value[0] == "ints":
+            return list(value[1])
         if isinstance(value, tuple) and value and value[0] == "list":
             return [make(v) for v in value[1]]
         return value
