@@ -137,15 +137,18 @@ _PROBED = {
     torch.ops.aten.upsample_nearest2d.default: ((0,), ()),
     torch.ops.aten.upsample_nearest2d_backward.default: ((0,), (2,)),
 }
-SMALL_BATCH = 8  # a call of at most this batch is measured at its own size
+SMALL_BATCH = 8  # a larger call is measured at batches 4 and 8...
+SMALL_CALL = 64 * 2**20  # ...unless its tensors take at most this many bytes: then at its own size
 
 
 def probed_scratch(func, args) -> int:
     """The scratch of a CPU kernel at this call's batch (dimension 0 of its batched arguments): measured at that
-    batch when it is small, else at batches 4 and 8 and extended along the line through them, as convolutions'
-    buffers grow with the batch."""
+    batch when the call is small, else at batches 4 and 8 and extended along the line through them, as
+    convolutions' buffers grow with the batch."""
     batch = args[0].shape[0] if isinstance(args[0], torch.Tensor) and args[0].dim() else 0
-    if batch <= SMALL_BATCH:
+    size = sum(a.numel() * a.element_size() for a in torch.utils._pytree.tree_leaves(args)
+               if isinstance(a, torch.Tensor))
+    if batch <= SMALL_BATCH or size <= SMALL_CALL:
         return _measured_scratch(func, _call_key(args, _PROBED[func], batch))
     low, high = (_measured_scratch(func, _call_key(args, _PROBED[func], b)) for b in (SMALL_BATCH // 2, SMALL_BATCH))
     return max(0, high + (high - low) * (batch - SMALL_BATCH) // (SMALL_BATCH // 2))
@@ -297,8 +300,13 @@ def rises(prof, names: list[str]) -> list[int]:
             if node.tag == _EventType.Allocation:
                 if str(node.extra_fields.device) == "cpu":
                     allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
-            elif node.name in names:
-                ranges[node.name] = (node.start_time_ns, node.end_time_ns)
+            else:
+                try:
+                    name = node.name
+                except UnicodeDecodeError:  # torch sometimes returns an undecodable name for an event not ours
+                    name = ""
+                if name in names:
+                    ranges[name] = (node.start_time_ns, node.end_time_ns)
             walk(node.children)
 
     walk(prof.profiler.kineto_results.experimental_event_tree())
