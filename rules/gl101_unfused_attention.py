@@ -140,9 +140,13 @@ class UnfusedAttention(Rule):
         Unsafe: when the probabilities (or the scores) are also returned or stored after the values product
         (attention maps for visualisation, `qk.detach()`), the fused call cannot give them back; the fix is
         declared unsafe, puts `None` where they were returned or stored, and only `--unsafe-fixes` applies it.
-        Also unsafe: a finite fill (above), and a chain that calls a submodule (`self.attend = nn.Softmax(-1)`,
-        `self.attn_drop = nn.Dropout(p)`), which the fused call no longer calls: hooks registered on it (an
-        attention recorder's forward hook) would stop firing.
+        Also unsafe: a finite fill (above), and a chain that calls a submodule the fused call no longer calls,
+        where the model as built shows that something could tell: a hook registered on it (an attention
+        recorder's forward hook would stop firing), a subclass or a module of the project (its own forward
+        would no longer run), parameters or buffers. A plain `nn.Dropout` (and its variants), `nn.Softmax` or
+        `nn.Identity` with no hook is safe to stop calling; the fix reads the dropout's `p`
+        (`dropout_p=self.attn_drop.p if self.training else 0.0`), and its message says the module is no longer
+        called.
 
         Left alone, with the reason: two masks, a guard that also scales or casts the scores, probabilities used
         before the values product, an input reassigned between the statement that read it and the values

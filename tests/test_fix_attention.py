@@ -100,10 +100,9 @@ FORMS = {
 ''', "F.scaled_dot_product_attention(q, k, v, attn_mask=mask / 4, scale=1 / 4)"),
 }
 
-# Forms whose fix is declared unsafe, and a piece of the reason its message gives: one that stops calling a
-# submodule (its hooks would stop firing), one whose finite fill no mask of the fused call reproduces.
+# Forms whose fix is declared unsafe, and a piece of the reason its message gives: one whose finite fill no mask
+# of the fused call reproduces. (One that stops calling a plain dropout module with no hook is safe.)
 UNSAFE_FORMS = {
-    "causal-buffer-masked-fill-and-dropout-module": "no longer calls self.drop (a Dropout module); hooks",
     "where-keep-float32-softmax-functional-dropout-scaled-query": "the fill `torch.finfo(scores.dtype).min`",
 }
 

@@ -64,8 +64,8 @@ def test_a_fix_that_stops_calling_a_softmax_module_with_a_hook_is_unsafe_and_say
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix.applicability == UNSAFE
-    assert "the fix no longer calls self.attend (a Softmax module); hooks registered on it would stop firing" \
-        in finding.fix.message
+    assert "the fix no longer calls self.attend (a Softmax module): attend has hooks registered (forward), which " \
+           "would stop firing" in finding.fix.message
     plan = fix_plan(report, tmp_path, unsafe=True)
     assert plan.applied == [finding]
     fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
@@ -137,8 +137,8 @@ def test_a_fix_that_stops_calling_a_module_passed_to_a_helper_is_unsafe_and_says
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix.applicability == UNSAFE
-    assert "the fix no longer calls dropout (self.dropout, a Dropout module); hooks registered on it would stop " \
-           "firing" in finding.fix.message
+    assert "the fix no longer calls dropout (self.dropout, a Dropout module): dropout has hooks registered " \
+           "(forward), which would stop firing" in finding.fix.message
     plan = fix_plan(report, tmp_path, unsafe=True)
     fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
     for source, fires in ((path, 1), (fixed, 0)):  # in plain PyTorch: the hook stops firing
@@ -146,6 +146,23 @@ def test_a_fix_that_stops_calling_a_module_passed_to_a_helper_is_unsafe_and_says
         model, inputs = module.make()
         model(*inputs)
         assert len(module.RECORDED) == fires
+
+
+@pytest.mark.proof
+def test_a_module_passed_to_a_helper_with_no_hook_is_safe_and_its_p_still_read(tmp_path):
+    """The same model, no hook registered: nothing outside the model can tell that the dropout is no longer
+    called, and the fused call reads the module's `p` (and its training flag) where it was passed."""
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    source = HELPER.replace("DROPOUT", "nn.Dropout(0.1)").replace("CALL", "attention(q, k, v, dropout=self.dropout)")
+    path = write(tmp_path, "model.py", source.replace("        model.dropout.register_forward_hook", "        0 and "
+                                                                                     "model.dropout.register_forward_hook"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix.applicability == SAFE, finding.fix.message
+    assert "the fix no longer calls dropout (self.dropout, a Dropout module), which has no hook" in finding.fix.message
+    plan = fix_plan(report, tmp_path)
+    assert plan.applied == [finding]
+    assert "dropout_p=dropout.p if dropout is not None and dropout.training else 0.0" in plan.texts[str(path)]
 
 
 @pytest.mark.proof
