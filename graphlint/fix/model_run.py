@@ -10,8 +10,9 @@ must agree there too, except where the original gives NaN.
 
 Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
 model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
-verdict is a JSON object {"ok": bool, "reason": str, "note": str, "runs": bool} (runs: the rewritten model
-built and ran wherever the original did, whether or not it computed the same).
+verdict is a JSON object {"ok": bool, "reason": str, "note": str, "runs": bool, "differs": bool} (runs: the
+rewritten model built and ran wherever the original did, whether or not it computed the same; differs: it ran
+and computed different outputs or gradients, a fix known to be wrong that nothing may write).
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def main(argv: list[str]) -> int:
             f"proven in {original['lowest']} at its tolerance, since the model cannot run in float64 "
             f"({original['float64_error']})")
         runs = True  # whether the rewritten model builds and runs forward and backward wherever the original does
+        differs = False  # whether it computed something else
         try:
             rewritten = _run(target, Path(base), original, original["in_double"], pythonpath)
             reason = _differences(original, rewritten)
@@ -221,6 +223,7 @@ def main(argv: list[str]) -> int:
                 if reason is None and (edge := _differences(before, after, edge=True)) is not None:
                     reason = f"on an input the factory's do not cover ({before['name']}), {edge}"
             runs = rewritten["backward_error"] is None or original["backward_error"] is not None
+            differs = runs and reason is not None
             note = "; ".join(filter(None, [note, *original["edge_notes"]]))
         except StateDictChanged as error:  # it runs; its checkpoints would not load
             reason = str(error)
@@ -229,7 +232,7 @@ def main(argv: list[str]) -> int:
         except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
             reason, runs = f"the rewritten model fails: {one_line(error)}", False
         Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or "", "note": note,
-                                                  "runs": runs}), encoding="utf-8")
+                                                  "runs": runs, "differs": differs}), encoding="utf-8")
         return 0
 
 
