@@ -97,7 +97,11 @@ class UnfusedAttention(Rule):
         `if flag:` `is_causal=flag` or `attn_mask=m if flag else None`; statements the `if` runs to prepare the
         mask stay in it, or are written into `attn_mask=` when they only made the mask or the fill. A scale after
         a -inf fill is kept (it leaves -inf as it is), and one after an additive mask scales the mask too
-        (`attn_mask=mask / 4`). Dropout on the probabilities becomes `dropout_p=p if self.training else 0.0`
+        (`attn_mask=mask / 4`). An added mask the forward makes with a dtype of its own (`torch.full((n, n),
+        float("-inf")).triu(1)`, a cast, a tensor constant) is cast to the queries' dtype
+        (`attn_mask=mask.to(q.dtype)`), since `scores + mask` promoted where the fused call would not (on the
+        CPU it computes float64 queries with a float32 mask wrongly). Dropout on the probabilities becomes
+        `dropout_p=p if self.training else 0.0`
         (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped, also one
         under a flag (`if self.upcast_softmax: scores = scores.float()`), since the fused kernels accumulate in
         float32. Probabilities transposed on their way to a product with the values on
@@ -377,7 +381,8 @@ class UnfusedAttention(Rule):
         meta = _meta(before[-1])
         fix = FixerAt("graphlint.fix.attention:rewrite_attention",
                       rank=len(meta.shape) if meta is not None else None,
-                      default_scale=_scaled_by_default(scores, before[1:]))
+                      default_scale=_scaled_by_default(scores, before[1:]),
+                      mask_cast=_mask_of_its_own_dtype(before))
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -471,6 +476,41 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
                     seen.add(source)
                     pending.append(source)
     return None
+
+
+_ADDED = {"add", "add_", "radd", "sub", "sub_", "rsub"}
+
+
+def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
+    """Whether a float mask added to the scores (or a `baddbmm` bias) comes, in part, from a tensor the forward
+    made with a dtype of its own (`torch.full((n, n), float("-inf"))`, a tensor constant), not from the model's
+    inputs, parameters or buffers: its dtype stays when the model runs in another, and the fused call needs it
+    cast to the queries' dtype where `scores + mask` promoted."""
+    chain = set(before)
+    added = [n for step, came_from in zip(before[1:], before, strict=False) if op(step) in _ADDED
+             for n in step.all_input_nodes if n is not came_from and n not in chain]
+    if op(before[0]) == "baddbmm" and before[0].args and isinstance(before[0].args[0], fx.Node):
+        added.append(before[0].args[0])
+    pending, seen = list(added), set(added)
+    while pending:
+        node = pending.pop()
+        if not _floating(node):
+            continue  # a boolean or integer tensor: its dtype is not the mask's
+        if node.op == "placeholder" or node.op == "get_attr" and node.meta.get("parameter"):
+            continue  # follows the dtype the model runs in
+        sources = [n for n in node.all_input_nodes if _floating(n)]
+        if node.op == "get_attr" or op(node) in CAST or not sources:
+            return True  # a constant tensor, a cast to a fixed dtype, one made from numbers or a boolean mask
+        for source in sources:
+            if source not in seen:
+                seen.add(source)
+                pending.append(source)
+    return False
+
+
+def _floating(node: fx.Node) -> bool:
+    meta = tensor_meta(node)
+    return meta is not None and getattr(meta.dtype, "is_floating_point", False)
 
 
 def _line(node: fx.Node) -> tuple[str, int]:

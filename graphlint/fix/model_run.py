@@ -166,15 +166,17 @@ def _load_strictly(model: torch.nn.Module, state: dict) -> None:
                                "not load strictly")
 
 
-def _differences(original: dict, rewritten: dict, edge: bool = False) -> str | None:
-    """What the rewritten model computes differently, or None. On an edge case (`edge`), what the original
-    leaves undefined (a NaN output, NaN gradients) may be anything: a fused call gives a fully masked row zeros
-    where the hand-written softmax gave NaN."""
+def _differences(original: dict, rewritten: dict, edge: bool = False, in_double: bool = True) -> str | None:
+    """What the rewritten model computes differently, or None, saying the dtype the models ran in (float64, or
+    with `in_double` False their own). On an edge case (`edge`), what the original leaves undefined (a NaN
+    output, NaN gradients) may be anything: a fused call gives a fully masked row zeros where the hand-written
+    softmax gave NaN."""
     lowest = max((getattr(torch, record["lowest"]) for record in (original, rewritten)),
                  key=lambda dtype: torch.finfo(dtype).eps)
     rtol, atol = tolerances(lowest)
-    within = "" if lowest == torch.float64 else f" (compared at {str(lowest).removeprefix('torch.')} precision, " \
-                                                  "which part of the model computes in)"
+    ran = " in float64" if in_double else f" in the model's own dtypes ({str(lowest).removeprefix('torch.')})"
+    within = ran if lowest == torch.float64 or not in_double else \
+        f"{ran} (compared at {str(lowest).removeprefix('torch.')} precision, which part of the model computes in)"
     if len(original["outputs"]) != len(rewritten["outputs"]):
         return f"{len(rewritten['outputs'])} output tensors instead of {len(original['outputs'])}"
     for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
@@ -218,9 +220,9 @@ def main(argv: list[str]) -> int:
         differs = False  # whether it computed something else
         try:
             rewritten = _run(target, Path(base), original, original["in_double"], pythonpath)
-            reason = _differences(original, rewritten)
+            reason = _differences(original, rewritten, in_double=original["in_double"])
             for before, after in zip(original["edges"], rewritten["edges"], strict=True):
-                if reason is None and (edge := _differences(before, after, edge=True)) is not None:
+                if reason is None and (edge := _differences(before, after, True, original["in_double"])) is not None:
                     reason = f"on an input the factory's do not cover ({before['name']}), {edge}"
             runs = rewritten["backward_error"] is None or original["backward_error"] is not None
             differs = runs and reason is not None
