@@ -486,16 +486,23 @@ def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
     made with a dtype of its own (`torch.full((n, n), float("-inf"))`, a tensor constant), not from the model's
     inputs, parameters or buffers: its dtype stays when the model runs in another, and the fused call needs it
     cast to the queries' dtype where `scores + mask` promoted."""
-    chain = set(before)
-    added = [n for step, came_from in zip(before[1:], before, strict=False) if op(step) in _ADDED
-             for n in step.all_input_nodes if n is not came_from and n not in chain]
+    # What the scores are made from follows the queries' dtype as far as the mask is concerned.
+    upstream, pending = set(before), list(before[0].all_input_nodes)
+    while pending:
+        node = pending.pop()
+        if node not in upstream:
+            upstream.add(node)
+            pending.extend(node.all_input_nodes)
+    added = [n for step, came_from in zip(before[1:], before, strict=False)
+             if op(step) in _ADDED and not row_max_shift(step, came_from)
+             for n in step.all_input_nodes if n is not came_from and n not in upstream]
     if op(before[0]) == "baddbmm" and before[0].args and isinstance(before[0].args[0], fx.Node):
         added.append(before[0].args[0])
     pending, seen = list(added), set(added)
     while pending:
         node = pending.pop()
-        if not _floating(node):
-            continue  # a boolean or integer tensor: its dtype is not the mask's
+        if not _floating(node) or node in upstream:
+            continue  # a boolean or integer tensor (its dtype is not the mask's), or what the scores follow
         if node.op == "placeholder" or node.op == "get_attr" and node.meta.get("parameter"):
             continue  # follows the dtype the model runs in
         sources = [n for n in node.all_input_nodes if _floating(n)]
