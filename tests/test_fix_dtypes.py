@@ -49,6 +49,15 @@ OWN_DTYPE = 'torch.full((n, n), float("-inf"), device=x.device)'
 QUERIES_DTYPE = 'torch.full((n, n), float("-inf"), device=x.device, dtype=q.dtype)'
 
 
+def float32_mask_is_wrong() -> bool:
+    """Whether this torch computes float64 queries with a float32 additive mask wrongly on the CPU."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 16, 64, 32, dtype=torch.float64) for _ in range(3))
+    mask = torch.full((64, 64), float("-inf")).triu(1)
+    right = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.double())
+    return not torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), right, atol=1e-6)
+
+
 def test_torch_computes_float64_queries_with_a_float32_mask_wrongly_on_the_cpu():
     """The fact the cast rests on, in plain PyTorch (torch 2.13, CPU): float64 queries with a float32 additive
     mask give a wrong result; with the mask cast to float64, or float32 queries, the result is right."""
