@@ -273,7 +273,8 @@ def test_a_hook_registered_in_the_model_as_built_keeps_the_fix_unsafe_and_the_re
 @pytest.mark.proof
 @pytest.mark.parametrize(("dropout", "classes", "reason"), [
     ("MyDropout(dropout)", "class MyDropout(nn.Dropout):\n    pass\n",
-     "attn_dropout is a MyDropout of the project, whose own forward would no longer run"),
+     "attn_dropout is a MyDropout, not exactly one of torch.nn's stateless modules: its own forward would no "
+     "longer run"),
     ("nn.Dropout(dropout) if dropout > 0 else Scaled()",
      "class Scaled(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
      "        self.gain = nn.Parameter(torch.ones(()))\n\n    def forward(self, x):\n        return x * self.gain\n",
@@ -332,3 +333,35 @@ def test_fix_writes_the_nanogpt_attention_and_leaves_the_hooked_one(tmp_path):
     assert "dropout_p=self.attn_dropout.p if self.training else 0.0" in plain.read_text()
     assert hooked.read_text() == before
     assert "0.attn.attn_dropout has hooks registered (forward), which would stop firing" in done.stderr + done.stdout
+
+
+def test_the_judgement_reads_the_model_as_built_and_the_fixed_code():
+    """The rule on its own, for each observable reason, on modules as the capture describes them."""
+    import libcst as cst
+
+    from graphlint.capture.modules import ModuleInfo
+    from graphlint.fix.submodules import Dropped, judged
+
+    def modules(**changes):
+        drop = ModuleInfo("blocks.0.drop", "torch.nn.modules.dropout.Dropout", True)
+        return {"": ModuleInfo("", "model.Net", False), "blocks.0": ModuleInfo("blocks.0", "model.Attention", False),
+                "blocks.0.drop": ModuleInfo(**{**vars(drop), **changes})}
+
+    one = Dropped("self.drop", "a Dropout module", "drop", "Attention")
+    reads_p = [cst.parse_expression("F.scaled_dot_product_attention(q, k, v, dropout_p=self.drop.p if "
+                                    "self.training else 0.0)")]
+    assert judged([one], reads_p, modules()) == (True, "the fix no longer calls self.drop (a Dropout module), "
+                                                       "which has no hook in the model as built and computes nothing "
+                                                       "the fused call does not")
+    fixed_p = [cst.parse_expression("F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)")]
+    assert judged([one], fixed_p, modules()) == (False, "the fix no longer calls self.drop (a Dropout module): the "
+                                                        "fix does not read its `p`, so changing it would no longer "
+                                                        "change the model")
+    for changes, reason in (({"hooks": ("global forward-pre",)}, "has hooks registered (global forward-pre)"),
+                            ({"tensors": 1}, "holds parameters or buffers"),
+                            ({"type_name": "model.MyDropout", "library": False}, "is a MyDropout, not exactly one"),
+                            ({"path": "blocks.0.other"}, "graphlint did not find it in the model as built")):
+        quiet, clause = judged([one], reads_p, {k if k != "blocks.0.drop" else changes.get("path", k): v
+                                                for k, v in modules(**changes).items()})
+        assert not quiet and reason in clause, clause
+    assert not judged([one], reads_p, None)[0]  # the model unknown: unsafe

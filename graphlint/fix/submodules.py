@@ -184,12 +184,13 @@ def _observable(one: Dropped, new_code: str, modules: Mapping[str, ModuleInfo] |
             if info.library:
                 return (f"{info.path} is a {info.class_name}, not a stateless torch.nn module; hooks registered on "
                         f"it would stop firing")
-            return f"{info.path} is a {info.class_name} of the project, whose own forward would no longer run"
+            return (f"{info.path} is a {info.class_name}, not exactly one of torch.nn's stateless modules: its own "
+                    f"forward would no longer run")
         if info.tensors:
             return f"{info.path} holds parameters or buffers, which would no longer be used"
-    setting = STATELESS[instances[0].type_name]
-    if setting and not re.search(rf"(?<![\w.]){re.escape(one.called)}\.{setting}\b", new_code):
-        return f"the fix does not read its `{setting}`, so changing it would no longer change the model"
+    for setting in dict.fromkeys(STATELESS[info.type_name] for info in instances):
+        if setting and not re.search(rf"(?<![\w.]){re.escape(one.called)}\.{setting}\b", new_code):
+            return f"the fix does not read its `{setting}`, so changing it would no longer change the model"
     return ""
 
 
