@@ -364,8 +364,11 @@ class UnfusedAttention(Rule):
                     read_scores.setdefault(_line(node), bias)
                     continue
                 found.append((node, chain))
+        # Layers that run the same lines get one rewrite: the mask is cast in all where any needs it (a later
+        # layer's scores are made from what an earlier one did with the same mask).
+        casts = {_line(node) for node, (before, _) in found if _mask_of_its_own_dtype(before)}
         for node, chain in found:
-            problem = self._problem(node, *chain, capture=capture)
+            problem = self._problem(node, *chain, capture=capture, mask_cast=_line(node) in casts)
             bias = read_scores.get(_line(node))
             if bias is not None:  # other configurations of this code add a bias made from the scores
                 problem = dataclasses.replace(
@@ -374,7 +377,8 @@ class UnfusedAttention(Rule):
                                                   "call cannot compute"))
             yield problem
 
-    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node], capture=None) -> Problem:
+    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node], capture=None,
+                 mask_cast: bool = False) -> Problem:
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
@@ -382,7 +386,7 @@ class UnfusedAttention(Rule):
         fix = FixerAt("graphlint.fix.attention:rewrite_attention",
                       rank=len(meta.shape) if meta is not None else None,
                       default_scale=_scaled_by_default(scores, before[1:]),
-                      mask_cast=_mask_of_its_own_dtype(before))
+                      mask_cast=mask_cast)
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
