@@ -216,3 +216,55 @@ def test_transformers_eager_attention_of_llama_mistral_qwen2_and_gemma_gets_a_pr
                 model, (ids,) = module.build(family, implementation)
                 outputs.append(model.to(dtype).eval()(ids).logits)
             assert torch.allclose(*outputs, atol=tolerance), (family, dtype, (outputs[0] - outputs[1]).abs().max())
+
+
+LAYERS = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / (c // self.heads) ** 0.5
+        scores = scores + mask
+        return torch.matmul(F.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, n, c)
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Attention(), Attention()])
+
+    def forward(self, x, valid):
+        mask = (~valid)[:, None, None, :].float() * -10000.0
+        for layer in self.layers:
+            x = x + layer(x, mask)
+        return x
+
+
+def make():
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False
+    return Encoder(), (torch.randn(2, 6, 32), valid)
+'''
+
+
+@pytest.mark.proof
+def test_layers_sharing_a_mask_of_its_own_dtype_get_one_cast_rewrite(tmp_path):
+    """The mask is made once with `.float()` and given to every layer: the second layer's scores depend on it
+    through the first, yet both layers' occurrences get the one rewrite, with the cast, proven."""
+    path = model_file(tmp_path, LAYERS)
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.occurrences == 2 and finding.fix is not None, finding.no_fix
+    plan = fix_plan(report, tmp_path)
+    assert plan.applied == [finding]
+    assert "attn_mask=mask.to(q.dtype)" in plan.texts[str(path)]
