@@ -968,7 +968,9 @@ def test_a_formatted_file_stays_formatted_and_keeps_its_comments(tmp_path):
 
 
 @pytest.mark.server
-def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_preferred_quick_fix(tmp_path):
+def test_the_language_server_offers_an_unsafe_fix_once_proven_labelled_never_as_the_preferred_quick_fix(tmp_path):
+    """As `--unsafe-fixes` would write it: not before its proof, not when the proof refused it, and then as a
+    quick fix titled with why it is unsafe, never the preferred one."""
     from lsprotocol import types
 
     from graphlint.report.columns import SourceColumns
@@ -977,9 +979,12 @@ def test_the_language_server_offers_an_unsafe_fix_as_a_rewrite_never_as_the_pref
     report = lint_file(_model(tmp_path, GL105_MODEL), device="meta", extend_select=("GL105",))
     [finding] = findings_of(report, "GL105")
     diagnostic = types.Diagnostic(range=types.Range(types.Position(0, 0), types.Position(0, 1)), message="")
-    action = quick_fix(Shown(diagnostic, finding), SourceColumns())
-    assert action.kind == types.CodeActionKind.RefactorRewrite and not action.is_preferred
-    assert action.title.startswith("Fix GL105 (unsafe): ")
+    shown = Shown(diagnostic, finding)
+    assert quick_fix(shown, SourceColumns()) is None  # not yet proven
+    assert quick_fix(shown, SourceColumns(), "output 0 differs by up to 0.5 in float64") is None
+    action = quick_fix(shown, SourceColumns(), "")
+    assert action.kind == types.CodeActionKind.QuickFix and not action.is_preferred
+    assert action.title.startswith("Fix GL105 (unsafe: the state dict loses the layer's bias): ")
 
 
 # -- chains through the project's helpers ---------------------------------------------------------------------
