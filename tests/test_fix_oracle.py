@@ -1,8 +1,9 @@
-"""The proof against an oracle: every fix the rule examples and the suite's fix models produce, run original
-and fixed in plain PyTorch, with nothing of graphlint's, at float64 and float32 (and bfloat16 where the model
-runs in it), on the factory's inputs and on a fully masked row and a sequence of length one (the inputs the
-proof adds). The proof's verdict must match: proven means the oracle finds the same results in every dtype
-(no false "same"), a difference found means the oracle finds one too (no false "differs")."""
+"""The proof against an oracle: every fix the rule examples and the suite's fix models produce (GL101's tables,
+GL106's, GL201's), run original and fixed in plain PyTorch, with nothing of graphlint's, at float64 and float32
+(and bfloat16 where the model runs in it), on the factory's inputs and on a fully masked row and a sequence of
+length one (the inputs the proof adds). The proof's verdict must match: proven means the oracle finds the same
+results in every dtype (no false "same"), a difference found means the oracle finds one too (no false
+"differs")."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import torch
 import test_fix_attention
 import test_fix_attention_copies
 import test_fix_dtypes
+import test_fix_norm_spellings
 import test_fix_observable
 import test_fix_safety
 import test_fix_spellings
+import test_gl201_fix
 from conftest import write
 from graphlint.engine import load_rules
 from graphlint.fix.edits import apply_edits
@@ -50,6 +53,12 @@ def _models() -> dict[str, str]:
         models[f"fills_{name}"] = test_fix_safety.PERCEIVER.replace("FILL", fill)
     for name, softmax in (("module", "self.attend(dots)"), ("functional", "F.softmax(dots, dim=-1)")):
         models[f"softmax_{name}"] = test_fix_safety.HOOKED.replace("SOFTMAX", softmax)
+    for case, (source, _) in test_gl201_fix.FIXED.items():
+        models[f"gl201_{case}"] = source
+    for case, (_, source, *_) in test_fix_norm_spellings.FIXED.items():
+        source = textwrap.dedent(source).lstrip("\n")
+        models[f"norms_{case}"] = source if source.startswith(("import", "from")) else \
+            test_fix_norm_spellings.HEADER + source
     return {_file_name(name): source for name, source in models.items()}
 
 
