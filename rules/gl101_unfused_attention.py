@@ -102,7 +102,8 @@ class UnfusedAttention(Rule):
         (`attn_mask=mask.to(q.dtype)`), since `scores + mask` promoted where the fused call would not (on the
         CPU it computes float64 queries with a float32 mask wrongly). Dropout on the probabilities becomes
         `dropout_p=p if self.training else 0.0`
-        (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped, also one
+        (or the flag the call passed as `training=`; an alpha dropout is left alone, since `dropout_p=` is an
+        elementwise dropout); float32 upcasts around the softmax are dropped, also one
         under a flag (`if self.upcast_softmax: scores = scores.float()`), since the fused kernels accumulate in
         float32. Probabilities transposed on their way to a product with the values on
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
@@ -387,6 +388,10 @@ class UnfusedAttention(Rule):
                       rank=len(meta.shape) if meta is not None else None,
                       default_scale=_scaled_by_default(scores, before[1:]),
                       mask_cast=mask_cast)
+        other = next((op(n) for n in after[:-1] if op(n) in DROPOUT and op(n) not in _ELEMENTWISE_DROPOUT), None)
+        if other is not None:  # alpha or channel dropout: the fused call's dropout_p is neither
+            fix = partial(_refuse, f"the probabilities pass through {other}, which the fused call's dropout_p (an "
+                                   "elementwise dropout) does not compute in training")
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -483,6 +488,7 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
 
 
 _ADDED = {"add", "add_", "radd", "sub", "sub_", "rsub"}
+_ELEMENTWISE_DROPOUT = {"dropout", "dropout_", "native_dropout"}
 
 
 def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:

@@ -365,3 +365,17 @@ def test_the_judgement_reads_the_model_as_built_and_the_fixed_code():
                                                 for k, v in modules(**changes).items()})
         assert not quiet and reason in clause, clause
     assert not judged([one], reads_p, None)[0]  # the model unknown: unsafe
+
+
+def test_an_alpha_dropout_on_the_probabilities_gets_no_fix_and_says_why(tmp_path):
+    """AlphaDropout is stateless too, but the fused call's `dropout_p` is an elementwise dropout: in training,
+    alpha dropout gives probabilities negative values, which no elementwise dropout of them does."""
+    path = model_file(tmp_path, _source("nanoGPT", dropout="nn.AlphaDropout(dropout)"))
+    [finding] = findings_of(lint_file(path, device="meta"), "GL101")
+    assert finding.fix is None
+    assert finding.no_fix == ("the probabilities pass through alpha_dropout, which the fused call's dropout_p (an "
+                              "elementwise dropout) does not compute in training")
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(4, 8, 8), dim=-1)
+    assert (torch.nn.AlphaDropout(0.5).train()(probs) < 0).any()
+    assert not (torch.nn.Dropout(0.5).train()(probs) < 0).any()
