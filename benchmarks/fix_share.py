@@ -111,7 +111,7 @@ def _measure(path: Path, graphlint: str, timeout: float) -> dict:
             match = _REFUSED.match(line.strip())
             if match:
                 refused[(match["rule"], Path(match["path"]).name, int(match["line"]))] = match["reason"]
-                if match["never"]:  # the rewritten model does not run: not written even with --unsafe-fixes
+                if match["never"]:  # the model does not run, or computes otherwise: never written
                     never.add((match["rule"], Path(match["path"]).name, int(match["line"])))
             match = _NOTE.match(line.strip())
             if match:
@@ -132,7 +132,7 @@ def _measure(path: Path, graphlint: str, timeout: float) -> dict:
             elif fix.get("applicability") == "unsafe":
                 reason = refused.get(key, "declared unsafe")
                 status = ("proven, unsafe" if "; proven on the model" in reason else
-                          "not proven" if key in never else
+                          "not proven" if key in never and " differs by up to " not in reason else
                           "unsafe, differs")
             elif fix.get("applicability") != "safe":
                 status, reason = "no fix", f"fix is {fix.get('applicability')}"

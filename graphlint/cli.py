@@ -372,7 +372,7 @@ def _tell_refused(plan, project: Project, unsafe: bool) -> None:
         print(single_line(f"graphlint: {where}: {finding.rule_id} fix {note}"), file=sys.stderr)
     for finding, reason in plan.refused:
         where = f"{project.relative(finding.location.path) or finding.location.path}:{finding.location.line}"
-        if finding in plan.broken:  # never written: the rewritten model does not build or run
+        if finding in plan.broken:  # never written: the rewritten model does not build or run, or computes otherwise
             print(single_line(f"graphlint: {where}: {finding.rule_id} fix not applied, even with --unsafe-fixes: "
                               f"{reason}"), file=sys.stderr)
             continue

@@ -97,8 +97,13 @@ class UnfusedAttention(Rule):
         `if flag:` `is_causal=flag` or `attn_mask=m if flag else None`; statements the `if` runs to prepare the
         mask stay in it, or are written into `attn_mask=` when they only made the mask or the fill. A scale after
         a -inf fill is kept (it leaves -inf as it is), and one after an additive mask scales the mask too
-        (`attn_mask=mask / 4`). Dropout on the probabilities becomes `dropout_p=p if self.training else 0.0`
-        (or the flag the call passed as `training=`); float32 upcasts around the softmax are dropped, also one
+        (`attn_mask=mask / 4`). An added mask the forward makes with a dtype of its own (`torch.full((n, n),
+        float("-inf")).triu(1)`, a cast, a tensor constant) is cast to the queries' dtype
+        (`attn_mask=mask.to(q.dtype)`), since `scores + mask` promoted where the fused call would not (on the
+        CPU it computes float64 queries with a float32 mask wrongly). Dropout on the probabilities becomes
+        `dropout_p=p if self.training else 0.0`
+        (or the flag the call passed as `training=`; an alpha dropout is left alone, since `dropout_p=` is an
+        elementwise dropout); float32 upcasts around the softmax are dropped, also one
         under a flag (`if self.upcast_softmax: scores = scores.float()`), since the fused kernels accumulate in
         float32. Probabilities transposed on their way to a product with the values on
         the right (`torch.bmm(v, attn.permute(0, 2, 1))`) become the transpose of the fused call on `v`
@@ -140,9 +145,13 @@ class UnfusedAttention(Rule):
         Unsafe: when the probabilities (or the scores) are also returned or stored after the values product
         (attention maps for visualisation, `qk.detach()`), the fused call cannot give them back; the fix is
         declared unsafe, puts `None` where they were returned or stored, and only `--unsafe-fixes` applies it.
-        Also unsafe: a finite fill (above), and a chain that calls a submodule (`self.attend = nn.Softmax(-1)`,
-        `self.attn_drop = nn.Dropout(p)`), which the fused call no longer calls: hooks registered on it (an
-        attention recorder's forward hook) would stop firing.
+        Also unsafe: a finite fill (above), and a chain that calls a submodule the fused call no longer calls,
+        where the model as built shows that something could tell: a hook registered on it (an attention
+        recorder's forward hook would stop firing), a subclass or a module of the project (its own forward
+        would no longer run), parameters or buffers. A plain `nn.Dropout` (and its variants), `nn.Softmax` or
+        `nn.Identity` with no hook is safe to stop calling; the fix reads the dropout's `p`
+        (`dropout_p=self.attn_drop.p if self.training else 0.0`), and its message says the module is no longer
+        called.
 
         Left alone, with the reason: two masks, a guard that also scales or casts the scores, probabilities used
         before the values product, an input reassigned between the statement that read it and the values
@@ -356,8 +365,11 @@ class UnfusedAttention(Rule):
                     read_scores.setdefault(_line(node), bias)
                     continue
                 found.append((node, chain))
+        # Layers that run the same lines get one rewrite: the mask is cast in all where any needs it (a later
+        # layer's scores are made from what an earlier one did with the same mask).
+        casts = {_line(node) for node, (before, _) in found if _mask_of_its_own_dtype(before)}
         for node, chain in found:
-            problem = self._problem(node, *chain, capture=capture)
+            problem = self._problem(node, *chain, capture=capture, mask_cast=_line(node) in casts)
             bias = read_scores.get(_line(node))
             if bias is not None:  # other configurations of this code add a bias made from the scores
                 problem = dataclasses.replace(
@@ -366,14 +378,20 @@ class UnfusedAttention(Rule):
                                                   "call cannot compute"))
             yield problem
 
-    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node], capture=None) -> Problem:
+    def _problem(self, softmax: fx.Node, before: list[fx.Node], after: list[fx.Node], capture=None,
+                 mask_cast: bool = False) -> Problem:
         scores, values = before[0], after[-1]
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = _meta(before[-1])
         fix = FixerAt("graphlint.fix.attention:rewrite_attention",
                       rank=len(meta.shape) if meta is not None else None,
-                      default_scale=_scaled_by_default(scores, before[1:]))
+                      default_scale=_scaled_by_default(scores, before[1:]),
+                      mask_cast=mask_cast)
+        other = next((op(n) for n in after[:-1] if op(n) in DROPOUT and op(n) not in _ELEMENTWISE_DROPOUT), None)
+        if other is not None:  # alpha or channel dropout: the fused call's dropout_p is neither
+            fix = partial(_refuse, f"the probabilities pass through {other}, which the fused call's dropout_p (an "
+                                   "elementwise dropout) does not compute in training")
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
@@ -467,6 +485,49 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
                     seen.add(source)
                     pending.append(source)
     return None
+
+
+_ADDED = {"add", "add_", "radd", "sub", "sub_", "rsub"}
+_ELEMENTWISE_DROPOUT = {"dropout", "dropout_", "native_dropout"}
+
+
+def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
+    """Whether a float mask added to the scores (or a `baddbmm` bias) comes, in part, from a tensor the forward
+    made with a dtype of its own (`torch.full((n, n), float("-inf"))`, a tensor constant), not from the model's
+    inputs, parameters or buffers: its dtype stays when the model runs in another, and the fused call needs it
+    cast to the queries' dtype where `scores + mask` promoted."""
+    # What the scores are made from follows the queries' dtype as far as the mask is concerned.
+    upstream, pending = set(before), list(before[0].all_input_nodes)
+    while pending:
+        node = pending.pop()
+        if node not in upstream:
+            upstream.add(node)
+            pending.extend(node.all_input_nodes)
+    added = [n for step, came_from in zip(before[1:], before, strict=False)
+             if op(step) in _ADDED and not row_max_shift(step, came_from)
+             for n in step.all_input_nodes if n is not came_from and n not in upstream]
+    if op(before[0]) == "baddbmm" and before[0].args and isinstance(before[0].args[0], fx.Node):
+        added.append(before[0].args[0])
+    pending, seen = list(added), set(added)
+    while pending:
+        node = pending.pop()
+        if not _floating(node) or node in upstream:
+            continue  # a boolean or integer tensor (its dtype is not the mask's), or what the scores follow
+        if node.op == "placeholder" or node.op == "get_attr" and node.meta.get("parameter"):
+            continue  # follows the dtype the model runs in
+        sources = [n for n in node.all_input_nodes if _floating(n)]
+        if node.op == "get_attr" or op(node) in CAST or not sources:
+            return True  # a constant tensor, a cast to a fixed dtype, one made from numbers or a boolean mask
+        for source in sources:
+            if source not in seen:
+                seen.add(source)
+                pending.append(source)
+    return False
+
+
+def _floating(node: fx.Node) -> bool:
+    meta = tensor_meta(node)
+    return meta is not None and getattr(meta.dtype, "is_floating_point", False)
 
 
 def _line(node: fx.Node) -> tuple[str, int]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import model_file, findings_of, fix_plan, lint_file, prove_fix
-from graphlint.results import UNSAFE
+from graphlint.results import SAFE
 
 HEADER = '''
 import math
@@ -184,10 +184,10 @@ def test_bart_head_mask_and_output_attentions_off_in_the_capture_get_the_guarded
 
 
 @pytest.mark.proof
-def test_blip_save_attention_off_in_the_capture_gets_the_guarded_fallback_unsafe_for_the_dropout_module(tmp_path):
-    path, finding, rewritten = _fixed(tmp_path, BLIP.replace("SAVING", SAVING).replace("SAVE", "False"), unsafe=True)
-    assert finding.fix.applicability == UNSAFE  # the fused path no longer calls self.dropout
-    assert "self.dropout (a Dropout module)" in finding.fix.message
+def test_blip_save_attention_off_in_the_capture_gets_the_guarded_fallback_safe_for_a_dropout_with_no_hook(tmp_path):
+    path, finding, rewritten = _fixed(tmp_path, BLIP.replace("SAVING", SAVING).replace("SAVE", "False"))
+    assert finding.fix.applicability == SAFE  # the fused path no longer calls self.dropout, which has no hook
+    assert "self.dropout (a Dropout module), which has no hook in the model as built" in finding.fix.message
     text = rewritten.read_text()
     assert "        if not self.save_attention and head_mask is None:\n" \
            "            context_layer = F.scaled_dot_product_attention(\n" in text

@@ -23,7 +23,7 @@ from conftest import (
     safe_gl101_fix,
     write,
 )
-from graphlint.results import UNSAFE
+from graphlint.results import SAFE, UNSAFE
 
 HEADER = '''
 import math
@@ -94,11 +94,11 @@ def test_probabilities_read_or_changed_under_a_flag_the_graph_did_not_take_get_t
         tmp_path, head_mask, guard):
     """BLIP: the flag is false in the graph, but the statement under it needs the probabilities: the fused call
     where the flags are off, the statements as written otherwise (tests/test_fix_attention_fallback.py checks
-    both cases in plain PyTorch); unsafe, since the fused path no longer calls self.dropout."""
+    both cases in plain PyTorch); safe, since the dropout the fused path no longer calls has no hook."""
     path = _model(tmp_path, BLIP.replace("HEAD_MASK", head_mask))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
-    assert finding.fix is not None and finding.fix.applicability == UNSAFE, finding.no_fix
+    assert finding.fix is not None and finding.fix.applicability == SAFE, finding.no_fix
     assert f"where `{guard}`, the statements as written otherwise" in finding.fix.message
     assert prove_fix(report, tmp_path, finding).ok
 

@@ -12,8 +12,9 @@ import sys
 import pytest
 import torch
 
-from conftest import findings_of, fix_plan, lint_file, prove_fix, write
+from conftest import findings_of, fix_plan, lint_file, prove_fix, run_graphlint, write
 from graphlint.fix import edge_cases
+from graphlint.fix.edits import apply_edits
 from graphlint.results import SAFE, UNSAFE
 
 PYPROJECT = '[project]\nname = "user-project"\nversion = "0"\n'
@@ -64,8 +65,8 @@ def test_a_fix_that_stops_calling_a_softmax_module_with_a_hook_is_unsafe_and_say
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix.applicability == UNSAFE
-    assert "the fix no longer calls self.attend (a Softmax module); hooks registered on it would stop firing" \
-        in finding.fix.message
+    assert "the fix no longer calls self.attend (a Softmax module): attend has hooks registered (forward), which " \
+           "would stop firing" in finding.fix.message
     plan = fix_plan(report, tmp_path, unsafe=True)
     assert plan.applied == [finding]
     fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
@@ -137,8 +138,8 @@ def test_a_fix_that_stops_calling_a_module_passed_to_a_helper_is_unsafe_and_says
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     assert finding.fix.applicability == UNSAFE
-    assert "the fix no longer calls dropout (self.dropout, a Dropout module); hooks registered on it would stop " \
-           "firing" in finding.fix.message
+    assert "the fix no longer calls dropout (self.dropout, a Dropout module): dropout has hooks registered " \
+           "(forward), which would stop firing" in finding.fix.message
     plan = fix_plan(report, tmp_path, unsafe=True)
     fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
     for source, fires in ((path, 1), (fixed, 0)):  # in plain PyTorch: the hook stops firing
@@ -146,6 +147,23 @@ def test_a_fix_that_stops_calling_a_module_passed_to_a_helper_is_unsafe_and_says
         model, inputs = module.make()
         model(*inputs)
         assert len(module.RECORDED) == fires
+
+
+@pytest.mark.proof
+def test_a_module_passed_to_a_helper_with_no_hook_is_safe_and_its_p_still_read(tmp_path):
+    """The same model, no hook registered: nothing outside the model can tell that the dropout is no longer
+    called, and the fused call reads the module's `p` (and its training flag) where it was passed."""
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    source = HELPER.replace("DROPOUT", "nn.Dropout(0.1)").replace("CALL", "attention(q, k, v, dropout=self.dropout)")
+    path = write(tmp_path, "model.py", source.replace("        model.dropout.register_forward_hook", "        0 and "
+                                                                                     "model.dropout.register_forward_hook"))
+    report = lint_file(path, device="cpu")
+    [finding] = findings_of(report, "GL101")
+    assert finding.fix.applicability == SAFE, finding.fix.message
+    assert "the fix no longer calls dropout (self.dropout, a Dropout module), which has no hook" in finding.fix.message
+    plan = fix_plan(report, tmp_path)
+    assert plan.applied == [finding]
+    assert "dropout_p=dropout.p if dropout is not None and dropout.training else 0.0" in plan.texts[str(path)]
 
 
 @pytest.mark.proof
@@ -189,15 +207,18 @@ def make():
 
 
 def _fixed_pair(tmp_path, fill):
-    """The original and the fixed model (the fix applied with --unsafe-fixes), and the finding."""
+    """The original and the fixed model (the fix's edits applied whether or not a flag would write them), the
+    finding, the plan of `--fix --unsafe-fixes` and the fixed text."""
     write(tmp_path, "pyproject.toml", PYPROJECT)
     path = write(tmp_path, "model.py", PERCEIVER.replace("FILL", fill))
     report = lint_file(path, device="cpu")
     [finding] = findings_of(report, "GL101")
     plan = fix_plan(report, tmp_path, unsafe=True)
-    fixed = write(tmp_path / "fixed", "model.py", plan.texts[str(path)])
+    text = apply_edits(path.read_text(), finding.fix.edits)
+    assert plan.texts.get(str(path), text) == text
+    fixed = write(tmp_path / "fixed", "model.py", text)
     _fixed_pair.report = report
-    return _import(path, f"original_{abs(hash(fill))}"), _import(fixed, f"fixed_{abs(hash(fill))}"), finding, plan
+    return _import(path, f"original_{abs(hash(fill))}"), _import(fixed, f"fixed_{abs(hash(fill))}"), finding, plan, text
 
 
 def _run_fully_masked(module):
@@ -213,15 +234,16 @@ def _run_fully_masked(module):
 
 @pytest.mark.proof
 def test_a_dtype_minimum_fill_becomes_an_additive_mask_that_gives_a_fully_masked_row_the_same_output(tmp_path):
-    original, fixed, finding, plan = _fixed_pair(tmp_path, "-torch.finfo(sim.dtype).max")
-    assert "attn_mask=torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min)" in plan.texts[str(
-        tmp_path / "model.py")]
+    original, fixed, finding, plan, text = _fixed_pair(tmp_path, "-torch.finfo(sim.dtype).max")
+    assert "attn_mask=torch.where(mask, q.new_zeros(()), torch.finfo(q.dtype).min)" in text
     # Unsafe, and why: the outputs agree on a fully masked row, the gradients there do not.
     assert finding.fix.applicability == UNSAFE and "its outputs there agree, its gradients do not" in finding.fix.message
     before, after = _run_fully_masked(original), _run_fully_masked(fixed)
     assert torch.allclose(before[0], after[0], rtol=1e-7, atol=1e-9)
     assert not torch.allclose(before[1], after[1], rtol=1e-7, atol=1e-9)
-    # Were it declared safe, the proof would refuse it: its edge case of a fully masked row tells them apart.
+    # The proof's edge case of a fully masked row tells them apart: known to compute something else, the fix is
+    # never written, even with --unsafe-fixes.
+    assert plan.applied == [] and plan.broken == [finding] and plan.texts == {}
     verdict = prove_fix(_fixed_pair.report, tmp_path, finding)
     assert not verdict.ok and verdict.reason.startswith(
         "on an input the factory's do not cover (argument 1 with its first row all False), the gradient of "), \
@@ -230,15 +252,19 @@ def test_a_dtype_minimum_fill_becomes_an_additive_mask_that_gives_a_fully_masked
 
 @pytest.mark.proof
 def test_a_number_fill_is_unsafe_because_a_fully_masked_row_changes(tmp_path):
-    original, fixed, finding, plan = _fixed_pair(tmp_path, "-1e9")
-    assert "attn_mask=torch.where(mask, q.new_zeros(()), -1e9)" in plan.texts[str(tmp_path / "model.py")]
+    original, fixed, finding, plan, text = _fixed_pair(tmp_path, "-1e9")
+    assert "attn_mask=torch.where(mask, q.new_zeros(()), -1e9)" in text
     assert finding.fix.applicability == UNSAFE and "its outputs there differ too" in finding.fix.message
     assert not torch.allclose(_run_fully_masked(original)[0], _run_fully_masked(fixed)[0])
+    assert plan.applied == [] and plan.broken == [finding]
+    [(_, why)] = plan.refused
+    assert "on an input the factory's do not cover (argument 1 with its first row all False), output 0 differs by " \
+           "up to " in why, why
 
 
 @pytest.mark.proof
 def test_an_infinite_fill_stays_a_safe_boolean_mask_proven_on_a_fully_masked_row(tmp_path):
-    original, fixed, finding, plan = _fixed_pair(tmp_path, 'float("-inf")')
+    original, fixed, finding, plan, text = _fixed_pair(tmp_path, 'float("-inf")')
     assert finding.fix.applicability == SAFE and plan.refused == []
     assert "attn_mask=mask" in plan.texts[str(tmp_path / "model.py")]
 
@@ -318,7 +344,7 @@ def test_a_rewrite_that_differs_only_on_a_sequence_of_length_one_is_caught_by_th
     _model_run("save", original, tmp_path / "record.pt")
     _model_run("compare", rewritten, tmp_path / "record.pt", tmp_path / "verdict.json")
     verdict = json.loads((tmp_path / "verdict.json").read_text(encoding="utf-8"))
-    assert verdict == {"ok": False, "note": "", "runs": True, "reason": "on an input the factory's do not cover "
+    assert verdict == {"ok": False, "note": "", "runs": True, "differs": True, "reason": "on an input the factory's do not cover "
                        "(a sequence of length one), output 0 has shape (2, 16) instead of (2, 1, 16)"}
 
 
@@ -347,3 +373,27 @@ def test_the_log_of_a_softmax_module_gets_no_fix_that_would_call_log_softmax_on_
     assert finding.fix is None
     assert finding.no_fix == "the softmax is the module `self.softmax`; take the log of the logits with " \
                              "F.log_softmax instead"
+
+
+@pytest.mark.cli
+@pytest.mark.proof
+def test_no_flag_writes_a_fix_whose_proof_found_different_outputs_and_diff_shows_the_evidence(tmp_path):
+    """The real command: the `-1e9` fill's fix is declared unsafe, and its proof finds different outputs on a
+    fully masked row. `--fix --unsafe-fixes` leaves the file as it was, and `--diff --unsafe-fixes` shows no diff
+    and says why, with what the proof found; the safe `-inf` fill in the other file is written all the same."""
+    write(tmp_path, "pyproject.toml", PYPROJECT)
+    finite = write(tmp_path, "finite.py", PERCEIVER.replace("FILL", "-1e9"))
+    infinite = write(tmp_path, "infinite.py", PERCEIVER.replace("FILL", 'float("-inf")'))
+    before = finite.read_text()
+    shown = run_graphlint("check", "finite.py:make", "infinite.py:make", "--select", "GL101", "--diff",
+                          "--unsafe-fixes", cwd=tmp_path)
+    assert "--- a/finite.py" not in shown.stdout and "--- a/infinite.py" in shown.stdout, shown.stdout
+    assert "graphlint: finite.py:18: GL101 fix not applied, even with --unsafe-fixes: declared unsafe: " in shown.stderr
+    assert "on the model: on an input the factory's do not cover (argument 1 with its first row all False), " \
+           "output 0 differs by up to " in shown.stderr, shown.stderr
+    assert "graphlint: 1 fix would be applied" in shown.stderr
+    done = run_graphlint("check", "finite.py:make", "infinite.py:make", "--select", "GL101", "--fix",
+                         "--unsafe-fixes", cwd=tmp_path)
+    assert finite.read_text() == before
+    assert "attn_mask=mask" in infinite.read_text()
+    assert "fix not applied, even with --unsafe-fixes" in done.stderr and "applied anyway" not in done.stderr

@@ -86,8 +86,8 @@ def test_a_fault_after_detection_costs_no_finding(case, stage, tmp_path, monkeyp
                                              "callable; please report it with --debug")
 
 
-# Rules with an example whose fix is safe, so that it goes through a proof: GL101's last (its first drops a
-# dropout submodule, whose hooks would stop firing: unsafe).
+# Rules with an example whose fix is safe, so that it goes through a proof: GL101's last (its first is safe
+# too: it drops a dropout submodule that has no hook).
 PROVEN = [(rule, [e for e in rule.bad_examples if e.fixed][-1]) for rule in load_rules() if rule.id in ("GL101", "GL106")]
 
 

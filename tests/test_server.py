@@ -20,6 +20,8 @@ import pytest_asyncio
 from lsprotocol import types
 from pytest_lsp import client_capabilities, make_test_lsp_client
 
+import test_fix_observable
+import test_fix_safety
 from conftest import line_of, write
 
 # Long enough for a cold server on a loaded machine; a safety net, not a measure of speed.
@@ -564,3 +566,112 @@ def test_a_failure_is_placed_where_its_message_says_else_on_the_targets_first_li
     crashed = TargetError("model.py:make", "its process exited with code 3 during the factory", stage="factory")
     assert error_place(crashed, model) == (model, 1)
     assert error_place(TargetError("pkg.models:make", "cannot import module 'pkg'"), None) is None
+
+
+# -- GL101's quick fix: safe where nothing can observe the change, unsafe ones as --unsafe-fixes would write them
+
+def _apply_text_edits(text: str, edits: list[types.TextEdit]) -> str:
+    """Text edits applied as a client applies them (the file is ASCII: UTF-16 columns are characters)."""
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(position: types.Position) -> int:
+        return starts[position.line] + position.character
+
+    for edit in sorted(edits, key=lambda e: (e.range.start.line, e.range.start.character), reverse=True):
+        text = text[:offset(edit.range.start)] + edit.new_text + text[offset(edit.range.end):]
+    return text
+
+
+async def _actions(client, path, diagnostic, wanted=lambda actions: bool(actions)):
+    """The code actions on the diagnostic once they satisfy `wanted` (an unsafe fix is offered once proven)."""
+    async def poll():
+        while True:
+            actions = await client.text_document_code_action_async(types.CodeActionParams(
+                text_document=types.TextDocumentIdentifier(uri=path.as_uri()), range=diagnostic.range,
+                context=types.CodeActionContext(diagnostics=[diagnostic])))
+            if wanted(actions or []):
+                return actions or []
+            await asyncio.sleep(0.2)
+    return await asyncio.wait_for(poll(), PATIENCE)
+
+
+@pytest.mark.server
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_a_nanogpt_block_offers_the_gl101_quick_fix_and_the_client_applies_it(servers, tmp_path):
+    model = project_with(tmp_path, test_fix_observable._source("nanoGPT"))
+    client = await servers(tmp_path)
+    open_file(client, model)
+    diagnostics = await diagnostics_until(client, model, has("GL101"))
+    [diagnostic] = [d for d in diagnostics if d.code == "GL101"]
+    [action] = [a for a in await _actions(client, model, diagnostic) if a.title.startswith("Fix GL101")]
+    assert action.kind == types.CodeActionKind.QuickFix and action.is_preferred
+    assert action.title.startswith("Fix GL101: hand-written attention → F.scaled_dot_product_attention(...); the "
+                                   "fix no longer calls self.attn_dropout (a Dropout module), which has no hook")
+    fixed = _apply_text_edits(model.read_text(encoding="utf-8"), action.edit.changes[model.as_uri()])
+    assert "dropout_p=self.attn_dropout.p if self.training else 0.0" in fixed
+    assert "F.softmax(" not in fixed
+    fixed_path = tmp_path / "fixed" / "model.py"
+    fixed_path.parent.mkdir()
+    fixed_path.write_text(fixed, encoding="utf-8")
+    # The edited file computes what the original did, in plain PyTorch.
+    import torch
+
+    before, _ = test_fix_observable._run(model, "server_original")
+    after, _ = test_fix_observable._run(fixed_path, "server_fixed")
+    assert torch.allclose(before, after, atol=1e-10)
+
+
+TWO = test_fix_observable._source(
+    "minGPT", "model.attn_drop.register_forward_hook(lambda m, i, o: RECORDED.append(o))"
+).replace("def make():", "def _attention():") + test_fix_safety.PERCEIVER.replace("FILL", "-1e9").replace(
+    "import torch\nfrom torch import nn\n", "").replace("class Attention(", "class Filled(").replace(
+    "def make():", "def _filled():").replace("return Attention(), ", "return Filled(), ") + '''
+
+class Both(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.causal, _ = _attention()
+        self.down = nn.Linear(32, 16)
+        self.filled, _ = _filled()
+
+    def forward(self, x, mask):
+        return self.filled(self.down(self.causal(x)), mask)
+
+
+def make():
+    mask = torch.rand(2, 1, 8, 8) > 0.3
+    mask[..., 0] = True
+    return Both(), (torch.randn(2, 8, 32), mask)
+'''
+
+
+@pytest.mark.server
+@pytest.mark.cli
+@pytest.mark.asyncio
+async def test_unsafe_fixes_are_offered_as_unsafe_fixes_would_write_them(servers, tmp_path):
+    """A hooked dropout makes minGPT's fix unsafe: proven, it is offered, titled with the hook; the `-1e9` fill's
+    fix computes something else on a fully masked row: never offered."""
+    model = project_with(tmp_path, TWO)
+    client = await servers(tmp_path)
+    open_file(client, model)
+    diagnostics = await diagnostics_until(client, model, lambda d: [c.code for c in d].count("GL101") == 2)
+    hooked, filled = sorted((d for d in diagnostics if d.code == "GL101"), key=lambda d: d.range.start.line)
+    [action] = await _actions(client, model, hooked)
+    assert action.kind == types.CodeActionKind.QuickFix and not action.is_preferred
+    assert action.title == ("Fix GL101 (unsafe: the fix no longer calls self.attn_drop (a Dropout module): "
+                            "causal.attn_drop has hooks registered (forward), which would stop firing): hand-written "
+                            "attention → F.scaled_dot_product_attention(...)")
+    # Both were proven together, before the first was offered: the second's proof found different outputs.
+    assert await _actions(client, model, filled, wanted=lambda actions: True) == []
+    # What the command line says of the same two fixes: both unsafe, the second never written.
+    from conftest import findings_of, fix_plan, lint_file
+
+    report = lint_file(model, device="cpu")
+    assert [f.fix.applicability for f in findings_of(report, "GL101")] == ["unsafe", "unsafe"]
+    plan = fix_plan(report, tmp_path, unsafe=True)
+    assert [f.location.line for f in plan.applied] == [hooked.range.start.line + 1]
+    assert [f.location.line for f in plan.broken] == [filled.range.start.line + 1]

@@ -29,6 +29,10 @@ class ModuleInfo:
     # A `transformers` model class's `_supports_sdpa`: whether it can be built with attn_implementation="sdpa";
     # None for any other class.
     supports_sdpa: bool | None = None
+    # What code outside the model can observe of its calls, in the model as built: the kinds of hook that
+    # would fire on it ("forward", "global forward-pre", ...), and how many parameters and buffers it holds.
+    hooks: tuple[str, ...] = ()
+    tensors: int = 0
 
     @property
     def class_name(self) -> str:
@@ -103,6 +107,7 @@ def _outside_own_init(frame, module: nn.Module):
 def describe_modules(model: nn.Module, build_sites: BuildSiteRecorder | None) -> dict[int, ModuleInfo]:
     """ModuleInfo for every submodule, keyed by `id(module)`; a shared module keeps its first name."""
     infos: dict[int, ModuleInfo] = {}
+    everywhere = _global_hooks()
     for path, module in model.named_modules():
         infos[id(module)] = ModuleInfo(
             path=path,
@@ -110,8 +115,32 @@ def describe_modules(model: nn.Module, build_sites: BuildSiteRecorder | None) ->
             library=type(module).__module__.startswith("torch."),
             built_at=build_sites.built_at(module) if build_sites else (),
             supports_sdpa=_supports_sdpa(type(module)),
+            hooks=(*_own_hooks(module), *everywhere),
+            tensors=sum(1 for _ in module.parameters()) + sum(1 for _ in module.buffers()),
         )
     return infos
+
+
+_HOOKS = {"forward-pre": ("_forward_pre_hooks",), "forward": ("_forward_hooks",),
+          "backward-pre": ("_backward_pre_hooks",), "backward": ("_backward_hooks",)}
+
+
+def _own_hooks(module: nn.Module) -> list[str]:
+    """The kinds of call hook registered on this module (a full backward hook is a "backward" one)."""
+    return [kind for kind, names in _HOOKS.items() if any(getattr(module, name, None) for name in names)]
+
+
+def _global_hooks() -> list[str]:
+    """The kinds of global module call hook registered now, other than graphlint's own (none is, before the
+    capture's forward starts; a recorder of graphlint's might be)."""
+    hooks = torch.nn.modules.module
+    found = []
+    for kind, name in (("forward-pre", "_global_forward_pre_hooks"), ("forward", "_global_forward_hooks"),
+                       ("backward-pre", "_global_backward_pre_hooks"), ("backward", "_global_backward_hooks")):
+        registered = getattr(hooks, name, None) or {}
+        if any(not str(getattr(hook, "__module__", "") or "").startswith("graphlint") for hook in registered.values()):
+            found.append(f"global {kind}")
+    return found
 
 
 def _supports_sdpa(kind: type) -> bool | None:

@@ -3,9 +3,10 @@ writing the files at the end.
 
 Suppressed and baselined findings are never fixed. Each fix declares its applicability (graphlint.results):
 a safe one is applied when the proof (graphlint.fix.prove) passed on every target whose finding it is; one that
-failed, and one declared unsafe, only with `--unsafe-fixes`; a display-only one never. Declared unsafe fixes are
-proven too, each alone, so the report says whether they compute the same on the model; and no fix whose
-rewritten model does not build or run is ever written, `--unsafe-fixes` or not.
+could not be proven, and one declared unsafe, only with `--unsafe-fixes`; a display-only one never. Declared
+unsafe fixes are proven too, each alone, so the report says whether they compute the same on the model; and no
+fix whose rewritten model does not build or run, or whose proof found different outputs or gradients, is ever
+written, `--unsafe-fixes` or not: such a fix is known to be wrong.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class FixPlan:
     notes: list[tuple[Finding, str]] = field(default_factory=list)  # how an applied fix was proven, when unusual
     failures: list[str] = field(default_factory=list)  # graphlint's own failures while proving or applying
     texts: dict[str, str] = field(default_factory=dict)  # path -> the file's new text
-    broken: list[Finding] = field(default_factory=list)  # refused even with --unsafe-fixes: the model fails
+    # refused even with --unsafe-fixes: the rewritten model fails, or its proof found different results
+    broken: list[Finding] = field(default_factory=list)
 
     def diffs(self, project: Project) -> str:
         return "".join(unified_diff(read_text(path)[0], text, project.relative(path) or path)
@@ -90,11 +92,11 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relin
 
     declared = [f for f in candidates if f.fix.applicability == UNSAFE]
     failed: dict[Finding, str] = {}
-    broken: set[Finding] = set()  # never written: the rewritten model does not build or run
+    broken: set[Finding] = set()  # never written: the rewritten model does not build or run, or computes otherwise
 
     def refuse(finding: Finding, verdict: Verdict) -> None:
         failed.setdefault(finding, verdict.reason)
-        if not verdict.runs:
+        if not verdict.runs or verdict.differs:
             broken.add(finding)
 
     notes: dict[Finding, str] = {}
@@ -121,19 +123,23 @@ def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relin
                     notes[finding] = alone.note
             else:
                 refuse(finding, alone)
-        if len(passed) > 1 and not proved(result, passed, original).ok:
+        together = proved(result, passed, original) if len(passed) > 1 else Verdict(True)
+        if not together.ok:
             for finding in passed:
-                failed.setdefault(finding, "fine alone, but not together with the target's other fixes")
+                refuse(finding, Verdict(False, f"fine alone, but not together with the target's other fixes "
+                                               f"({together.reason})", runs=together.runs, differs=together.differs))
     for finding in declared:  # proven alone, on each of its targets, so the user knows what --unsafe-fixes writes
         verdicts = [proved(result, [finding], [f for f in report.all_findings if result.target in f.targets])
                     for result in report.results if result.target in finding.targets and not result.errors]
         verdicts = verdicts or [Verdict(False, "the target could not be linted")]
-        worst = next((v for v in verdicts if not v.runs), None) or next((v for v in verdicts if not v.ok), None)
+        worst = next((v for v in verdicts if not v.runs or v.differs), None) or \
+            next((v for v in verdicts if not v.ok), None)
         declared_as = f"declared unsafe: {finding.fix.message}"
         if worst is None:
             failed[finding] = f"{declared_as}; proven on the model: the same outputs and gradients"
         else:
-            refuse(finding, Verdict(False, f"{declared_as}; on the model: {worst.reason}", runs=worst.runs))
+            refuse(finding, Verdict(False, f"{declared_as}; on the model: {worst.reason}", runs=worst.runs,
+                                    differs=worst.differs))
     plan = FixPlan(failures=failures, broken=[f for f in candidates if f in broken])
     plan.notes = [(f, note) for f, note in notes.items() if f not in failed]
     for finding in candidates:

@@ -10,8 +10,9 @@ must agree there too, except where the original gives NaN.
 
 Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
 model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
-verdict is a JSON object {"ok": bool, "reason": str, "note": str, "runs": bool} (runs: the rewritten model
-built and ran wherever the original did, whether or not it computed the same).
+verdict is a JSON object {"ok": bool, "reason": str, "note": str, "runs": bool, "differs": bool} (runs: the
+rewritten model built and ran wherever the original did, whether or not it computed the same; differs: it ran
+and computed different outputs or gradients, a fix known to be wrong that nothing may write).
 """
 
 from __future__ import annotations
@@ -165,15 +166,17 @@ def _load_strictly(model: torch.nn.Module, state: dict) -> None:
                                "not load strictly")
 
 
-def _differences(original: dict, rewritten: dict, edge: bool = False) -> str | None:
-    """What the rewritten model computes differently, or None. On an edge case (`edge`), what the original
-    leaves undefined (a NaN output, NaN gradients) may be anything: a fused call gives a fully masked row zeros
-    where the hand-written softmax gave NaN."""
+def _differences(original: dict, rewritten: dict, edge: bool = False, in_double: bool = True) -> str | None:
+    """What the rewritten model computes differently, or None, saying the dtype the models ran in (float64, or
+    with `in_double` False their own). On an edge case (`edge`), what the original leaves undefined (a NaN
+    output, NaN gradients) may be anything: a fused call gives a fully masked row zeros where the hand-written
+    softmax gave NaN."""
     lowest = max((getattr(torch, record["lowest"]) for record in (original, rewritten)),
                  key=lambda dtype: torch.finfo(dtype).eps)
     rtol, atol = tolerances(lowest)
-    within = "" if lowest == torch.float64 else f" (compared at {str(lowest).removeprefix('torch.')} precision, " \
-                                                  "which part of the model computes in)"
+    ran = " in float64" if in_double else f" in the model's own dtypes ({str(lowest).removeprefix('torch.')})"
+    within = ran if lowest == torch.float64 or not in_double else \
+        f"{ran} (compared at {str(lowest).removeprefix('torch.')} precision, which part of the model computes in)"
     if len(original["outputs"]) != len(rewritten["outputs"]):
         return f"{len(rewritten['outputs'])} output tensors instead of {len(original['outputs'])}"
     for index, (a, b) in enumerate(zip(original["outputs"], rewritten["outputs"], strict=True)):
@@ -214,13 +217,15 @@ def main(argv: list[str]) -> int:
             f"proven in {original['lowest']} at its tolerance, since the model cannot run in float64 "
             f"({original['float64_error']})")
         runs = True  # whether the rewritten model builds and runs forward and backward wherever the original does
+        differs = False  # whether it computed something else
         try:
             rewritten = _run(target, Path(base), original, original["in_double"], pythonpath)
-            reason = _differences(original, rewritten)
+            reason = _differences(original, rewritten, in_double=original["in_double"])
             for before, after in zip(original["edges"], rewritten["edges"], strict=True):
-                if reason is None and (edge := _differences(before, after, edge=True)) is not None:
+                if reason is None and (edge := _differences(before, after, True, original["in_double"])) is not None:
                     reason = f"on an input the factory's do not cover ({before['name']}), {edge}"
             runs = rewritten["backward_error"] is None or original["backward_error"] is not None
+            differs = runs and reason is not None
             note = "; ".join(filter(None, [note, *original["edge_notes"]]))
         except StateDictChanged as error:  # it runs; its checkpoints would not load
             reason = str(error)
@@ -229,7 +234,7 @@ def main(argv: list[str]) -> int:
         except Exception as error:  # the rewritten code fails to build, load the checkpoint or run
             reason, runs = f"the rewritten model fails: {one_line(error)}", False
         Path(verdict_path).write_text(json.dumps({"ok": reason is None, "reason": reason or "", "note": note,
-                                                  "runs": runs}), encoding="utf-8")
+                                                  "runs": runs, "differs": differs}), encoding="utf-8")
         return 0
 
 

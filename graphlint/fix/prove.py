@@ -46,10 +46,12 @@ class Verdict:
     reason: str = ""
     note: str = ""  # how it was proven, when not as usual (in the model's own dtype)
     runs: bool = False  # the rewritten model built and ran where the original did (true when ok)
+    differs: bool = False  # it ran and computed different outputs or gradients: known to be wrong
 
     def __post_init__(self) -> None:
         if self.ok:
             object.__setattr__(self, "runs", True)
+            object.__setattr__(self, "differs", False)
 
 
 def read_text(path: str) -> tuple[str, str]:
@@ -125,7 +127,7 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
-            return Verdict(False, answer["reason"], runs=answer.get("runs", False))
+            return Verdict(False, answer["reason"], runs=answer.get("runs", False), differs=answer.get("differs", False))
         gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, parent,
                      _moved(project.pythonpath, root, trees["rewritten"]), relint)
         return Verdict(gone.ok, gone.reason, answer.get("note", ""), runs=gone.runs)

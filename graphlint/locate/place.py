@@ -208,7 +208,7 @@ class Locator:
             roles = self._role_sites(problem, capture)
             key = (_fixer_key(problem.fix), roles)  # layers that ran the same lines share one fix
             if key not in group.fixes:
-                group.fixes[key] = self.spans.fix(primary, problem.fix, roles)
+                group.fixes[key] = self.spans.fix(primary, problem.fix, roles, capture.modules)
         except Exception as error:
             self._failed(f"building the {rule.id} fix at {os.path.basename(primary.frame.file)}:{primary.frame.line}",
                          error)

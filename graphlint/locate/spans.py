@@ -8,7 +8,9 @@ when the file changed after it ran; a file libcst cannot parse falls back to the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -16,11 +18,14 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from graphlint.files import read_source, split_lines
 from graphlint.fix.edits import deleted_lines
 from graphlint.fix.rewrite import Fixer, FixSite, Rewrite, Role, code_of
-from graphlint.fix.submodules import dropped_module_calls, hooks_reason
+from graphlint.fix.submodules import dropped_module_calls, judged
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
 from graphlint.opnames import spellings
 from graphlint.results import SAFE, UNSAFE, Edit, Fix
+
+if TYPE_CHECKING:
+    from graphlint.capture.modules import ModuleInfo
 
 # Ops that users write as operators rather than calls.
 _BINARY = {
@@ -78,9 +83,11 @@ class SourceSpans:
             return line_extent(parsed.lines, frame.line)
         return self._present(parsed, node, site)
 
-    def fix(self, site: Site, fixer: Fixer, roles: tuple[tuple[str, Site], ...] = ()) -> Fix | str:
+    def fix(self, site: Site, fixer: Fixer, roles: tuple[tuple[str, Site], ...] = (),
+            modules: Mapping[str, ModuleInfo] | None = None) -> Fix | str:
         """A rule's fix at a site as text edits, or why there is none; `roles` are the other nodes the rule
-        matched, handed to the fixer as the libcst nodes they ran at."""
+        matched, handed to the fixer as the libcst nodes they ran at; `modules` are the model's as built (by
+        path), to judge a fix that stops calling one of them."""
         parsed = self._parse(site.frame.file)
         node = self._node(parsed, site) if parsed is not None else None
         if node is None:
@@ -129,7 +136,8 @@ class SourceSpans:
         imports_in = where(answer.old)[0]
         edits += _import_edits(files[imports_in], imports_in, answer.imports)
         message, applicability = _hooks_kept(answer, lambda call: _enclosing(where(call)[1], call)[1],
-                                             lambda call: (_enclosing(where(call)[1], call)[0], where(call)[1].module))
+                                             lambda call: (_enclosing(where(call)[1], call)[0], where(call)[1].module),
+                                             modules)
         return Fix(message, tuple(sorted(edits, key=lambda e: (e.path != site.frame.file, e.path, e.line, e.column))),
                    applicability)
 
@@ -238,16 +246,17 @@ class SourceSpans:
         return (start.line, start.column + 1, end.line, end.column + 1)
 
 
-def _hooks_kept(answer: Rewrite, class_around, around) -> tuple[str, str]:
-    """The fix's message and applicability: never safe when it stops calling a submodule, whose hooks would
-    stop firing (graphlint.fix.submodules), whichever fixer wrote it."""
+def _hooks_kept(answer: Rewrite, class_around, around, modules) -> tuple[str, str]:
+    """The fix's message and applicability: a fix that stops calling a submodule says so, and is safe only
+    where nothing could observe it in the model as built (graphlint.fix.submodules), whichever fixer wrote it."""
     olds = [answer.old, *(old for old, _ in answer.also), *answer.removed]
     news = [answer.new, *(new for _, new in answer.also), *(cst.parse_module(code) for _, code in answer.inserted)]
     dropped = dropped_module_calls(olds, news, class_around, around)
     if not dropped:
         return answer.message, answer.applicability
-    applicability = UNSAFE if answer.applicability == SAFE else answer.applicability
-    return f"{answer.message}; {hooks_reason(dropped)}", applicability
+    quiet, clause = judged(dropped, news, modules)
+    applicability = answer.applicability if quiet or answer.applicability != SAFE else UNSAFE
+    return f"{answer.message}; {clause}", applicability
 
 
 def _enclosing(parsed: _ParsedFile, node: cst.CSTNode) -> tuple[cst.FunctionDef | None, cst.ClassDef | None]:

@@ -23,7 +23,7 @@ import graphlint
 from graphlint.files import read_source
 from graphlint.report.columns import SourceColumns
 from graphlint.server.diagnostics import Shown, contains, overlaps, quick_fix, rule_hover, uri_of
-from graphlint.server.linting import Linter
+from graphlint.server.linting import Linter, fix_key
 from graphlint.server.workspace import Settings
 
 __all__ = ["GraphlintServer", "Settings", "serve"]
@@ -105,7 +105,9 @@ def create_server(settings: Settings) -> GraphlintServer:
         if document.source != read_source(path):
             return None  # the buffer changed since the file was saved and linted: the edits would land elsewhere
         columns = SourceColumns(ls.unit)
-        return [action for s in shown if (action := quick_fix(s, columns)) is not None] or None
+        verdicts = ls.linter.unsafe_verdicts
+        return [action for s in shown
+                if (action := quick_fix(s, columns, verdicts.get(fix_key(s.finding)))) is not None] or None
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     def hover(ls: GraphlintServer, params: types.HoverParams) -> types.Hover | None:

@@ -16,7 +16,7 @@ from pygls.uris import from_fs_path
 
 from graphlint.errors import single_line
 from graphlint.report.columns import SourceColumns
-from graphlint.results import SAFE, Edit, Finding, Location, Report, RuleInfo, Severity, TargetError
+from graphlint.results import SAFE, UNSAFE, Edit, Finding, Location, Report, RuleInfo, Severity, TargetError
 
 SOURCE = "graphlint"
 SEVERITIES = {
@@ -118,19 +118,25 @@ def _position(path: str, line: int, column: int, columns: SourceColumns) -> type
     return types.Position(line=max(line - 1, 0), character=max(columns.convert(path, line, column) - 1, 0))
 
 
-def quick_fix(shown: Shown, columns: SourceColumns) -> types.CodeAction | None:
-    """The rule's rewrite of a finding as a quick fix, or None when it offers none."""
+def quick_fix(shown: Shown, columns: SourceColumns, unsafe_verdict: str | None = None) -> types.CodeAction | None:
+    """The rule's rewrite of a finding as a quick fix, or None when it offers none. A safe fix is offered as the
+    rule wrote it (`--fix` proves it before writing); an unsafe one only where `--unsafe-fixes` would write it
+    (`unsafe_verdict` is its proof's: "" when it may be written, None while not yet proven), titled with why it
+    is unsafe and never the preferred fix."""
     finding = shown.finding
-    if finding is None or finding.fix is None:
+    if finding is None or finding.fix is None or finding.fix.applicability not in (SAFE, UNSAFE):
+        return None
+    safe = finding.fix.applicability == SAFE
+    if not safe and unsafe_verdict != "":
         return None
     changes: dict[str, list[types.TextEdit]] = {}
     for edit in finding.fix.edits:
         changes.setdefault(uri_of(edit.path), []).append(text_edit(edit, columns))
-    safe = finding.fix.applicability == SAFE
+    what, _, why = finding.fix.message.partition("; ")
     return types.CodeAction(
-        title=f"Fix {finding.rule_id}{'' if safe else f' ({finding.fix.applicability})'}: {finding.fix.message}",
-        # An unsafe fix changes behaviour on purpose: offered as a rewrite to choose, never as the preferred fix.
-        kind=types.CodeActionKind.QuickFix if safe else types.CodeActionKind.RefactorRewrite,
+        title=f"Fix {finding.rule_id}: {finding.fix.message}" if safe else
+        f"Fix {finding.rule_id} (unsafe: {why or 'declared by the rule'}): {what}",
+        kind=types.CodeActionKind.QuickFix,
         diagnostics=[shown.diagnostic],
         edit=types.WorkspaceEdit(changes=changes),
         is_preferred=safe,

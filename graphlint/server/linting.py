@@ -9,6 +9,11 @@ supersedes a lint of the same target still running (its child is killed, only th
 Whenever targets of a project finish, the project's report is made again (the policy stage across its targets)
 and every file that has diagnostics, or had them, is published. The warm parent warms up (imports torch) in a
 thread of its own once a project with targets is met.
+
+After publishing, the fixes declared unsafe that are not yet judged are proven on the model, as `--unsafe-fixes`
+proves them (graphlint.fix.apply), so that the editor offers exactly what `--unsafe-fixes` would write: each
+verdict is kept by the finding's fingerprint and edits in `unsafe_verdicts` ("" where the fix may be written,
+else why not), which the code actions read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -25,7 +31,7 @@ from lsprotocol.types import MessageType
 
 from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.report.columns import SourceColumns
-from graphlint.results import TargetResult
+from graphlint.results import UNSAFE, Finding, Report, TargetResult
 from graphlint.server.diagnostics import Shown, error_place, failure_message, shown_by_file
 from graphlint.server.workspace import ProjectTargets, Settings, Workspace
 from graphlint.session import Runner
@@ -49,6 +55,8 @@ class Linter:
         self._thread = threading.Thread(target=self._main, name="graphlint-linter", daemon=True)
         self._dirty: dict[Path, ProjectTargets] = {}
         self._shown: dict[Path, dict[str, list[Shown]]] = {}  # per project: what it published, per file
+        # An unsafe fix's proof, by `fix_key`: "" where --unsafe-fixes would write it, else why it would not.
+        self.unsafe_verdicts: dict[tuple, str] = {}
 
     def start(self, close_in_children: tuple[int, ...] = ()) -> None:
         """Start the thread; children close the file descriptors given."""
@@ -166,8 +174,29 @@ class Linter:
         for pyproject, project in dirty.items():
             if self.workspace.projects.get(pyproject) is not project:
                 continue
-            files = shown_by_file(project.report(), project.files, SourceColumns(self.unit))
+            report = project.report()
+            files = shown_by_file(report, project.files, SourceColumns(self.unit))
             self._publish_project(pyproject, files)
+            self._prove_unsafe(project, report)
+
+    def _prove_unsafe(self, project: ProjectTargets, report: Report) -> None:
+        """Prove the report's unsafe fixes not yet judged, each alone, as `--unsafe-fixes` does; the other
+        findings stay in the report (the proof counts what is left) without their fixes."""
+        from graphlint.fix.apply import fixable
+
+        pending = [f for f in fixable(report) if f.fix.applicability == UNSAFE and fix_key(f) not in self.unsafe_verdicts]
+        if not pending:
+            return
+        alone = replace(report, merged=[f if f in pending else replace(f, fix=None) for f in report.all_findings])
+        try:
+            plan = project.session.fixes(alone, unsafe=True)
+        except GraphlintError as error:  # no warm parent (no torch): nothing is offered, the server goes on
+            self.tell(MessageType.Log, single_line(f"graphlint: the unsafe fixes could not be proven: {error}"))
+            return
+        reasons = dict(plan.refused)
+        for finding in pending:
+            self.unsafe_verdicts[fix_key(finding)] = "" if finding in plan.applied else \
+                reasons.get(finding, "the fix could not be applied")
 
     def _publish_project(self, pyproject: Path, files: dict[str, list[Shown]]) -> None:
         """Publish the files this project shows now and those it showed before; a file that several projects
@@ -182,3 +211,8 @@ class Linter:
             changed[path] = [shown for shown_files in self._shown.values() for shown in shown_files.get(path, ())]
         if changed:
             self.publish(changed)
+
+
+def fix_key(finding: Finding) -> tuple:
+    """What an unsafe fix's proof is kept by: the finding and the edits it makes."""
+    return finding.fingerprint, finding.fix.edits if finding.fix is not None else ()

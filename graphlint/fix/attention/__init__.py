@@ -55,22 +55,25 @@ from graphlint.results import UNSAFE
 __all__ = ["rewrite_attention", "use_sdpa_in_transformers"]
 
 
-def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False) -> Rewrite | str:
+def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False,
+                      mask_cast: bool = False) -> Rewrite | str:
     """The fused call in place of the product with the values, and the chain's statements deleted.
 
     The rule hands over what it matched in the graph as the site's roles (the products, the steps between them,
     other uses of the probabilities), the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
     read as the transpose of its last two dimensions) and whether the numbers the graph scaled them by came to
-    the fused call's default (so that `scale=self.scale` holding 1/sqrt(head dim) is left out)."""
+    the fused call's default (so that `scale=self.scale` holding 1/sqrt(head dim) is left out), and whether an
+    added mask's dtype can differ from the queries' (`mask_cast`: it was made in the forward with a dtype of its
+    own, so the fused call gets it cast to the queries' dtype)."""
     try:
-        walk = Walk(site, rank, default_scale)
+        walk = Walk(site, rank, default_scale, mask_cast)
         anchor_at_the_values(walk)
         branches = softmax_in_both_branches(walk)
         rewrite = _rewrite(walk)
         return branches.restored(rewrite) if branches is not None else rewrite
     except Refused as why:
         try:  # probabilities read under flags the capture did not take: the fused call where they are off
-            return guarded_fallback(site, rank, default_scale, why, _rewrite)
+            return guarded_fallback(site, rank, default_scale, why, _rewrite, mask_cast)
         except Refused as reason:
             return str(reason)
 

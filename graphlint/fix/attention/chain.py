@@ -59,7 +59,7 @@ class Walk:
     the helpers the backward walk is inside, and what it has read (`chain`). Every part of the walk is a function
     of it (scores, values, masks, checks, emit)."""
 
-    def __init__(self, site: FixSite, rank: int | None, default_scale: bool = False) -> None:
+    def __init__(self, site: FixSite, rank: int | None, default_scale: bool = False, mask_cast: bool = False) -> None:
         if site.function is None:
             raise Refused("the attention is not inside a function")
         self.site = site
@@ -67,6 +67,9 @@ class Walk:
         self.dropout_after = bool(site.role("probabilities dropout"))  # the graph saw dropout on them
         self.rank = rank
         self.default_scale = default_scale
+        # An added mask the forward made with a dtype of its own: cast to the queries' (SDPA on the CPU computes
+        # float64 queries with a float32 mask wrongly, where `scores + mask` promoted).
+        self.mask_cast = mask_cast
         self.guarded: cst.If | None = None  # the `if` whose body the backward walk is in
         self.guard_if: cst.If | None = None  # an `if` that prepares the mask before masking the scores
         self.order: list[int] = list(range(rank)) if rank else []  # the probabilities' dimensions, as permuted

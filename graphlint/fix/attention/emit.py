@@ -22,6 +22,7 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
         guard = code_of(chain.guard) if chain.guard is not None else None
         mask = code_of(chain.mask)
         causal = is_causal(walk)
+        cast = False
         from_scores = chain.names & {n.value for n in names_read(chain.mask)}
         if from_scores and not causal:
             raise Refused(f"the mask is computed from `{sorted(from_scores)[0]}`, which the fused call does not make")
@@ -30,6 +31,9 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
         elif chain.fill is not None:
             mask = _additive(walk, code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda))
                              else mask)
+        elif walk.mask_cast and chain.mask_source is None:  # an added float mask of a dtype of its own
+            mask = f"{code_of(atom(chain.mask))}.to({code_of(atom(chain.q))}.dtype)"
+            cast = True
         if causal:
             keywords.append(("is_causal", "True" if guard is None else guard))
         elif guard is None or guard.replace(" ", "") == f"{mask}isnotNone":
@@ -37,7 +41,7 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
         else:
             # A comparison or call binds tighter than `... if ... else ...`; only such a mask needs parentheses.
             shown = code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda)) and \
-                chain.fill is None else mask
+                chain.fill is None and not cast else mask
             keywords.append(("attn_mask", f"{shown} if {guard} else None"))
     if chain.dropout_p is not None:
         p = code_of(chain.dropout_p)

@@ -46,10 +46,10 @@ class _Fallback(cst.If):
 
 
 def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
-                     rewrite: Callable[[Walk], Rewrite]) -> Rewrite:
+                     rewrite: Callable[[Walk], Rewrite], mask_cast: bool = False) -> Rewrite:
     """The fused call under the complement of the `if`s that read the probabilities, the original statements
     in the `else:`; raises `why` where no such `if` stands in the way or the fused path cannot be read."""
-    walk = Walk(site, rank, default_scale)
+    walk = Walk(site, rank, default_scale, mask_cast)
     anchor_at_the_values(walk)
     values = site.role("values")
     block = list(walk.block)
