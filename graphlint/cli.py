@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--memory-budget", metavar="SIZE",
                        help="GL401: fail when a target's training step peaks above SIZE (24GiB, 80GB); default: "
                             "memory-budget in [tool.graphlint]")
+    check.add_argument("--ddp", metavar="N",
+                       help="the targets are trained with DistributedDataParallel over N ranks: turns on GL402 "
+                            "(parameters without a gradient, which DDP refuses); default: distributed in "
+                            "[tool.graphlint]")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -244,6 +248,7 @@ def _check(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         vary=None if args.vary is None else parse_vary(args.vary, "--vary"),
         memory_budget=None if args.memory_budget is None else memory_budget(args.memory_budget, "--memory-budget"),
+        distributed=None if args.ddp is None else ("ddp" if world_size(args.ddp, "--ddp") else None),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()
@@ -301,6 +306,13 @@ def _check(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def world_size(value: str, option: str) -> int:
+    """The N of --ddp N or --fsdp N: a whole number of ranks, 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"{option} takes the number of ranks, a whole number of 1 or more, not {value!r}")
+    return int(value)
 
 
 def _extra_report(value: str) -> tuple[str, str]:
