@@ -56,6 +56,7 @@ class MemoryEstimate:
     # Activation checkpointing of the largest stack of repeated blocks, estimated: {"blocks", "count",
     # "saves_bytes"}; None when the model has no such stack.
     checkpointing: dict | None = None
+    distributed: dict | None = None  # --fsdp/--ddp: graphlint.memory.distributed.describe; None for one device
 
     @property
     def fits(self) -> bool | None:
@@ -90,6 +91,7 @@ class MemoryEstimate:
             "fits": self.fits,
             "largest_batch": self.largest_batch,
             "checkpointing": self.checkpointing,
+            "distributed": self.distributed,
             "notes": list(self.notes),
         }
 
