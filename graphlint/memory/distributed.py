@@ -54,6 +54,7 @@ class Distribution:
     mixed_precision: str | None = None  # FSDP: "bf16" parameters (and fp32 gradient reduction)
     bucket_cap_mb: float = DDP_BUCKET_MB  # DDP
     wrapped: list[str] = field(default_factory=list)  # filled in: the module paths fully_shard was applied to
+    no_gradient: int = 0  # filled in (DDP): trainable parameters the step gave no gradient
 
 
 class FsdpTracker(_Tracker):
@@ -173,6 +174,13 @@ def blocks_to_shard(model: torch.nn.Module, wrap: tuple[str, ...]) -> list[str]:
     outermost ones only."""
     types = {name: type(module).__name__ for name, module in model.named_modules()}
     if wrap:
+        missing = [kind for kind in wrap if kind not in types.values()]
+        if missing:
+            from graphlint.errors import TargetFailure
+
+            known = ", ".join(sorted(set(types.values())))
+            raise TargetFailure(f"--fsdp-wrap names {missing[0]}, which is the class of no module of the model; "
+                                f"its classes are {known}")
         chosen = [name for name, kind in types.items() if name and kind in wrap]
     else:
         chosen = sorted({p for parent in types for p in repeated_children(types, parent)})
@@ -231,7 +239,9 @@ def distributed_step(made, distribution: Distribution, optimizer: str, train_on:
     if distribution.kind == "ddp":
         trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer, train_on, autocast,
                          release_output)
-        for index, size in enumerate(ddp_buckets(list(made.model.parameters()), distribution.bucket_cap_mb)):
+        trainable = [p for p in made.model.parameters() if p.requires_grad]
+        distribution.no_gradient = len(trainable) - trace.trainable
+        for index, size in enumerate(ddp_buckets(trainable, distribution.bucket_cap_mb)):
             block = Block(size, -1, "", "", f"DDP bucket {index}", torch.uint8, (size,), kind="gradient")
             trace.blocks.append(block)
             trace.roles[id(block)] = "DDP gradient bucket"
@@ -306,4 +316,14 @@ def describe(trace, distribution: Distribution) -> dict:
     else:
         info["bucket_cap_mb"] = distribution.bucket_cap_mb
         info["bucket_bytes"] = sum(b.nbytes for b in trace.blocks if trace.roles.get(id(b)) == "DDP gradient bucket")
+        info["parameters_without_gradient"] = distribution.no_gradient
     return info
+
+
+def notes(distribution: Distribution) -> list[str]:
+    """What the reader of a distributed estimate should know."""
+    if distribution.kind == "ddp" and distribution.no_gradient:
+        return [f"{distribution.no_gradient} trainable parameters get no gradient in this step: "
+                "DistributedDataParallel without find_unused_parameters=True fails at the second step "
+                f"(graphlint check --ddp {distribution.world} names them at their lines, GL402)"]
+    return []

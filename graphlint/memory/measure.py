@@ -66,9 +66,10 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         result = estimate(trace, text)
         result.notes = notes
         if request.distribution is not None:
-            from graphlint.memory.distributed import describe
+            from graphlint.memory.distributed import describe, notes as distribution_notes
 
             result.distributed = describe(trace, request.distribution)
+            result.notes.extend(distribution_notes(request.distribution))
         result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
         if request.device_memory is not None:
             result.device_memory = request.device_memory
