@@ -3,6 +3,7 @@
     python benchmarks/memory_zoo.py                 # print the table (a few minutes on 2 cores)
     python benchmarks/memory_zoo.py --only lstm     # the rows whose factory contains "lstm"
     python benchmarks/memory_zoo.py --write-docs    # and put it in docs/memory.md and the README
+    python benchmarks/memory_zoo.py --audit         # the kernel audit over the zoo and memory_models.py
 
 One row per model of benchmarks/memory_zoo_models.py: the estimate (`--train-on cpu`, built on the meta device
 as the command builds it), the profiler's peak of the same steady-state step run for real on CPU (as
@@ -63,11 +64,39 @@ def table(only: str | None = None) -> str:
     return "\n".join(rows) + f"\n\n{summary} {memory_accuracy._measured()} (`python benchmarks/memory_zoo.py`).\n"
 
 
+def audit_all(only: str | None = None) -> int:
+    """The kernel audit (graphlint.memory.audit) over every zoo model and the accuracy check's models; the
+    number of findings, each printed."""
+    import memory_models
+
+    from graphlint.memory.audit import audit
+    from graphlint.target import normalize_factory_result
+
+    models = [(memory_zoo_models, factory) for _, factory, _, _ in memory_zoo_models.ZOO]
+    models += [(memory_models, f.__name__) for f in memory_models.MODELS.values()]
+    total = 0
+    for module, factory in models:
+        if only and only not in factory:
+            continue
+        torch.manual_seed(0)
+        made = normalize_factory_result(getattr(module, factory)())
+        findings = audit(made.model, made.args, made.kwargs, made.loss)
+        total += len(findings)
+        print(f"{module.__name__}:{factory}: {'passes' if not findings else f'{len(findings)} findings'}", flush=True)
+        for finding in findings:
+            print(f"    {finding}", flush=True)
+    print(f"{total} findings")
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="only the rows whose factory name contains this")
     parser.add_argument("--write-docs", action="store_true", help="replace the table in docs/memory.md and README.md")
+    parser.add_argument("--audit", action="store_true", help="run the kernel audit instead of the table")
     args = parser.parse_args()
+    if args.audit:
+        sys.exit(1 if audit_all(args.only) else 0)
     text = table(args.only)
     print(text)
     if args.write_docs:

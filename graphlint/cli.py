@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--autocast", choices=("bf16", "fp16"),
                         help="run the forward and the loss under autocast to bfloat16 or float16, as "
                              "torch.autocast(\"cuda\") would")
+    memory.add_argument("--release-output", action="store_true",
+                        help="the training loop keeps only the loss (a loss function that returns only the loss, as "
+                             "Hugging Face's Trainer calls it): the model's output is freed before backward; by "
+                             "default the output and loss are held until after the optimizer step")
     memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
     memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
                                                    "of the same size) to T")
@@ -520,7 +524,8 @@ def _memory(args: argparse.Namespace) -> int:
 
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
     request = Request(optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast, device=device,
-                      device_memory=device_memory, distribution=distribution, **sizes)
+                      device_memory=device_memory, release_output=args.release_output,
+                      distribution=distribution, **sizes)
     results, failed = [], False
     for target in targets:
         try:

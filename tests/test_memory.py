@@ -189,6 +189,18 @@ def test_memory_json_names_the_target_its_peak_and_the_breakdown(tmp_path):
     assert "0" in modules and "4" in modules
 
 
+def test_the_report_says_which_loop_it_assumed(tmp_path):
+    path = write(tmp_path, "net.py", MODEL)
+    held = run_graphlint("memory", f"{path}:make", "--format", "json", cwd=tmp_path)
+    released = run_graphlint("memory", f"{path}:make", "--format", "json", "--release-output", cwd=tmp_path)
+    assert held.returncode == released.returncode == 0, released.stderr
+    [held], [released] = json.loads(held.stdout), json.loads(released.stdout)
+    assert held["output_held"] is True and released["output_held"] is False
+    assert released["peak_bytes"] <= held["peak_bytes"]
+    text = run_graphlint("memory", f"{path}:make", "--release-output", cwd=tmp_path)
+    assert "keeps only the loss" in text.stdout
+
+
 def test_memory_text_says_where_the_peak_falls_and_whether_it_fits(tmp_path):
     path = write(tmp_path, "net.py", MODEL)
     result = run_graphlint("memory", f"{path}:make", "--device-memory", "1KiB", cwd=tmp_path)

@@ -7,7 +7,8 @@ graphlint's kernel models (graphlint.memory.kernels). For each call it compares
 - what the kernel allocates beyond its outputs while it runs (the profiler's rise inside the op, less the
   outputs): a workspace, a scratchpad, a contiguous copy of a strided input; on meta, what graphlint's models
   allocate for it;
-- what autograd keeps for backward beyond the op's inputs and outputs (an LSTM's workspace).
+- what the op returns (an LSTM's workspace, empty from its meta function) and what autograd keeps for backward
+  beyond the op's inputs and outputs.
 
 A difference above the tolerance is a finding naming the op: the step on meta does not see that memory and
 graphlint has no model for it.
@@ -22,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from graphlint.capture.loss import choose_loss
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, modeled_scratch
+from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, modeled_scratch, rises
 from graphlint.memory.step import kept_by
 
 # a difference smaller than this many bytes, or than this share of the op's inputs and outputs, is noise
@@ -34,14 +35,16 @@ SHARE = 0.05
 @dataclass
 class Finding:
     op: str
-    what: str  # "allocates" (inside the kernel) or "keeps" (for backward)
+    what: str  # "allocates" (inside the kernel), "returns" (its outputs) or "keeps" (for backward)
     cpu_bytes: int
     meta_bytes: int
     shapes: str
 
     def __str__(self) -> str:
-        return (f"{self.op} ({self.shapes}) {self.what} {self.cpu_bytes} bytes on CPU beyond its outputs, "
-                f"{self.meta_bytes} on meta with graphlint's models")
+        what = {"allocates": "allocates beyond its outputs", "returns": "returns", "keeps": "keeps for backward "
+                "beyond its inputs and outputs"}[self.what]
+        return (f"{self.op} ({self.shapes}) {what} {self.cpu_bytes} bytes on CPU, {self.meta_bytes} on meta with "
+                f"graphlint's models")
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,6 @@ def record_calls(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Cal
 def audit_calls(calls: list[tuple]) -> list[Finding]:
     """Replay each call on CPU (under the profiler) and on meta (under graphlint's models) and compare."""
     from torch.profiler import ProfilerActivity, profile, record_function
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
 
     findings = []
     measured = []
@@ -125,8 +127,8 @@ def audit_calls(calls: list[tuple]) -> list[Finding]:
                     except Exception:  # a call that zeros for inputs cannot replay (an index out of a range)
                         out = None
                 measured.append((func, args, kwargs, out))
-        rises = _rises(prof, len(prepared), MemoryProfileTimeline)
-        for (func, args, kwargs, out), rise, (_, specs) in zip(measured, rises, calls, strict=True):
+        rose = rises(prof, [f"graphlint-audit:{index}" for index in range(len(prepared))])
+        for (func, args, kwargs, out), rise, (_, specs) in zip(measured, rose, calls, strict=True):
             if out is None:
                 continue
             inputs = _storages((args, kwargs))
@@ -140,6 +142,7 @@ def audit_calls(calls: list[tuple]) -> list[Finding]:
             except Exception:  # no meta function: the step on meta could not run it either
                 continue
             meta_inputs = _storages((meta_args, meta_kwargs))
+            meta_made = _new_bytes(meta_out, meta_inputs)
             meta_sides = _new_bytes([kept_by(t.grad_fn) for t in _tensors(meta_out) if t.grad_fn is not None],
                                     meta_inputs | _storages(meta_out))
             scale = sum(_bytes(t) for t in _tensors((args, kwargs, out)))
@@ -149,6 +152,8 @@ def audit_calls(calls: list[tuple]) -> list[Finding]:
             modeled = modeled_scratch(func, meta_args)
             if _differ(scratch, modeled, scale):
                 findings.append(Finding(func.__name__, "allocates", scratch, modeled, shapes))
+            if _differ(made, meta_made, scale):
+                findings.append(Finding(func.__name__, "returns", made, meta_made, shapes))
             if _differ(sides, meta_sides, scale):
                 findings.append(Finding(func.__name__, "keeps", sides, meta_sides, shapes))
     return findings
@@ -201,29 +206,3 @@ def _new_bytes(value, known: set[int]) -> int:
             seen.add(key)
             total += storage.nbytes()
     return total
-
-
-def _rises(prof, count: int, timeline_class) -> list[int]:
-    """For each replayed call, how far the bytes alive rose above their level at its start while it ran."""
-    offset = prof.profiler.kineto_results.trace_start_ns() / 1000
-    ranges = {}
-    for event in prof.events():
-        if event.name.startswith("graphlint-audit:"):
-            ranges[int(event.name.partition(":")[2])] = (event.time_range.start + offset,
-                                                         event.time_range.end + offset)
-    times, sizes = timeline_class(prof._memory_profile())._coalesce_timeline("cpu")
-    totals = [sum(at) for at in sizes]
-    rises = []
-    position = 0
-    for index in range(count):
-        start, end = ranges.get(index, (0, -1))
-        while position < len(times) and times[position] < start:
-            position += 1
-        base = totals[position - 1] if position else 0
-        peak = base
-        cursor = position
-        while cursor < len(times) and times[cursor] <= end:
-            peak = max(peak, totals[cursor])
-            cursor += 1
-        rises.append(max(0, peak - base))
-    return rises

@@ -57,6 +57,7 @@ class MemoryEstimate:
     # "saves_bytes"}; None when the model has no such stack.
     checkpointing: dict | None = None
     distributed: dict | None = None  # --fsdp/--ddp: graphlint.memory.distributed.describe; None for one device
+    output_held: bool = True  # the loop's convention: the output held to the end of the step (False: --release-output)
 
     @property
     def fits(self) -> bool | None:
@@ -92,6 +93,7 @@ class MemoryEstimate:
             "largest_batch": self.largest_batch,
             "checkpointing": self.checkpointing,
             "distributed": self.distributed,
+            "output_held": self.output_held,
             "notes": list(self.notes),
         }
 

@@ -114,10 +114,105 @@ def modeled_scratch(func, args) -> int:
         steps, batch, inputs = args[0].shape
         return onednn_lstm_memory(inputs, args[2].shape[-1]).line(
             "forward" if func is _FORWARD else "backward", steps, batch)
+    if func in _PROBED:
+        return probed_scratch(func, args)
+    if func in _CONTIGUOUS:
+        return sum(a.numel() * a.element_size() for i in _CONTIGUOUS[func] if isinstance(a := args[i], torch.Tensor)
+                   and not a.is_contiguous())
     matrices = _BLAS.get(func)
     if matrices is None:
         return 0
     return sum(_copied(args[i]) for i in matrices if i < len(args) and isinstance(args[i], torch.Tensor))
+
+
+# kernels that make a contiguous copy of these arguments when they are not contiguous
+_CONTIGUOUS = {torch.ops.aten.embedding_dense_backward.default: (0,)}
+# kernels whose CPU implementation (oneDNN, im2col) holds buffers that depend on its algorithm, and composite
+# kernels that decompose below the tracker (their intermediates are invisible to it on any device): measured.
+# op -> (the positions of its batched tensors, of its integer lists whose first element is the batch)
+_PROBED = {
+    torch.ops.aten.convolution.default: ((0,), ()),
+    torch.ops.aten.convolution_backward.default: ((0, 1), ()),
+    torch.ops.aten.native_batch_norm_backward.default: ((0, 1), ()),
+    torch.ops.aten.native_layer_norm_backward.default: ((0, 1), ()),
+    torch.ops.aten._safe_softmax.default: ((0,), ()),
+    torch.ops.aten.binary_cross_entropy_with_logits.default: ((0, 1), ()),
+    torch.ops.aten.upsample_nearest2d.default: ((0,), ()),
+    torch.ops.aten.upsample_nearest2d_backward.default: ((0,), (2,)),
+}
+SMALL_BATCH = 8  # a larger call is measured at batches 4 and 8...
+SMALL_CALL = 64 * 2**20  # ...unless its tensors take at most this many bytes: then at its own size
+
+
+def probed_scratch(func, args) -> int:
+    """The scratch of a CPU kernel at this call's batch (dimension 0 of its batched arguments): measured at that
+    batch when the call is small, else at batches 4 and 8 and extended along the line through them, as
+    convolutions' buffers grow with the batch."""
+    batch = args[0].shape[0] if isinstance(args[0], torch.Tensor) and args[0].dim() else 0
+    size = sum(a.numel() * a.element_size() for a in torch.utils._pytree.tree_leaves(args)
+               if isinstance(a, torch.Tensor))
+    if batch <= SMALL_BATCH or size <= SMALL_CALL:
+        return _measured_scratch(func, _call_key(args, _PROBED[func], batch))
+    low, high = (_measured_scratch(func, _call_key(args, _PROBED[func], b)) for b in (SMALL_BATCH // 2, SMALL_BATCH))
+    return max(0, high + (high - low) * (batch - SMALL_BATCH) // (SMALL_BATCH // 2))
+
+
+def _call_key(args, batched: tuple[tuple[int, ...], tuple[int, ...]], size: int) -> tuple:
+    """The call's arguments as hashable specs (a tensor's shape, dtype and the order of its strides, which
+    decides whether a kernel copies it), the batch of the batched ones replaced by `size`."""
+    tensors, lists = batched
+
+    def spec(value, index):
+        if isinstance(value, torch.Tensor):
+            shape = tuple(value.shape)
+            if index in tensors and shape:
+                shape = (size, *shape[1:])
+            order = tuple(sorted(range(value.dim()), key=lambda d: (-value.stride(d), d)))
+            dense, step = True, 1
+            for d in reversed(order):
+                dense = dense and (value.shape[d] == 1 or value.stride(d) == step)
+                step *= value.shape[d]
+            # a view with gaps (a slice of a concatenation's gradient) keeps its own strides
+            return ("tensor", shape, value.dtype, order, None if dense else tuple(value.stride()))
+        if isinstance(value, (list, tuple)) and index in lists and value:
+            return ("ints", (size, *value[1:]))
+        if isinstance(value, list):
+            return ("list", tuple(spec(v, -1) for v in value))
+        return value
+    return tuple(spec(a, i) for i, a in enumerate(args))
+
+
+@functools.lru_cache(maxsize=1024)
+def _measured_scratch(func, key: tuple) -> int:
+    """Bytes the CPU kernel allocates beyond its outputs while it runs, under PyTorch's memory profiler."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def make(value):
+        if isinstance(value, tuple) and value and value[0] == "tensor":
+            _, shape, dtype, order, strides = value
+            if strides is not None:
+                span = 1 + sum((n - 1) * st for n, st in zip(shape, strides, strict=True) if n > 0)
+                return torch.zeros(span, dtype=dtype, device="cpu").as_strided(shape, strides)
+            laid_out = torch.zeros([shape[d] for d in order], dtype=dtype, device="cpu")
+            return laid_out.permute([order.index(d) for d in range(len(order))])  # the strides' order, as called
+        if isinstance(value, tuple) and value and value[0] == "ints":
+            return list(value[1])
+        if isinstance(value, tuple) and value and value[0] == "list":
+            return [make(v) for v in value[1]]
+        return value
+
+    with _disable_current_modes():
+        args = [make(v) for v in key]
+        try:
+            func(*args)  # once before measuring: a first call sets up buffers it keeps
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                with record_function("graphlint-probe"):
+                    out = func(*args)
+        except Exception:  # a call the probe cannot make at these sizes: nothing is modeled
+            return 0
+        made = sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(out)
+                   if isinstance(t, torch.Tensor))
+        return max(0, rises(prof, ["graphlint-probe"])[0] - made)
 
 
 def _copied(matrix: torch.Tensor) -> int:
@@ -160,7 +255,7 @@ class _Lines:
 def onednn_lstm_memory(inputs: int, hidden: int) -> _Lines:
     """oneDNN's LSTM on this CPU, for one layer and direction of `inputs` features and `hidden` units: the
     workspace its forward returns, and the scratch its forward and backward hold above their outputs while
-    they run (PyTorch's memory profiler's timeline inside the op), each measured at four small sizes."""
+    they run (the allocations PyTorch's profiler records inside the op), each measured at four small sizes."""
     measured: dict[str, dict[tuple[int, int], int]] = {"workspace": {}, "forward": {}, "backward": {}}
     with _disable_current_modes():
         _probe(8, 8, inputs, hidden)  # once before measuring: a first call sets up buffers it keeps
@@ -174,8 +269,7 @@ def onednn_lstm_memory(inputs: int, hidden: int) -> _Lines:
 
 
 def _probe(steps: int, batch: int, inputs: int, hidden: int) -> tuple[int, int, int]:
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     def zeros(*shape, grad=False):
         return torch.zeros(*shape, device="cpu", dtype=torch.float32, requires_grad=grad)
@@ -184,27 +278,56 @@ def _probe(steps: int, batch: int, inputs: int, hidden: int) -> tuple[int, int, 
         4 * hidden, hidden, grad=True)
     b_ih, b_hh, h, c = zeros(4 * hidden, grad=True), zeros(4 * hidden, grad=True), zeros(batch, hidden), zeros(
         batch, hidden)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
-        out = _FORWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, False, [], _LSTM, hidden, 1, True, False, False, True)
-        grads = _BACKWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, out[0], out[1], out[2], torch.ones_like(out[0]), None,
-                          None, False, _LSTM, hidden, 1, True, True, False, [], False, out[3])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function("graphlint-forward"):
+            out = _FORWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, False, [], _LSTM, hidden, 1, True, False, False, True)
+        with record_function("graphlint-backward"):
+            grads = _BACKWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, out[0], out[1], out[2], torch.ones_like(out[0]), None,
+                              None, False, _LSTM, hidden, 1, True, True, False, [], False, out[3])
+    forward, backward = rises(prof, ["graphlint-forward", "graphlint-backward"])
     workspace = out[3].untyped_storage().nbytes()
     made = sum(t.untyped_storage().nbytes() for t in out[:3]) + workspace
     made_back = sum(t.untyped_storage().nbytes() for t in grads if isinstance(t, torch.Tensor))
-    return (workspace, max(0, _rise(prof, "aten::mkldnn_rnn_layer", MemoryProfileTimeline) - made),
-            max(0, _rise(prof, "aten::mkldnn_rnn_layer_backward", MemoryProfileTimeline) - made_back))
+    return workspace, max(0, forward - made), max(0, backward - made_back)
 
 
-def _rise(prof, name: str, timeline_class) -> int:
-    """How far the bytes alive rose above their level at the op's start while the op ran."""
-    event = next(e for e in prof.events() if e.name == name)
-    offset = prof.profiler.kineto_results.trace_start_ns() / 1000
-    start, end = event.time_range.start + offset, event.time_range.end + offset
-    times, sizes = timeline_class(prof._memory_profile())._coalesce_timeline("cpu")
-    totals = [sum(at) for at in sizes]
-    before = [total for time, total in zip(times, totals, strict=True) if time < start]
-    inside = [total for time, total in zip(times, totals, strict=True) if start <= time <= end]
-    return max(inside, default=0) - (before[-1] if before else 0)
+def rises(prof, names: list[str]) -> list[int]:
+    """For each record_function range named in `names`, how far the bytes allocated on CPU rose above their
+    level at its start while it ran (the profiler's allocation events; no stacks needed)."""
+    from torch._C._profiler import _EventType
+
+    allocations, ranges = [], {}
+
+    def walk(nodes):
+        for node in nodes:
+            if node.tag == _EventType.Allocation:
+                if str(node.extra_fields.device) == "cpu":
+                    allocations.append((node.start_time_ns, node.extra_fields.alloc_size))
+            else:
+                try:
+                    name = node.name
+                except UnicodeDecodeError:  # torch sometimes returns an undecodable name for an event not ours
+                    name = ""
+                if name in names:
+                    ranges[name] = (node.start_time_ns, node.end_time_ns)
+            walk(node.children)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree())
+    allocations.sort()
+    results = []
+    for name in names:
+        start, end = ranges.get(name, (0, -1))
+        alive = peak = base = 0
+        for time, change in allocations:
+            if time > end:
+                break
+            alive += change
+            if time < start:
+                base = peak = alive
+            else:
+                peak = max(peak, alive)
+        results.append(max(0, peak - base))
+    return results
 
 
 _GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rnn_relu: "relu"}

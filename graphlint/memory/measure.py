@@ -64,6 +64,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         else:
             trace, sizes = _trace(loaded.factory, device, request, {})
         result = estimate(trace, text)
+        result.output_held = not request.release_output
         result.notes = notes
         if request.distribution is not None:
             from graphlint.memory.distributed import describe, notes as distribution_notes

@@ -31,6 +31,9 @@ def render_memory_text(result: MemoryEstimate) -> str:
     lines = [f"{result.target}: peak {format_bytes(result.peak_bytes)} of one training step "
              f"({result.optimizer}{', ' + sizes if sizes else ''}), during the {result.peak_phase}"
              + (f" ({result.peak_during})" if result.peak_during else "")]
+    lines.append("  the loop " + ("holds the output and loss until after optimizer.step() (--release-output: a loop "
+                                  "that keeps only the loss)" if result.output_held else
+                                  "keeps only the loss: the output is freed before backward (--release-output)"))
     lines.append("")
     lines.append(f"  {'at the peak':<18}{'bytes':>12}")
     for kind, size in result.at_peak.items():
