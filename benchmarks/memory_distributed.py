@@ -113,12 +113,12 @@ class LlamaBlock(nn.Module):
 
 class Llama(Stack):
     def __init__(self, dim: int = 128, depth: int = 4, heads: int = 4, kv_heads: int = 2, hidden: int = 352,
-                 checkpoint: bool = False):
+                 checkpoint: bool = False, vocab: int = VOCAB):
         super().__init__()
         self.checkpoint = checkpoint
-        self.tokens = nn.Embedding(VOCAB, dim)
+        self.tokens = nn.Embedding(vocab, dim)
         self.blocks = nn.ModuleList(LlamaBlock(dim, heads, kv_heads, hidden) for _ in range(depth))
-        self.norm, self.head = RMSNorm(dim), nn.Linear(dim, VOCAB, bias=False)
+        self.norm, self.head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
 
     def forward(self, ids):
         return self.head(self.norm(self.run_blocks(self.tokens(ids))))
@@ -157,9 +157,9 @@ class LSTMLM(Stack):
         return self.head(self.run_blocks(self.tokens(ids)))
 
 
-def _language_model(model):
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    labels = torch.randint(0, VOCAB, (BATCH, SEQ))
+def _language_model(model, batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB):
+    ids = torch.randint(0, vocab, (batch, seq))
+    labels = torch.randint(0, vocab, (batch, seq))
     return graphlint.Target(model, (ids,), loss=lambda out: F.cross_entropy(out.flatten(0, 1).float(),
                                                                           labels.flatten()))
 
@@ -170,6 +170,19 @@ def gpt2(checkpoint: bool = False):
 
 def llama(checkpoint: bool = False):
     return _language_model(Llama(checkpoint=checkpoint))
+
+
+def llama2_70b(depth: int = 80, seq: int = 4096, batch: int = 1):
+    """The Llama-2-70B shape (8192 wide, 80 blocks, 64 heads over 8 key-value heads, 28672 hidden, a 32000-token
+    vocabulary), every block checkpointed: a target for `graphlint memory --fsdp 64` on meta, never run for real."""
+    model = Llama(dim=8192, depth=depth, heads=64, kv_heads=8, hidden=28672, checkpoint=True, vocab=32000)
+    ids = torch.randint(0, 32000, (batch, seq))
+
+    def loss(out):  # labels made to the output's size, so that the batch search can resize the inputs
+        labels = torch.zeros(out.shape[0] * out.shape[1], dtype=torch.long, device=out.device)
+        return F.cross_entropy(out.flatten(0, 1).float(), labels)
+
+    return graphlint.Target(model, (ids,), loss=loss)
 
 
 def lstm(checkpoint: bool = False):
