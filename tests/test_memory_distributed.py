@@ -120,3 +120,29 @@ def test_bad_distributed_options_are_one_line_and_exit_2(tmp_path):
         done = run_graphlint("memory", "net.py:make", *args, cwd=tmp_path)
         assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
         assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_ddp_says_when_parameters_get_no_gradient_as_gl402_does(tmp_path):
+    path = write(tmp_path, "net.py", """
+        import torch
+        from torch import nn
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Linear(8, 8)
+                self.aux = nn.Linear(8, 3)
+
+            def forward(self, x):
+                return self.body(x)
+
+
+        def make():
+            return Net(), (torch.randn(4, 8),)
+    """)
+    result = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2)))
+    assert result.distributed["parameters_without_gradient"] == 2  # aux.weight and aux.bias
+    assert any("GL402" in note and "second step" in note for note in result.notes)
+    whole = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2, bucket_cap_mb=25)))
+    assert whole.distributed["bucket_bytes"] == 4 * (8 * 8 + 8 + 8 * 3 + 3)  # DDP buckets every trainable one
