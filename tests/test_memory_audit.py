@@ -5,6 +5,7 @@ naming the op where a model is taken away (the difference is then really there, 
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -90,3 +91,23 @@ def test_the_estimate_of_a_sum_loss_into_an_lm_head_counts_the_copy():
     without = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss, "none", "cuda")).peak_bytes
     logits = 8 * 64 * 4000 * 4
     assert with_copy - without >= 0.9 * logits  # the CPU kernel's copy of the expanded gradient is in the CPU step
+
+
+def _from_source(source: str, factory: str):
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(source), "<model>", "exec"), namespace)
+    made = normalize_factory_result(namespace[factory]())
+    return made.model, made.args, made.kwargs, made.loss
+
+
+def test_the_audit_passes_on_the_models_of_the_memory_and_checkpointing_tests():
+    import test_checkpointing
+    import test_memory
+
+    torch.manual_seed(0)
+    # the audit runs the step at the model's own size on CPU: test_memory.ATTENTION's 2 GiB of scores are left out
+    models = [(test_memory.MODEL, "make"), (test_memory.ATTENTION_OVER_BUDGET, "make")]
+    models += [(test_checkpointing.MODEL, name) for name in test_checkpointing.MODES]
+    models += [(test_checkpointing.NO_INPUT_GRAD, name) for name in ("non_reentrant_frozen", "reentrant_trained")]
+    for source, factory in models:
+        assert audit(*_from_source(source, factory)) == [], factory
