@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--memory-budget", metavar="SIZE",
                        help="GL401: fail when a target's training step peaks above SIZE (24GiB, 80GB); default: "
                             "memory-budget in [tool.graphlint]")
+    check.add_argument("--ddp", metavar="N",
+                       help="the targets are trained with DistributedDataParallel over N ranks: turns on GL402 "
+                            "(parameters without a gradient, which DDP refuses); default: distributed in "
+                            "[tool.graphlint]")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -138,6 +142,22 @@ def _parser() -> argparse.ArgumentParser:
                                                    "of the same size) to T")
     memory.add_argument("--device-memory", metavar="SIZE",
                         help="say whether the step fits in SIZE (80GiB, 24GB) and the largest batch that does")
+    memory.add_argument("--fsdp", metavar="N",
+                        help="the step of one rank of N under FSDP2 (torch's fully_shard on every repeated block, "
+                             "then the root), estimated with a fake process group")
+    memory.add_argument("--ddp", metavar="N",
+                        help="the step of one rank of N under DistributedDataParallel (the whole model, plus DDP's "
+                             "gradient buckets)")
+    memory.add_argument("--fsdp-wrap", metavar="CLASSES",
+                        help="with --fsdp: the module classes to shard one by one, comma-separated (default: every "
+                             "repeated block)")
+    memory.add_argument("--reshard-after-forward", choices=("true", "false"), default=None,
+                        help="with --fsdp: fully_shard's reshard_after_forward (default: true)")
+    memory.add_argument("--mixed-precision", choices=("bf16",), default=None,
+                        help="with --fsdp: MixedPrecisionPolicy with bfloat16 parameters and float32 gradient "
+                             "reduction")
+    memory.add_argument("--bucket-cap-mb", metavar="MB",
+                        help="with --ddp: DistributedDataParallel's bucket_cap_mb (default: 25)")
     memory.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     memory.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     memory.add_argument("--device", choices=("auto", "meta", "cpu"), default=None,
@@ -248,6 +268,7 @@ def _check(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         vary=None if args.vary is None else parse_vary(args.vary, "--vary"),
         memory_budget=None if args.memory_budget is None else memory_budget(args.memory_budget, "--memory-budget"),
+        distributed=None if args.ddp is None else ("ddp" if world_size(args.ddp, "--ddp") else None),
     )
     if args.targets or args.input or args.init:
         targets, base = _with_model_options(list(args.targets), args), Path.cwd()
@@ -305,6 +326,13 @@ def _check(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def world_size(value: str, option: str) -> int:
+    """The N of --ddp N or --fsdp N: a whole number of ranks, 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"{option} takes the number of ranks, a whole number of 1 or more, not {value!r}")
+    return int(value)
 
 
 def _extra_report(value: str) -> tuple[str, str]:
@@ -481,6 +509,7 @@ def _memory(args: argparse.Namespace) -> int:
         if device_memory is None:
             raise UsageError(f"--device-memory {args.device_memory!r} is not a size; write it as 80GiB, 24GB or "
                              "a number of bytes")
+    distribution = _distribution(args)
     project = _discover(args)
     config = project.config.overridden(device=args.device)
     if args.targets or args.input or args.init:
@@ -495,7 +524,8 @@ def _memory(args: argparse.Namespace) -> int:
 
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
     request = Request(optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast, device=device,
-                      device_memory=device_memory, release_output=args.release_output, **sizes)
+                      device_memory=device_memory, release_output=args.release_output,
+                      distribution=distribution, **sizes)
     results, failed = [], False
     for target in targets:
         try:
@@ -528,6 +558,39 @@ def _memory(args: argparse.Namespace) -> int:
     if device_memory is not None and any(not r.fits for r in results):
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _distribution(args: argparse.Namespace):
+    """--fsdp N or --ddp N and their options, checked; None for the step of one device."""
+    if args.fsdp is not None and args.ddp is not None:
+        raise UsageError("--fsdp and --ddp are two ways to train on N devices; pass one of them")
+    fsdp_only = [name for name, value in (("--fsdp-wrap", args.fsdp_wrap),
+                                          ("--reshard-after-forward", args.reshard_after_forward),
+                                          ("--mixed-precision", args.mixed_precision)) if value is not None]
+    if fsdp_only and args.fsdp is None:
+        raise UsageError(f"{fsdp_only[0]} applies only with --fsdp N")
+    if args.bucket_cap_mb is not None and args.ddp is None:
+        raise UsageError("--bucket-cap-mb applies only with --ddp N")
+    if args.fsdp is None and args.ddp is None:
+        return None
+    from graphlint.memory.distributed import DDP_BUCKET_MB, Distribution
+
+    if args.ddp is not None:
+        cap = DDP_BUCKET_MB
+        if args.bucket_cap_mb is not None:
+            try:
+                cap = float(args.bucket_cap_mb)
+            except ValueError:
+                cap = 0
+            if not cap > 0:
+                raise UsageError(f"--bucket-cap-mb must be a number of MiB above 0, not {args.bucket_cap_mb!r}")
+        return Distribution("ddp", world_size(args.ddp, "--ddp"), bucket_cap_mb=cap)
+    wrap = tuple(part.strip() for part in (args.fsdp_wrap or "").split(",") if part.strip())
+    if args.fsdp_wrap is not None and not wrap:
+        raise UsageError("--fsdp-wrap takes module class names, comma-separated (LlamaDecoderLayer)")
+    return Distribution("fsdp", world_size(args.fsdp, "--fsdp"), wrap=wrap,
+                        reshard_after_forward=args.reshard_after_forward != "false",
+                        mixed_precision=args.mixed_precision)
 
 
 def _rules(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@
     fail-on = "warning"                  # note, warning, error or never
     timeout = 600                        # seconds per target; 0 for no limit
     memory-budget = "24GiB"              # GL401: a training step's peak memory must stay under it
+    distributed = "ddp"                  # how the target is trained: none or ddp (turns GL402 on)
     pythonpath = ["src"]                 # folders targets import from (default: pytest's pythonpath setting)
     [tool.graphlint.severity]
     GL203 = "warning"                    # per-rule severity
@@ -35,6 +36,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 DEVICES = ("auto", "meta", "cpu", "cuda")
 SEVERITIES = ("note", "warning", "error")
 FAIL_ON = (*SEVERITIES, "never")
+DISTRIBUTED = ("none", "ddp")  # how targets are trained; rules tagged with it run by default (GL402 for ddp)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Config:
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
     memory_budget: int | None = None  # bytes a training step may peak at (GL401); None: no budget
+    distributed: str = "none"  # one of DISTRIBUTED: "ddp" turns on the rules tagged ddp (GL402)
     # Folders (absolute) that targets import from, before the project's src/ and root: [tool.graphlint] pythonpath,
     # else [tool.pytest.ini_options] pythonpath, so that graphlint imports the project as its tests do; None when
     # neither is set (graphlint.project then reads pytest's other configuration files).
@@ -165,6 +168,7 @@ _KEYS = {
     "timeout": ("timeout", _seconds),
     "vary": ("vary", vary_setting),
     "memory-budget": ("memory_budget", memory_budget),
+    "distributed": ("distributed", lambda v, w: _one_of(v, w, DISTRIBUTED)),
     "pythonpath": ("pythonpath", lambda v, w: _strings(v, w, '["src"]')),
 }
 

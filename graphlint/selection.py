@@ -26,7 +26,8 @@ def select(config: Config, rules):
         _check(codes, "per-file-ignores", rules)  # checked here, applied per file by the policy stage
     _check(tuple(config.severity), "severity", rules)
     starts = [index for index, layer in enumerate(layers) if layer.select is not None]
-    chosen = {rule.id for rule in rules if rule.default_enabled}
+    # A target meant for DDP turns on the rules about DDP (GL402), as if they were on by default.
+    chosen = {rule.id for rule in rules if rule.default_enabled or config.distributed in getattr(rule, "tags", ())}
     for layer in layers[starts[-1] if starts else 0:]:
         chosen = _apply(layer, chosen, rules)
     return tuple(rule for rule in rules if rule.id in chosen)

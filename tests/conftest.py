@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 SARIF_SCHEMA = Path(__file__).resolve().parent / "data" / "sarif-schema-2.1.0.json"
 
 # Categories of tests that take seconds to minutes each; `pytest -m "not slow"` leaves them all out.
-SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile", "command")
+SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile", "command", "distributed")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m

@@ -36,7 +36,9 @@ def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
     [
         (Config(select=("GL2",)), ["GL201", "GL202", "GL203", "GL204"]),
         (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203", "GL204"]),
-        (Config(select=("ALL",)), DEFAULT[:-1] + ["GL301", "GL302", "GL401", "GL901"]),
+        (Config(select=("ALL",)), DEFAULT[:-1] + ["GL301", "GL302", "GL401", "GL402", "GL901"]),
+        (Config(distributed="ddp"), DEFAULT + ["GL402"]),  # a target meant for DDP turns on the DDP rule
+        (Config(distributed="ddp", ignore=("GL402",)), DEFAULT),
         (Config(extend_select=("GL901",)), DEFAULT + ["GL901"]),
         (Config(ignore=("GL1", "GL203")), ["GL201", "GL202", "GL204", "GL401"]),
         (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203", "GL204"]),

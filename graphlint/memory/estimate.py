@@ -56,6 +56,7 @@ class MemoryEstimate:
     # Activation checkpointing of the largest stack of repeated blocks, estimated: {"blocks", "count",
     # "saves_bytes"}; None when the model has no such stack.
     checkpointing: dict | None = None
+    distributed: dict | None = None  # --fsdp/--ddp: graphlint.memory.distributed.describe; None for one device
     output_held: bool = True  # the loop's convention: the output held to the end of the step (False: --release-output)
 
     @property
@@ -91,6 +92,7 @@ class MemoryEstimate:
             "fits": self.fits,
             "largest_batch": self.largest_batch,
             "checkpointing": self.checkpointing,
+            "distributed": self.distributed,
             "output_held": self.output_held,
             "notes": list(self.notes),
         }

@@ -22,6 +22,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 _LSTM = 2  # oneDNN's mode number for an LSTM (aten::mkldnn_rnn_layer's `mode`)
@@ -40,7 +41,8 @@ class CpuKernelsOnMeta(TorchFunctionMode):
 
 
 def _on_meta(value) -> bool:
-    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+    # a fake tensor (a sharded step under FakeTensorMode) runs the same meta functions as a meta one
+    return isinstance(value, torch.Tensor) and (value.device.type == "meta" or isinstance(value, FakeTensor))
 
 
 def _onednn_lstm_applies(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
@@ -92,7 +94,8 @@ class CpuKernelMemory(TorchDispatchMode):
         if not args or not _on_meta(args[0]) and not (len(args) > 1 and _on_meta(args[1])):
             return func(*args, **kwargs)
         size = modeled_scratch(func, args)
-        scratch = torch.empty(size, dtype=torch.uint8, device="meta") if size else None
+        device = (args[0] if _on_meta(args[0]) else args[1]).device
+        scratch = torch.empty(size, dtype=torch.uint8, device=device) if size else None
         out = func(*args, **kwargs)
         del scratch
         if func is _FORWARD and args[15] and torch.is_grad_enabled():  # train: the kernel makes a workspace

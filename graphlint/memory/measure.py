@@ -41,6 +41,7 @@ class Request:
     batch: int | None = None
     seq: int | None = None
     device_memory: int | None = None
+    distribution: object = None  # a graphlint.memory.distributed.Distribution: the step of one rank of N
 
 
 def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = ()) -> MemoryEstimate:
@@ -65,6 +66,11 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         result = estimate(trace, text)
         result.output_held = not request.release_output
         result.notes = notes
+        if request.distribution is not None:
+            from graphlint.memory.distributed import describe, notes as distribution_notes
+
+            result.distributed = describe(trace, request.distribution)
+            result.notes.extend(distribution_notes(request.distribution))
         result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
         if request.device_memory is not None:
             result.device_memory = request.device_memory
@@ -183,8 +189,15 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         used = resize_inputs(made, wanted)
         try:
             with torch.device(device):
-                trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request.optimizer,
-                                      request.train_on, AUTOCAST.get(request.autocast), request.release_output)
+                if request.distribution is not None:
+                    from graphlint.memory.distributed import distributed_step
+
+                    trace = call_user_code(distributed_step, made, request.distribution, request.optimizer,
+                                           request.train_on, AUTOCAST.get(request.autocast), request.release_output)
+                else:
+                    trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss,
+                                           request.optimizer, request.train_on, AUTOCAST.get(request.autocast),
+                                           request.release_output)
         except TargetFailure:
             raise
         except Exception as error:

@@ -62,16 +62,17 @@ class StepTrace:
     loss_found: bool
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
     module_inputs: dict[str, int] = field(default_factory=dict)  # module path -> bytes of its first call's inputs
+    roles: dict[int, str] = field(default_factory=dict)  # id(block) -> what distribution makes of it (FSDP, DDP)
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
              train_on: str = "cuda", autocast: torch.dtype | None = None,
-             release_output: bool = False) -> StepTrace:
+             release_output: bool = False, tracker_class: type | None = None) -> StepTrace:
     """Run the steady-state step on the model's device and return what it allocated and freed, with the
     kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
     `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
     output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
-    calls it)."""
+    calls it); `tracker_class`, a `_Tracker` subclass (graphlint.memory.distributed's, for sharded models)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
     if optim is not None and trainable:
@@ -84,7 +85,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     device = trainable[0].device if trainable else next(
         (t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
         torch.device("cpu"))
-    tracker = _Tracker(model, device)
+    tracker = (tracker_class or _Tracker)(model, device)
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         tracker.existing(tensor, "parameter", name.rpartition(".")[0])
     if optim is not None:
@@ -120,7 +121,8 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
         p.grad = None
     return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
-                     {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs)
+                     {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
+                     getattr(tracker, "roles", {}))
 
 
 def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:

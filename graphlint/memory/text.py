@@ -9,6 +9,21 @@ BAR = 30
 MODULE_LINES = 25
 
 
+def distributed_lines(info: dict) -> list[str]:
+    """The rank's view: the strategy, and the peak by what distribution makes of its bytes."""
+    if info["strategy"] == "fsdp":
+        how = (f"FSDP2 over {info['world_size']} ranks, fully_shard on {len(info['sharded_modules']) - 1} blocks "
+               f"and the root, reshard_after_forward={info['reshard_after_forward']}"
+               + (", bfloat16 parameters with float32 reduction" if info["mixed_precision"] == "bf16" else ""))
+    else:
+        how = (f"DDP over {info['world_size']} ranks, buckets of {info['bucket_cap_mb']:g} MiB "
+               f"({format_bytes(info['bucket_bytes'])} in all)")
+    lines = ["", f"  one rank of {how}; at the peak:"]
+    for role, size in info["at_peak_by_role"].items():
+        lines.append(f"  {role:<26}{format_bytes(size):>12}")
+    return lines
+
+
 def render_memory_text(result: MemoryEstimate) -> str:
     """A person's view of one estimate."""
     sizes = ", ".join(f"{name} {value}" for name, value in (("batch", result.batch), ("seq", result.seq))
@@ -24,6 +39,8 @@ def render_memory_text(result: MemoryEstimate) -> str:
     for kind, size in result.at_peak.items():
         lines.append(f"  {kind:<18}{format_bytes(size):>12}")
     lines.append(f"  {'total':<18}{format_bytes(result.peak_bytes):>12}")
+    if result.distributed:
+        lines.extend(distributed_lines(result.distributed))
     lines.append("")
     lines.append(f"  parameters {format_bytes(result.parameter_bytes)}, gradients {format_bytes(result.gradient_bytes)}, "
                  f"optimizer state {format_bytes(result.optimizer_state_bytes)}, inputs {format_bytes(result.input_bytes)}")

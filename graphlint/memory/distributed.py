@@ -1,0 +1,329 @@
+"""The per-rank memory of one steady-state training step under FSDP2 (`fully_shard`) or DDP, on a laptop.
+
+FSDP2: the target is built on meta, wrapped by torch's own `fully_shard` (every repeated block, as users write it
+per transformer block, or the classes the user names, then the root) on a fake process group of N ranks (backend
+"fake": collectives return at once and move nothing), materialised under FakeTensorMode (FSDP refuses meta
+parameters in forward; fake tensors have sizes and no memory), and run through the same step as the single-GPU
+estimate, under a tracker that also sees FSDP's storage resizes (the unsharded parameters are freed by resizing
+their storage to 0 and allocated again by resizing it back). What FSDP allocates is read from where it allocates
+it: the all-gather buffers, the unsharded parameters, the reduce-scatter buffers, the sharded gradients. FSDP2
+pads every shard to the same size, so every rank holds the same bytes; the step is run as rank 0.
+
+DDP: the step of the whole model (every rank holds all of it) plus DDP's gradient buckets, sized by DDP's own
+bucket assignment (`bucket_cap_mb`, 25 MiB by default, over the trainable parameters in reverse order, as the
+reducer builds them); with DDP's default `gradient_as_bucket_view=False` the buckets are copies beside `.grad`,
+alive for the whole run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from graphlint.memory.estimate import repeated_children
+from graphlint.memory.step import Block, _Tracker
+
+# Where FSDP2 allocates, by the function of torch.distributed.fsdp._fully_shard that made the block.
+_FSDP_ROLES = {
+    "foreach_all_gather": "all-gather buffer",
+    "all_gather_copy_in_meta": "all-gather buffer",
+    "all_gather_copy_in_cuda": "all-gather buffer",
+    "foreach_all_gather_copy_out": "unsharded parameter",
+    "alloc_all_gather_outputs": "unsharded parameter",
+    "init_unsharded_param": "unsharded parameter",
+    "foreach_reduce": "reduce-scatter buffer",
+    "foreach_reduce_scatter_copy_in": "reduce-scatter buffer",
+}
+_FSDP_FOLDER = "_fully_shard"
+DDP_BUCKET_MB = 25  # DistributedDataParallel's bucket_cap_mb default
+
+
+@dataclass
+class Distribution:
+    """How the step is distributed: `kind` "fsdp" or "ddp" over `world` ranks, and the strategy's options."""
+
+    kind: str
+    world: int
+    wrap: tuple[str, ...] = ()  # FSDP: module class names to shard one by one (default: the repeated blocks)
+    reshard_after_forward: bool = True  # FSDP2's default
+    mixed_precision: str | None = None  # FSDP: "bf16" parameters (and fp32 gradient reduction)
+    bucket_cap_mb: float = DDP_BUCKET_MB  # DDP
+    wrapped: list[str] = field(default_factory=list)  # filled in: the module paths fully_shard was applied to
+    no_gradient: int = 0  # filled in (DDP): trainable parameters the step gave no gradient
+
+
+class FsdpTracker(_Tracker):
+    """The step's tracker for a model whose parameters are DTensors: their local shards are what a rank holds;
+    FSDP's storage resizes end a block and begin another; blocks made inside FSDP say what they are for."""
+
+    def __init__(self, model, device) -> None:
+        super().__init__(model, device)
+        self.roles: dict[int, str] = {}  # id(block) -> FSDP role
+        self._resize = None
+
+    def __enter__(self):
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage, size):
+            result = original(storage, size)
+            tracker._resized(storage, int(size))
+            return result
+
+        self._resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
+
+    def _track(self, tensor, phase, module, op, made=None):
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor: the rank holds its local tensor
+            names, _ = tensor.__tensor_flatten__()
+            block = None
+            for name in names:
+                inner = getattr(tensor, name, None)
+                if isinstance(inner, torch.Tensor):
+                    block = self._track(inner, phase, module, op, made) or block
+            return block
+        fresh = self._block_of(tensor) is None
+        block = super()._track(tensor, phase, module, op, made)
+        if block is not None and fresh:
+            role = _fsdp_role()
+            if role:
+                self.roles[id(block)] = role
+        return block
+
+    def finish(self, trainable) -> None:
+        # A sharded gradient is a DTensor: the rank's part of it is its local tensor.
+        local = [_Local(getattr(p.grad, "_local_tensor", p.grad)) for p in trainable]
+        super().finish(local)
+        for block in self.blocks:
+            if block.kind == "gradient" and id(block) not in self.roles:
+                self.roles[id(block)] = "sharded gradient"
+            elif block.kind == "parameter" and id(block) not in self.roles:
+                self.roles[id(block)] = "sharded parameter"
+            elif block.kind == "optimizer state":
+                self.roles[id(block)] = "sharded optimizer state"
+
+    def _resized(self, storage, size: int) -> None:
+        key = id(storage)
+        old = self._known.pop(key, None)
+        if old is not None and old.freed is None:
+            old.freed = self.clock
+            self.clock += 1
+        if size > 0:
+            block = Block(size, self.clock, self.current, self._modules[-1] if self._modules else "", "resize_",
+                          old.dtype if old is not None else torch.uint8, (size,))
+            self.clock += 1
+            self._known[key] = block
+            self.blocks.append(block)
+            self.roles[id(block)] = self.roles.get(id(old), "") if old is not None else "unsharded parameter"
+            import weakref
+
+            weakref.finalize(storage, self._freed, key, block)
+
+    def _freed(self, key, block) -> None:
+        if block.freed is not None:  # ended already by a resize to 0
+            return
+        super()._freed(key, block)
+
+
+@dataclass
+class _Local:
+    grad: torch.Tensor | None
+
+
+def _fsdp_role() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _FSDP_FOLDER in frame.f_code.co_filename:
+            role = _FSDP_ROLES.get(frame.f_code.co_name)
+            if role:
+                return role
+        frame = frame.f_back
+    return ""
+
+
+@contextlib.contextmanager
+def fake_world(world: int):
+    """A fake process group of `world` ranks (this process is rank 0), with torch's fake collectives for fake
+    tensors; the process's default group is left as it was."""
+    import torch.distributed as dist
+    import torch.distributed._tools.fake_collectives  # noqa: F401 - collectives on fake tensors
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is initialized in this process already")
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def blocks_to_shard(model: torch.nn.Module, wrap: tuple[str, ...]) -> list[str]:
+    """The module paths fully_shard is applied to before the root: the modules of the classes in `wrap`, or by
+    default every repeated block (numbered children of one class, two or more: a transformer's layers), the
+    outermost ones only."""
+    types = {name: type(module).__name__ for name, module in model.named_modules()}
+    if wrap:
+        missing = [kind for kind in wrap if kind not in types.values()]
+        if missing:
+            from graphlint.errors import TargetFailure
+
+            known = ", ".join(sorted(set(types.values())))
+            raise TargetFailure(f"--fsdp-wrap names {missing[0]}, which is the class of no module of the model; "
+                                f"its classes are {known}")
+        chosen = [name for name, kind in types.items() if name and kind in wrap]
+    else:
+        chosen = sorted({p for parent in types for p in repeated_children(types, parent)})
+    outermost = [p for p in chosen if not any(p.startswith(q + ".") for q in chosen if q != p)]
+    return [name for name in types if name in outermost]  # in module order
+
+
+def shard(model: torch.nn.Module, distribution: Distribution) -> None:
+    """Apply torch's fully_shard to the chosen blocks, then to the root, on the default (fake) process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (distribution.world,))
+    options = {"mesh": mesh, "reshard_after_forward": distribution.reshard_after_forward}
+    if distribution.mixed_precision == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    modules = dict(model.named_modules())
+    distribution.wrapped = blocks_to_shard(model, distribution.wrap)
+    for name in distribution.wrapped:
+        fully_shard(modules[name], **options)
+    fully_shard(model, **options)
+
+
+def ddp_buckets(parameters: list[torch.nn.Parameter], bucket_cap_mb: float) -> list[int]:
+    """The bytes of each of DDP's gradient buckets, as its reducer assigns them (its own function, with the first
+    bucket's smaller cap and the parameters in reverse order)."""
+    import torch.distributed as dist
+
+    trainable = [p for p in parameters if p.requires_grad]
+    if not trainable:
+        return []
+    cap = int(bucket_cap_mb * 1024 * 1024)
+    first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
+    order, _ = dist._compute_bucket_assignment_by_size(trainable[::-1], [first, cap], [False] * len(trainable))
+    sizes = []
+    for bucket in order:
+        sizes.append(sum(trainable[::-1][i].numel() * trainable[::-1][i].element_size() for i in bucket))
+    return sizes
+
+
+def by_role(blocks: list[Block], roles: dict[int, str], event: int) -> dict[str, int]:
+    """Bytes alive at `event` by what distribution makes of them: FSDP's roles, else the block's kind."""
+    alive: dict[str, int] = defaultdict(int)
+    for block in blocks:
+        if block.made <= event and (block.freed is None or block.freed > event):
+            alive[roles.get(id(block)) or block.kind] += block.nbytes
+    return dict(sorted(alive.items(), key=lambda item: -item[1]))
+
+
+def distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
+                     autocast: torch.dtype | None, release_output: bool):
+    """The step of one rank: `made` (built on meta, inputs resized) sharded by FSDP2 on a fake process group and
+    run under FakeTensorMode, or run whole with DDP's buckets beside it."""
+    from graphlint.memory.step import run_step
+
+    if distribution.kind == "ddp":
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer, train_on, autocast,
+                         release_output)
+        trainable = [p for p in made.model.parameters() if p.requires_grad]
+        distribution.no_gradient = len(trainable) - trace.trainable
+        for index, size in enumerate(ddp_buckets(trainable, distribution.bucket_cap_mb)):
+            block = Block(size, -1, "", "", f"DDP bucket {index}", torch.uint8, (size,), kind="gradient")
+            trace.blocks.append(block)
+            trace.roles[id(block)] = "DDP gradient bucket"
+        return trace
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with fake_world(distribution.world), torch.device("cpu"):
+        shard(made.model, distribution)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            made.model.to_empty(device="cpu")
+            args, kwargs = torch.utils._pytree.tree_map(_fake, (made.args, made.kwargs))
+            with _fake_closure(made.loss):
+                trace = run_step(made.model, args, kwargs, made.loss, optimizer, train_on, autocast,
+                                 release_output, tracker_class=FsdpTracker)
+    return trace
+
+
+def _fake(value):
+    """A meta input as a fake CPU tensor of the same size (made inside FakeTensorMode)."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        return torch.empty(value.shape, dtype=value.dtype, device="cpu")
+    return value
+
+
+@contextlib.contextmanager
+def _fake_closure(function):
+    """The tensors a loss function closes over (its labels), fake for the step, given back after it."""
+    cells = [cell for cell in getattr(function, "__closure__", None) or ()
+             if isinstance(_content(cell), torch.Tensor) and _content(cell).device.type == "meta"]
+    before = [cell.cell_contents for cell in cells]
+    for cell in cells:
+        cell.cell_contents = _fake(cell.cell_contents)
+    try:
+        yield
+    finally:
+        for cell, value in zip(cells, before, strict=True):
+            cell.cell_contents = value
+
+
+def _content(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def describe(trace, distribution: Distribution) -> dict:
+    """The distributed part of the report: the strategy, what was sharded, and the bytes alive at the peak by
+    what distribution makes of them (sharded and unsharded parameters, FSDP's buffers, DDP's buckets)."""
+    events: list[tuple[int, int]] = []
+    base = 0
+    for block in trace.blocks:
+        if block.made == -1:
+            base += block.nbytes
+        else:
+            events.append((block.made, block.nbytes))
+        if block.freed is not None:
+            events.append((block.freed, -block.nbytes))
+    events.sort(key=lambda e: e[0])
+    peak, at, alive = base, -1, base
+    for event, change in events:
+        alive += change
+        if alive > peak:
+            peak, at = alive, event
+    roles = by_role(trace.blocks, trace.roles, at)
+    info = {"strategy": distribution.kind, "world_size": distribution.world, "rank": 0,
+            "at_peak_by_role": roles}
+    if distribution.kind == "fsdp":
+        info.update({"sharded_modules": list(distribution.wrapped) + ["(root)"],
+                     "reshard_after_forward": distribution.reshard_after_forward,
+                     "mixed_precision": distribution.mixed_precision})
+    else:
+        info["bucket_cap_mb"] = distribution.bucket_cap_mb
+        info["bucket_bytes"] = sum(b.nbytes for b in trace.blocks if trace.roles.get(id(b)) == "DDP gradient bucket")
+        info["parameters_without_gradient"] = distribution.no_gradient
+    return info
+
+
+def notes(distribution: Distribution) -> list[str]:
+    """What the reader of a distributed estimate should know."""
+    if distribution.kind == "ddp" and distribution.no_gradient:
+        return [f"{distribution.no_gradient} trainable parameters get no gradient in this step: "
+                "DistributedDataParallel without find_unused_parameters=True fails at the second step "
+                f"(graphlint check --ddp {distribution.world} names them at their lines, GL402)"]
+    return []

@@ -1,0 +1,148 @@
+"""`graphlint memory --fsdp N` and `--ddp N`: the step of one rank, made with torch's own fully_shard on a fake
+process group (FSDP2) or with DDP's own bucket assignment, checked against the model's sizes in-process and
+against real gloo runs with the profiler on every rank (benchmarks/memory_distributed.py writes the table)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, run_graphlint, write
+from graphlint.errors import TargetFailure
+from graphlint.memory.distributed import Distribution, blocks_to_shard, ddp_buckets
+from graphlint.memory.measure import Request, measure
+from graphlint.target import target_text
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import distributed_runs  # noqa: E402
+import memory_distributed  # noqa: E402
+
+BENCH = REPO / "benchmarks"
+GPT = f"{memory_distributed.__file__}:gpt2"
+TOLERANCE = 0.05
+
+
+def _estimate(target=GPT, distribution=None, **request):
+    return measure(target, BENCH, Request(train_on="cpu", distribution=distribution, **request))
+
+
+def _parameter_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_fsdp_shards_parameters_gradients_and_optimizer_state_over_the_ranks():
+    whole = _parameter_bytes(memory_distributed.GPT())
+    counters = 4 * len(list(memory_distributed.GPT().parameters()))  # AdamW's step, a float32 per parameter
+    single = _estimate()
+    for world in (2, 4):
+        rank = _estimate(distribution=Distribution("fsdp", world))
+        # each rank keeps a padded 1/N of every parameter, its gradient and AdamW's two moments
+        assert whole / world <= rank.parameter_bytes <= whole / world * 1.01
+        assert rank.optimizer_state_bytes == 2 * rank.parameter_bytes + counters
+        assert rank.gradient_bytes == rank.parameter_bytes
+        assert rank.peak_bytes < single.peak_bytes
+        assert rank.distributed["sharded_modules"] == [f"blocks.{i}" for i in range(4)] + ["(root)"]
+        assert rank.distributed["at_peak_by_role"]  # every byte at the peak has a role
+        assert sum(rank.distributed["at_peak_by_role"].values()) == rank.peak_bytes
+
+
+def test_keeping_the_parameters_unsharded_after_forward_costs_memory_in_backward():
+    resharded = _estimate(distribution=Distribution("fsdp", 4))
+    kept = _estimate(distribution=Distribution("fsdp", 4, reshard_after_forward=False))
+    unsharded = kept.distributed["at_peak_by_role"].get("unsharded parameter", 0)
+    assert kept.peak_bytes > resharded.peak_bytes
+    assert unsharded > resharded.distributed["at_peak_by_role"].get("unsharded parameter", 0)
+
+
+def test_checkpointed_blocks_lower_a_ranks_peak_as_on_one_device():
+    plain = _estimate(distribution=Distribution("fsdp", 2))
+    checkpointed = _estimate(target_text(GPT, kwargs={"checkpoint": True}), distribution=Distribution("fsdp", 2))
+    assert checkpointed.activation_bytes < plain.activation_bytes / 2
+    assert checkpointed.peak_bytes < plain.peak_bytes
+
+
+def test_ddp_adds_its_buckets_to_the_whole_models_step():
+    single = _estimate()
+    rank = _estimate(distribution=Distribution("ddp", 4))
+    trainable = _parameter_bytes(memory_distributed.GPT())
+    assert rank.distributed["bucket_bytes"] == trainable
+    assert rank.peak_bytes == single.peak_bytes + trainable  # buckets live through the step, beside .grad
+    model = memory_distributed.GPT()
+    small = ddp_buckets(list(model.parameters()), 0.25)
+    assert len(small) > len(ddp_buckets(list(model.parameters()), 25)) and sum(small) == trainable
+
+
+def test_a_wrap_policy_naming_no_module_class_is_the_targets_error():
+    model = memory_distributed.GPT()
+    assert blocks_to_shard(model, ("GPTBlock",)) == [f"blocks.{i}" for i in range(4)]
+    with pytest.raises(TargetFailure, match="--fsdp-wrap names DecoderLayer, which is the class of no module"):
+        _estimate(distribution=Distribution("fsdp", 2, wrap=("DecoderLayer",)))
+
+
+def test_the_estimate_leaves_no_process_group_and_no_patch_behind():
+    import torch.distributed as dist
+
+    resize = torch.UntypedStorage.resize_
+    made = memory_distributed.gpt2()
+    labels = made.loss.__closure__[0].cell_contents
+    _estimate(distribution=Distribution("fsdp", 2))
+    assert not dist.is_initialized()
+    assert torch.UntypedStorage.resize_ is resize
+    assert memory_distributed.gpt2().loss.__closure__[0].cell_contents.device.type == labels.device.type == "cpu"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("factory, strategy, checkpoint", [("gpt2", "fsdp", True), ("lstm", "ddp", False)])
+def test_a_ranks_estimate_is_within_5_percent_of_every_real_gloo_rank(factory, strategy, checkpoint):
+    estimate = memory_distributed.estimated(factory, strategy, 2, checkpoint, False)
+    ranks = distributed_runs.run_ranks(2, memory_distributed.truth, factory, strategy, checkpoint, False)
+    for status, peak in ranks:
+        assert status == "ok", peak
+        assert abs(estimate - peak) <= TOLERANCE * peak, (estimate, peak)
+
+
+@pytest.mark.cli
+def test_bad_distributed_options_are_one_line_and_exit_2(tmp_path):
+    write(tmp_path, "net.py", """
+        import torch
+        from torch import nn
+
+
+        def make():
+            return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), (torch.randn(4, 8),)
+    """)
+    for args, says in ((["--fsdp", "0"], "--fsdp takes the number of ranks"),
+                       (["--fsdp", "2", "--ddp", "2"], "pass one of them"),
+                       (["--fsdp", "2", "--fsdp-wrap", "Block"], "--fsdp-wrap names Block")):
+        done = run_graphlint("memory", "net.py:make", *args, cwd=tmp_path)
+        assert done.returncode == 2 and says in done.stderr, (args, done.stderr)
+        assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_ddp_says_when_parameters_get_no_gradient_as_gl402_does(tmp_path):
+    path = write(tmp_path, "net.py", """
+        import torch
+        from torch import nn
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Linear(8, 8)
+                self.aux = nn.Linear(8, 3)
+
+            def forward(self, x):
+                return self.body(x)
+
+
+        def make():
+            return Net(), (torch.randn(4, 8),)
+    """)
+    result = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2)))
+    assert result.distributed["parameters_without_gradient"] == 2  # aux.weight and aux.bias
+    assert any("GL402" in note and "second step" in note for note in result.notes)
+    whole = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2, bucket_cap_mb=25)))
+    assert whole.distributed["bucket_bytes"] == 4 * (8 * 8 + 8 + 8 * 3 + 3)  # DDP buckets every trainable one
