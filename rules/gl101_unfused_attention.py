@@ -513,7 +513,7 @@ def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
         node = pending.pop()
         if not _floating(node) or node in upstream:
             continue  # a boolean or integer tensor (its dtype is not the mask's), or what the scores follow
-        if node.op == "placeholder" or node.op == "get_attr" and node.meta.get("parameter"):
+        if node.op == "placeholder" or node.op == "get_attr" and facts(node).is_parameter:
             continue  # follows the dtype the model runs in
         sources = [n for n in node.all_input_nodes if _floating(n)]
         if node.op == "get_attr" or op(node) in CAST or not sources:

@@ -22,8 +22,9 @@ from graphlint.target import target_text
 
 pytest_plugins = ("pytester",)
 
-# Rules whose findings read the compile analysis or a configuration the other entry points do not share.
-_OTHER_INPUTS = {"GL301", "GL302", "GL901"}
+# Rules whose findings read the compile analysis or a configuration the other entry points do not share (GL402
+# reports only for a target meant for DDP, which graphlint.lint() is not told).
+_OTHER_INPUTS = {"GL301", "GL302", "GL402", "GL901"}
 # Rules that report some findings at the line that built a module (`nn.ReLU(inplace=True)`, an unused layer):
 # graphlint.lint() gets a model built before it was called, whose construction lines nobody recorded, and
 # reports those findings where the module is called or its class is defined (the README's Python API part
