@@ -93,7 +93,11 @@ class ModelRecorder:
                 pass
             original_init(self, *args, **kwargs)
 
+        is_compiling = torch.compiler.is_compiling
+
         def __call__(self, *args, **kwargs):
+            if is_compiling():  # dynamo inlines this wrapper: it must see nothing but the call it wraps
+                return original_call(self, *args, **kwargs)
             local = recorder._local
             depth = getattr(local, "depth", 0)
             if depth == 0:
