@@ -65,6 +65,9 @@ class ModelRecorder:
     _saved: dict = field(default_factory=dict)
     _torch_classes: set = field(default_factory=set)
     _current: Recording | None = None  # the recording being made, which a failure of graphlint's marks
+    _new: tuple | None = None  # its key
+    _transformed_classes: set = field(default_factory=set)  # classes seen called inside torch.func, fx or dynamo
+    _asked: Any = field(default_factory=weakref.WeakSet)  # modules whose callers were looked at
 
     def install(self) -> None:
         import torch
@@ -100,13 +103,17 @@ class ModelRecorder:
                 return original_call(self, *args, **kwargs)
             local = recorder._local
             depth = getattr(local, "depth", 0)
-            if depth == 0:
-                recorder._guarded_record(self, args, kwargs)
+            new = recorder._guarded_record(self, args, kwargs, sys._getframe(1)) if depth == 0 else None
             local.depth = depth + 1
             try:
-                return original_call(self, *args, **kwargs)
+                result = original_call(self, *args, **kwargs)
+            except BaseException:
+                if new is not None:  # a call that raised is no run of the model: a later call is recorded instead
+                    recorder._discard(new)
+                raise
             finally:
                 local.depth = depth
+            return result
 
         module_class.__new__ = __new__
         module_class.__init__ = __init__
@@ -124,24 +131,65 @@ class ModelRecorder:
                 setattr(torch.nn.Module, name, value)
         self._saved = {}
 
-    def _guarded_record(self, module, args: tuple, kwargs: dict) -> None:
+    def _guarded_record(self, module, args: tuple, kwargs: dict, caller) -> tuple | None:
         """Record a call without ever changing the test: graphlint's own failure becomes the model's note at the
-        session's end, and a torch.jit trace running the call does not see the recorder's tensor operations."""
+        session's end, and a torch.jit trace running the call does not see the recorder's tensor operations.
+        The key of the recording this call began, if any."""
         import torch
 
-        if _transformed():
-            return  # a call being traced symbolically (fx, dynamo) or inside torch.func: no real inputs to copy
+        self._current = self._new = None
+        try:
+            if _transformed():  # traced symbolically (fx, dynamo) or inside torch.func: no real inputs to copy
+                if type(module) not in self._transformed_classes:  # but a model driving it by a method is named
+                    self._transformed_classes.add(type(module))
+                    self._driven_by(module, caller)
+                return None
+        except Exception:
+            return None
         tracing = torch._C._get_tracing_state()
         if tracing is not None:
             torch._C._set_tracing_state(None)
-        self._current = None
         try:
-            self._record(_unwrapped(module), args, kwargs)
+            self._record(_unwrapped(module), args, kwargs, caller)
         except Exception as error:
             self._failed(module, error)
         finally:
             if tracing is not None:
                 torch._C._set_tracing_state(tracing)
+        return self._new
+
+    def _discard(self, key: tuple) -> None:
+        """Forget the recording begun at a call that then raised."""
+        recording = self.recordings.pop(key, None)
+        if recording is not None:
+            try:
+                self._configurations.get((key[0], key[1]), []).remove(key[2])
+            except ValueError:
+                pass
+
+    def _driven_by(self, module, caller) -> bool:
+        """Whether a method of a model that holds `module` (its `forward` called directly, or its own `sample()`)
+        runs above this call: then that model is noted as not recorded (`module` is recorded as before)."""
+        try:
+            found = _driver(module, caller)
+            if found is None:
+                return False
+            owner, method = found
+            cls = type(owner)
+            built = self._built.get(owner)
+            site = built[2] if built is not None else None
+            key = (cls, site, "driven by a method")
+            if key not in self.recordings:
+                how = ".forward()" if method == "forward" else f"its own method {method}()"
+                self.recordings[key] = Recording(
+                    f"{cls.__module__}.{cls.__qualname__}", site, configuration="driven by a method",
+                    problem=f"the test ran it through {how}, not by calling it (model(...)), so graphlint did not "
+                            "see its inputs (the layers it called are linted as models of their own, except inside "
+                            "torch.func transforms); call the model, or lint it with a factory "
+                            "(graphlint check file.py:FACTORY)")
+            return True
+        except Exception:
+            return False
 
     def _failed(self, module, error: Exception) -> None:
         """The recording of this model (a new one if none was begun) says why graphlint could not record it."""
@@ -163,7 +211,7 @@ class ModelRecorder:
         except Exception:
             pass
 
-    def _record(self, module, args: tuple, kwargs: dict) -> None:
+    def _record(self, module, args: tuple, kwargs: dict, caller=None) -> None:
         cls = type(module)
         if cls in self._torch_classes:
             return
@@ -179,6 +227,8 @@ class ModelRecorder:
         site = built[2] if built is not None else None
         configuration = self._configuration(module, built)
         key = (cls, site, configuration)
+        if caller is not None and _new_in(self._asked, module):  # a model whose own method called it gets a note
+            self._driven_by(module, caller)
         if key in self.recordings:
             return
         same_site = self._configurations.setdefault((cls, site), [])
@@ -189,6 +239,7 @@ class ModelRecorder:
         recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site,
                                                      configuration=configuration)
         self._current = recording
+        self._new = key
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
@@ -462,6 +513,35 @@ def _unwrapped(module):
             break
         module, cls = inner, type(inner)
     return module
+
+
+def _new_in(seen, module) -> bool:
+    """Whether `module` is not yet in the weak set `seen` (and add it); False for one that cannot be in it."""
+    try:
+        if module in seen:
+            return False
+        seen.add(module)
+        return True
+    except TypeError:
+        return False
+
+
+def _driver(module, frame, limit: int = 64):
+    """The outermost model, on the Python stack above a call of `module`, that holds `module` and runs one of its
+    methods (a test calling `model.forward(x)` or `model.sample(n)` rather than `model(x)`), with that method's
+    name; None when there is none."""
+    import torch
+
+    found = None
+    while frame is not None and limit > 0:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self" and code.co_name != "__call__":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module) and owner is not module \
+                    and any(held is module for held in torch.nn.Module.modules(owner)):
+                found = (owner, code.co_name)
+        frame, limit = frame.f_back, limit - 1
+    return found
 
 
 def _or_none(write, *args):

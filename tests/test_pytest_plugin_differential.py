@@ -72,7 +72,12 @@ def test_every_test_outcome_and_output_is_the_same_with_the_plugin(pytester, mon
     # The plugin did lint what the tests ran: its section is there, and graphlint failed on none of the models.
     section = watched.stdout.str().split("= graphlint =", 1)[1]
     assert "internal error" not in section and "could not record" not in section, section
-    assert "GL204" in section, section
+    assert "GL204" in section and "--debug" not in section, section
+    tests = (root / "tests" / "test_behaviour.py").read_text().splitlines()
+    for name, how in (("PerSampleGrads", "through .forward()"), ("Sampler", "through its own method sample()")):
+        built = next(number for number, line in enumerate(tests, 1) if f"{name}()" in line)
+        assert f"note: {name} built at tests/test_behaviour.py:{built} was not linted: the test ran it {how}" in section
+    assert "mat1 and mat2" not in section  # the call that raised (in pytest.raises) is not the recorded run
 
     # Every factory the plugin wrote parses, builds its model and runs it on the inputs it returns.
     factories = sorted(root.rglob("factories/*.py"))

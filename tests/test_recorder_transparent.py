@@ -200,3 +200,48 @@ def test_the_rebuild_builds_and_runs_under_the_default_dtype_and_autocast_of_the
         with torch.device("meta"), pytest.raises(MetaCannotRun):  # meta tensors ignore CPU autocast
             recorded.rebuild(str(path))
     assert not torch.is_autocast_enabled("cpu")
+
+
+class Sampler(nn.Module):
+    def __init__(self, dim=4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, dim), nn.ReLU())
+
+    def forward(self, z):
+        return self.net(z)
+
+    def sample(self, n):
+        return self.net(torch.randn(n, 4))
+
+
+def test_a_model_driven_by_forward_or_its_own_method_is_named_with_the_method(recorder):
+    Sampler().sample(2)
+    Sampler().forward(torch.randn(1, 4))
+    notes = sorted(r.problem for r in recorder.recordings.values() if r.cls.endswith(".Sampler"))
+    assert len(notes) == 2 and "through .forward(), not by calling it" in notes[0], notes
+    assert "through its own method sample()" in notes[1]
+    # The Sequential they called (built at one line, alike) is recorded as before: its code is still linted.
+    assert sum(r.cls == "torch.nn.modules.container.Sequential" for r in recorder.recordings.values()) == 1
+
+
+def test_a_call_that_raised_is_not_the_recorded_run(recorder):
+    model = Net()
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        model(torch.ones(2, 5))
+    assert recorder.recordings == {}
+    model(torch.ones(3, 4))
+    (recording,) = recorder.recordings.values()
+    assert recording.target.endswith("--input 'float32[3,4]'"), recording.target
+
+
+def test_under_pytest_the_hint_names_the_plugins_debug_option():
+    from types import SimpleNamespace
+
+    from graphlint.pytest_plugin import _rename
+    from graphlint.results import TargetError, TargetResult
+
+    message = "internal error in graphlint while capturing (X); please report it with the output of --debug"
+    result = TargetResult(target="t", errors=[TargetError("t", message)])
+    _rename(SimpleNamespace(results=[result], merged=None), {"t": "Model built at test_m.py:3"})
+    assert result.errors[0].message.endswith("with the output of --graphlint-debug")
+    assert result.errors[0].target == "Model built at test_m.py:3"
