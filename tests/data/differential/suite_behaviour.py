@@ -39,6 +39,11 @@ def test_torch_func_in_the_forward_called_through_forward():
     print(model.forward(torch.randn(5, 4)).shape)
 
 
+def test_torch_func_in_the_forward_called_as_a_model():
+    torch.manual_seed(2)
+    print(f"{PerSampleGrads()(torch.randn(3, 4)).sum().item():.6f}")
+
+
 def test_a_model_driven_by_its_own_method():
     torch.manual_seed(3)
     print(f"{Sampler().sample(3).sum().item():.6f}")
