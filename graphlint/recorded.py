@@ -179,7 +179,7 @@ class ModelRecorder:
             built = self._built.get(owner)
             site = built[2] if built is not None else None
             key = (cls, site, "driven by a method")
-            if key not in self.recordings:
+            if key not in self.recordings and not any(k[:2] == (cls, site) for k in self.recordings):
                 how = ".forward()" if method == "forward" else f"its own method {method}()"
                 self.recordings[key] = Recording(
                     f"{cls.__module__}.{cls.__qualname__}", site, configuration="driven by a method",
@@ -213,6 +213,8 @@ class ModelRecorder:
 
     def _record(self, module, args: tuple, kwargs: dict, caller=None) -> None:
         cls = type(module)
+        if caller is not None and _new_in(self._asked, module):  # a model whose own method called it gets a note
+            self._driven_by(module, caller)
         if cls in self._torch_classes:
             return
         if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
@@ -227,8 +229,6 @@ class ModelRecorder:
         site = built[2] if built is not None else None
         configuration = self._configuration(module, built)
         key = (cls, site, configuration)
-        if caller is not None and _new_in(self._asked, module):  # a model whose own method called it gets a note
-            self._driven_by(module, caller)
         if key in self.recordings:
             return
         same_site = self._configurations.setdefault((cls, site), [])
@@ -236,6 +236,7 @@ class ModelRecorder:
             self.left_out.setdefault((cls, site), set()).add(configuration)
             return
         same_site.append(configuration)
+        self.recordings.pop((cls, site, "driven by a method"), None)  # called after all: the note is void
         recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site,
                                                      configuration=configuration)
         self._current = recording
@@ -535,7 +536,8 @@ def _driver(module, frame, limit: int = 64):
     found = None
     while frame is not None and limit > 0:
         code = frame.f_code
-        if code.co_argcount and code.co_varnames[0] == "self" and code.co_name != "__call__":
+        # Not a dunder: a parent's __init__ that runs a layer once to infer a size is no way of driving a model.
+        if code.co_argcount and code.co_varnames[0] == "self" and not code.co_name.startswith("__"):
             owner = frame.f_locals.get("self")
             if isinstance(owner, torch.nn.Module) and owner is not module \
                     and any(held is module for held in torch.nn.Module.modules(owner)):

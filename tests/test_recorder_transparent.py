@@ -245,3 +245,29 @@ def test_under_pytest_the_hint_names_the_plugins_debug_option():
     _rename(SimpleNamespace(results=[result], merged=None), {"t": "Model built at test_m.py:3"})
     assert result.errors[0].message.endswith("with the output of --graphlint-debug")
     assert result.errors[0].target == "Model built at test_m.py:3"
+
+
+class SizedAtInit(nn.Module):
+    """Runs a layer once in its constructor to learn a size, as CNNs often do."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 2, 3)
+        self.size = self.conv(torch.zeros(1, 1, 8)).numel()
+        self.head = nn.Linear(self.size, 1)
+
+    def forward(self, x):
+        return self.head(self.conv(x).flatten(1))
+
+    def generate(self, x):
+        return self.forward(x)
+
+
+def test_a_layer_run_in_a_constructor_or_a_model_also_called_gets_no_note(recorder):
+    model = SizedAtInit()
+    model.generate(torch.zeros(2, 1, 8))  # a note at first (its layers are torch's own, not recorded)...
+    assert "own method generate()" in next(iter(recorder.recordings.values())).problem
+    model(torch.zeros(2, 1, 8))  # ...void once the model is called
+    model.generate(torch.zeros(2, 1, 8))
+    problems = [r.problem for r in recorder.recordings.values() if r.cls.endswith("SizedAtInit")]
+    assert problems == [None], problems
