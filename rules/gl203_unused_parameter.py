@@ -30,6 +30,9 @@ class UnusedParameter(Rule):
         So it does when the forward drew from Python's or NumPy's random numbers (`random.randrange(5)` steps):
         every capture draws the same (graphlint seeds torch, `random` and NumPy alike), so the finding is
         repeatable, but another draw may use them.
+        When the source uses them only inside an `if` on an attribute of the model (`if self.use_global:`, a
+        flag switched on after warm-up epochs, or `if not self.training:`), the message names that condition:
+        they get gradients wherever it holds.
     """
     why = """
         Unused parameters cost memory for weights, gradients and optimizer state, and they make
@@ -104,13 +107,96 @@ class UnusedParameter(Rule):
             for name in names:
                 by_module[capture.parameters[name].module_path].append(name)
             for module, group in by_module.items():
+                flag = _untaken_flag(capture, module, group)
+                advice = "remove {them}, or freeze {them} with requires_grad_(False)."
+                if flag is not None:  # the source uses them where a Python flag of the model says so
+                    advice = (f"the source uses {{them}} only under {flag}, a branch this capture did not take: "
+                              "where that condition holds (a flag switched on later in training) the forward uses "
+                              f"{{them}}; if it never does, {advice}")
                 yield Problem(
-                    message=f"{opening}, so no gradient reaches {{them}}{branch}; "
-                            "remove {them}, or freeze {them} with requires_grad_(False).",
+                    message=f"{opening}, so no gradient reaches {{them}}{branch}; {advice}",
                     stack=capture.parameters[group[0]].built_at,
                     module_path=module,
                     parameters=tuple(group),
                 )
+
+
+def _untaken_flag(capture, module: str, group: list[str]) -> str | None:
+    """`` `if <condition>` (file:line) `` when every use of these parameters' attribute in their owner class's
+    methods (other than `__init__`) is inside an `if` whose condition reads an attribute of `self` (a flag such
+    as `self.use_global`, or a buffer): a branch the capture did not take. None otherwise, or when the source
+    cannot be read."""
+    built = capture.parameters[group[0]].built_at
+    if not built:
+        return None
+    file = built[-1].file
+    if module:  # a layer's parameters: its attribute in the module that holds it
+        owner_path, _, attribute = module.rpartition(".")
+    else:
+        owner_path, attribute = "", group[0].rpartition(".")[2]
+    candidates = [(owner_path, attribute)]
+    if len(group) == 1:  # an `nn.Parameter` of the module itself
+        candidates.append((module, group[0].rpartition(".")[2]))
+    for path, name in candidates:
+        info = capture.modules.get(path)
+        if info is not None:
+            found = _flag_in_source(file, info.class_name, name)
+            if found is not None:
+                return found
+    return None
+
+
+def _flag_in_source(file: str, class_name: str, attribute: str) -> str | None:
+    import ast
+    import linecache
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return None
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == class_name]
+    if len(classes) != 1:
+        return None
+    conditions: list[ast.expr] = []
+    for method in classes[0].body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or method.name == "__init__":
+            continue
+        for _use, guard in _uses(method, attribute, None):
+            if guard is None:
+                return None  # used unconditionally: the branch is not why they got no gradient
+            conditions.append(guard)
+    if not conditions:
+        return None
+    first = conditions[0]
+    return f"`if {ast.unparse(first)}` ({display_path(file)}:{first.lineno})"
+
+
+def _reads_self(condition) -> bool:
+    import ast
+
+    return any(isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+               for node in ast.walk(condition))
+
+
+def _uses(node, attribute: str, guard):
+    """(use, guarding condition) for each `self.<attribute>` under `node`; the guard is the innermost `if` (or
+    conditional expression) whose condition reads an attribute of `self`, None when there is none."""
+    import ast
+
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" \
+            and node.attr == attribute and isinstance(node.ctx, ast.Load):
+        yield node, guard
+        return
+    if isinstance(node, (ast.If, ast.IfExp)):
+        yield from _uses(node.test, attribute, guard)
+        inner = node.test if _reads_self(node.test) else guard
+        for child in (node.body if isinstance(node.body, list) else [node.body]):
+            yield from _uses(child, attribute, inner)
+        for child in (node.orelse if isinstance(node.orelse, list) else [node.orelse]):
+            yield from _uses(child, attribute, inner)
+        return
+    for child in ast.iter_child_nodes(node):
+        yield from _uses(child, attribute, guard)
 
 
 def _branch_note(capture) -> str:
