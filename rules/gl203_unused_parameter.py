@@ -122,25 +122,22 @@ class UnusedParameter(Rule):
 
 
 def _untaken_flag(capture, module: str, group: list[str]) -> str | None:
-    """`` `if <condition>` (file:line) `` when every use of these parameters' attribute in their owner class's
-    methods (other than `__init__`) is inside an `if` whose condition reads an attribute of `self` (a flag such
-    as `self.use_global`, or a buffer): a branch the capture did not take. None otherwise, or when the source
-    cannot be read."""
-    built = capture.parameters[group[0]].built_at
-    if not built:
-        return None
-    file = built[-1].file
-    if module:  # a layer's parameters: its attribute in the module that holds it
-        owner_path, _, attribute = module.rpartition(".")
-    else:
-        owner_path, attribute = "", group[0].rpartition(".")[2]
-    candidates = [(owner_path, attribute)]
+    """`` `if <condition>` (file:line) `` when the source uses these parameters (or a module that holds them,
+    at any depth) only inside an `if` whose condition reads an attribute of `self` in the class that holds it (a
+    flag such as `self.use_global`, or a buffer), outside `__init__`: a branch the capture did not take. None
+    otherwise, or when the source cannot be read."""
+    levels = []  # (the holder's path, the attribute it holds them by, the frames that built that attribute)
     if len(group) == 1:  # an `nn.Parameter` of the module itself
-        candidates.append((module, group[0].rpartition(".")[2]))
-    for path, name in candidates:
+        levels.append((module, group[0].rpartition(".")[2], capture.parameters[group[0]].built_at))
+    parts = module.split(".") if module else []
+    for depth in range(len(parts), 0, -1):
+        path = ".".join(parts[:depth])
         info = capture.modules.get(path)
-        if info is not None:
-            found = _flag_in_source(file, info.class_name, name)
+        levels.append((".".join(parts[:depth - 1]), parts[depth - 1], info.built_at if info is not None else ()))
+    for holder, attribute, built in levels:
+        info = capture.modules.get(holder)
+        if info is not None and built:  # the attribute is assigned in the holder's class, in that file
+            found = _flag_in_source(built[-1].file, info.class_name, attribute)
             if found is not None:
                 return found
     return None

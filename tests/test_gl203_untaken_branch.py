@@ -67,3 +67,42 @@ def test_a_parameter_also_used_outside_the_branch_keeps_the_plain_message(tmp_pa
     found = {f.location.line: f.message for f in findings_of(lint_file(path, select=("GL203",)), "GL203")}
     assert "only under" not in found[line_of(path, "self.aux =")]
     assert torch.is_grad_enabled()
+
+
+NESTED = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.q = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.q(x).softmax(-1)
+
+
+class GraphLayer(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.local = nn.Linear(dim, dim)
+        self.global_block = Attention(dim)
+        self._global = False
+
+    def forward(self, x):
+        x = self.local(x)
+        return x + self.global_block(x) if self._global else x
+
+
+def make():
+    return GraphLayer(), (torch.randn(4, 8),)
+'''
+
+
+def test_a_flag_of_an_outer_module_is_named_for_the_layers_it_holds(tmp_path):
+    path = write(tmp_path, "graph_layer.py", NESTED)
+    (finding,) = findings_of(lint_file(path, select=("GL203",)), "GL203")
+    assert "global_block.q.weight" in finding.message
+    assert "only under `if self._global` (" in finding.message
+    assert f"graph_layer.py:{line_of(path, 'if self._global else x')})" in finding.message
