@@ -64,8 +64,6 @@ class ModelRecorder:
     _local: threading.local = field(default_factory=threading.local)
     _saved: dict = field(default_factory=dict)
     _torch_classes: set = field(default_factory=set)
-    _current: Recording | None = None  # the recording being made, which a failure of graphlint's marks
-    _new: tuple | None = None  # its key
     _transformed_classes: set = field(default_factory=set)  # classes seen called inside torch.func, fx or dynamo
     _asked: Any = field(default_factory=weakref.WeakSet)  # modules whose callers were looked at
 
@@ -137,7 +135,7 @@ class ModelRecorder:
         The key of the recording this call began, if any."""
         import torch
 
-        self._current = self._new = None
+        self._local.current = self._local.new = None  # per thread: the recording this call makes, and its key
         try:
             if _transformed():  # traced symbolically (fx, dynamo) or inside torch.func: no real inputs to copy
                 if type(module) not in self._transformed_classes:  # but a model driving it by a method is named
@@ -156,7 +154,7 @@ class ModelRecorder:
         finally:
             if tracing is not None:
                 torch._C._set_tracing_state(tracing)
-        return self._new
+        return self._local.new
 
     def _discard(self, key: tuple) -> None:
         """Forget the recording begun at a call that then raised."""
@@ -199,7 +197,7 @@ class ModelRecorder:
             reason = type(error).__name__
         problem = f"graphlint could not record it ({reason}); the test ran as it does without graphlint"
         try:
-            recording = self._current
+            recording = getattr(self._local, "current", None)
             if recording is None:
                 cls = type(module)
                 key = (cls, None, "graphlint could not record it")
@@ -239,8 +237,7 @@ class ModelRecorder:
         self.recordings.pop((cls, site, "driven by a method"), None)  # called after all: the note is void
         recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site,
                                                      configuration=configuration)
-        self._current = recording
-        self._new = key
+        self._local.current, self._local.new = recording, key
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
