@@ -13,7 +13,15 @@ Constructor arguments or inputs that `torch.save` cannot write (a lambda, a clas
 `IN_MEMORY`, which children forked from the recording process inherit.
 
 A module passed to the constructor that the session saw built is saved as its own constructor call
-(`Rebuild`) and built again too.
+(`Rebuild`) and built again too. torch's defaults when the model was built and called (default dtype, autocast)
+are saved with it and set again by the rebuild and by a written factory.
+
+Recording never changes the test: everything it does runs in a guard whose failure becomes the model's note;
+user objects are described by their plain kinds and a guarded repr; a call inside torch.jit.trace is recorded
+with the tracer paused; calls traced by dynamo, fx or inside torch.func are left alone (under dynamo the
+`__call__` wrapper steps aside entirely); torch's and Python's global state is read, never set. A call that
+raises is not the recorded run. A model the test drives through `.forward()` or its own method is named in a
+note (graphlint sees inputs only at a call).
 
 Limits: a model is rebuilt from its constructor, so changes a test makes after construction (a replaced layer,
 `.half()`) are not seen; a model built by `copy.deepcopy` or unpickling has no constructor call and is not
