@@ -488,7 +488,7 @@ def _described(value, depth: int = 0) -> str:
     kind = type(value)
     try:
         if isinstance(value, torch.Tensor):  # metadata only: a traced or fake tensor has no values to read
-            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(str(int(size)) for size in value.shape)}]"
+            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(str(size) for size in value.shape)}]"
         if isinstance(value, torch.nn.Module):
             return f"{kind.__name__}(...)"
         if kind in (list, tuple) and depth < 3:
@@ -528,7 +528,7 @@ def _new_in(seen, module) -> bool:
             return False
         seen.add(module)
         return True
-    except TypeError:
+    except Exception:  # the module's own __hash__ or __eq__
         return False
 
 
