@@ -42,7 +42,9 @@ class CastInLoop(Rule):
         A library converting one of the forward's inputs again and again (a diffusion transformer converting
         integer timesteps in every block, a boolean mask in every layer) is the input's dtype's doing: it is
         reported where the input is made (the target's factory), naming the input, the dtype to give it and
-        the library's line.
+        the library's line. A library's round trip in every layer around weights the user's configuration left
+        in another dtype than the rest of the model (LoRA adapters kept in float32 on a bfloat16 base) is
+        reported at the user's call that built or configured those layers, naming the weights.
     """
     why = """
         Every conversion reads and writes the whole tensor and, in training, adds a `ToCopyBackward0` node
@@ -176,6 +178,7 @@ class CastInLoop(Rule):
         converting = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None]
         casts = [n for n in converting if not _in_library(n)]
         yield from _caused_by_inputs([n for n in converting if _in_library(n)])
+        yield from _caused_by_configuration(capture, [n for n in converting if _in_library(n)])
         round_trips: dict[tuple, list[tuple[fx.Node, fx.Node, fx.Node]]] = defaultdict(list)
         for down in casts:
             match = _round_trip(down)
@@ -248,6 +251,49 @@ def _caused_by_inputs(casts: list[fx.Node]):
                 # The library's own line: the cast's node would be placed at the project's call instead.
                 related=((facts(cast).stack[-1] if facts(cast).stack else cast,
                           f"converted to {_name(target)} in {library}"),),
+            )
+
+
+def _caused_by_configuration(capture, casts: list[fx.Node]):
+    """A library's round trip in every layer around weights the user's configuration left in another dtype than
+    the rest of the model (LoRA adapters kept in float32 on a bfloat16 base): reported where the user built or
+    configured those layers, naming the weights. A round trip around weights in the model's own dtype is the
+    library's design and stays unreported."""
+    counts: dict[torch.dtype, int] = defaultdict(int)
+    for node in capture.forward.nodes:
+        meta = tensor_meta(node) if node.op == "get_attr" else None
+        if meta is not None and meta.dtype.is_floating_point:
+            counts[meta.dtype] += 1
+    if not counts:
+        return
+    model_dtype = max(counts, key=counts.get)
+    trips: dict[tuple, list[tuple[fx.Node, fx.Node, list[str]]]] = defaultdict(list)
+    for down in casts:
+        match = _round_trip(down)
+        if match is None:
+            continue
+        up, work, _ = match
+        source, target = _dtypes(up)
+        weights = [n for n in work.all_input_nodes if n.op == "get_attr" and tensor_meta(n) is not None
+                   and tensor_meta(n).dtype == target]
+        if source == model_dtype and weights:
+            trips[_site(up)].append((up, work, [str(w.target) for w in weights]))
+    for repeats in trips.values():
+        if len(repeats) < 2:
+            continue
+        for up, work, weights in repeats:
+            source, target = _dtypes(up)
+            stack = facts(up).stack
+            library = f"`{library_name(stack[-1].file)}`" if stack else "the library"
+            yield Problem(
+                node=work,
+                at_build_site=True,
+                parameters=tuple(weights),
+                message=f"{library} runs a {_name(source)} → {_name(target)} → {op(work)} → {_name(source)} round "
+                        f"trip {{count}} times in one forward because {{parameters}} are {_name(target)} "
+                        f"in a {_name(source)} model; the configuration built here decides that dtype: keep "
+                        f"{{them}} in {_name(source)} (for peft, autocast_adapter_dtype=False).",
+                related=((stack[-1] if stack else up, f"converted to {_name(target)} in {library}"),),
             )
 
 

@@ -290,3 +290,112 @@ def test_casts_in_a_librarys_generated_forward_are_not_placed_at_the_project_def
     [finding] = findings_of(report, "GL102")
     assert "The same tensor" not in finding.message
     assert "input 2 (int64, shape [2]) is converted to float32 4 times" in finding.message
+
+
+LORALIB = '''
+import torch
+from torch import nn
+
+
+class LoraLinear(nn.Module):
+    def __init__(self, base, r=4, adapter_dtype=torch.float32):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Linear(base.in_features, r, bias=False, dtype=adapter_dtype)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False, dtype=adapter_dtype)
+
+    def forward(self, x):
+        out = self.base(x)
+        return out + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))).to(out.dtype)  # adapter cast
+
+
+def add_adapters(model, r=4, adapter_dtype=torch.float32):
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, LoraLinear(child, r, adapter_dtype))
+        else:
+            add_adapters(child, r, adapter_dtype)
+    return model
+'''
+
+LORA_PROJECT = '''
+import sys
+sys.path.insert(0, __file__.rsplit('/', 1)[0] + '/site-packages')
+import loralib
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + torch.relu(self.proj(x))
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16, depth=4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def make():
+    model = loralib.add_adapters(Model().to(torch.bfloat16){options})  # configured
+    return model, (torch.randn(2, 16, dtype=torch.bfloat16),)
+'''
+
+
+def test_float32_adapters_on_a_bfloat16_model_are_reported_at_the_users_configuration(tmp_path):
+    """LoRA adapters an installed library keeps in float32 on a bfloat16 base: the library converts the
+    activations up and back around them in every layer. The user's call that adds them decides their dtype, so
+    the finding is there; adapters in bfloat16 run no conversion and get none."""
+    write(tmp_path / "site-packages", "loralib.py", LORALIB)
+    path = write(tmp_path, "model.py", LORA_PROJECT.replace("{options}", ""))
+    report = lint_file(path)
+    assert report.errors == []
+    [finding] = findings_of(report, "GL102")
+    assert (finding.location.path, finding.location.line) == (str(path), line_of(path, "# configured"))
+    assert finding.occurrences == 4
+    assert "`loralib` runs a bfloat16 → float32 → linear → bfloat16 round trip 4 times" in finding.message
+    assert "blocks.0.proj.lora_B.weight" in finding.message and "keep them in bfloat16" in finding.message
+    fixed = write(tmp_path, "fixed.py", LORA_PROJECT.replace("{options}", ", adapter_dtype=torch.bfloat16"))
+    report = lint_file(fixed)
+    assert report.errors == [] and findings_of(report, "GL102") == []
+
+
+def test_bfloat16_adapters_remove_the_conversions_in_plain_pytorch(tmp_path, monkeypatch):
+    """Counted in plain PyTorch: 8 dtype-changing conversions per forward with float32 adapters, none with
+    bfloat16 ones."""
+    from torch.overrides import TorchFunctionMode
+
+    write(tmp_path / "site-packages", "loralib.py", LORALIB)
+    path = write(tmp_path, "project.py", LORA_PROJECT.replace("{options}", "").replace("import sys\n", "import sys  # noqa\n"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import loralib
+    import project
+
+    class Casts(TorchFunctionMode):
+        changed = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "") == "to" and isinstance(out, torch.Tensor) and out.dtype != args[0].dtype:
+                Casts.changed += 1
+            return out
+
+    counts = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = loralib.add_adapters(project.Model().to(torch.bfloat16), adapter_dtype=dtype)
+        Casts.changed = 0
+        with Casts():
+            model(torch.randn(2, 16, dtype=torch.bfloat16))
+        counts.append(Casts.changed)
+    assert path.exists() and counts == [8, 0]
