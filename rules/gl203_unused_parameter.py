@@ -16,7 +16,7 @@ class UnusedParameter(Rule):
     id = "GL203"
     name = "unused-parameter"
     severity = Severity.NOTE
-    tags = ("correctness", "training", "memory")
+    tags = ("correctness", "training", "memory", "sequence-length")
     precision = "high"
     summary = "Trainable parameters that the forward never uses, so they get no gradient."
     what = """
@@ -32,7 +32,11 @@ class UnusedParameter(Rule):
         repeatable, but another draw may use them.
         When the source uses them only inside an `if` on an attribute of the model (`if self.use_global:`, a
         flag switched on after warm-up epochs, or `if not self.training:`), the message names that condition:
-        they get gradients wherever it holds.
+        they get gradients wherever it holds. graphlint also runs the step again with the inputs' sequence
+        (dimension 1) four times longer; parameters that get gradients there (a layer used only from a model's
+        second chunk on) are reported with both lengths ("this holds at the recorded sequence 32 only: at sequence 128
+        gradients do reach them")
+        and the advice to keep them if training sees longer sequences.
     """
     why = """
         Unused parameters cost memory for weights, gradients and optimizer state, and they make
@@ -113,6 +117,12 @@ class UnusedParameter(Rule):
                     advice = (f"the source uses {{them}} only under {flag}, a branch this capture did not take: "
                               "where that condition holds (a flag switched on later in training) the forward uses "
                               f"{{them}}; if it never does, {advice}")
+                longer = capture.longer_sequence
+                if longer is not None and set(group) <= longer[2]:  # a longer input's step reaches them
+                    recorded, grown, _ = longer
+                    advice = (f"this holds at the recorded sequence {recorded} only: at sequence {grown} gradients do "
+                              "reach {them} (the forward uses more of the model on longer inputs), so keep {them} if "
+                              f"training sees sequences longer than {recorded}; if it never does, {advice}")
                 yield Problem(
                     message=f"{opening}, so no gradient reaches {{them}}{branch}; {advice}",
                     stack=capture.parameters[group[0]].built_at,
