@@ -36,7 +36,8 @@ class UnusedParameter(Rule):
         (dimension 1) four times longer; parameters that get gradients there (a layer used only from a model's
         second chunk on) are reported with both lengths ("this holds at the recorded sequence 32 only: at sequence 128
         gradients do reach them")
-        and the advice to keep them if training sees longer sequences.
+        and the advice to keep them if training sees longer sequences; otherwise the message says that the
+        finding holds at both lengths, or, when the longer step cannot run, "for the inputs captured".
     """
     why = """
         Unused parameters cost memory for weights, gradients and optimizer state, and they make
@@ -118,13 +119,18 @@ class UnusedParameter(Rule):
                               "where that condition holds (a flag switched on later in training) the forward uses "
                               f"{{them}}; if it never does, {advice}")
                 longer = capture.longer_sequence
+                scope = branch
+                if not branch:  # how far the finding is known to hold
+                    scope = (" for the inputs captured" if longer is None else
+                             f" (at sequence {longer[0]}, and also at {longer[1]})")
                 if longer is not None and set(group) <= longer[2]:  # a longer input's step reaches them
+                    scope = branch
                     recorded, grown, _ = longer
                     advice = (f"this holds at the recorded sequence {recorded} only: at sequence {grown} gradients do "
                               "reach {them} (the forward uses more of the model on longer inputs), so keep {them} if "
                               f"training sees sequences longer than {recorded}; if it never does, {advice}")
                 yield Problem(
-                    message=f"{opening}, so no gradient reaches {{them}}{branch}; {advice}",
+                    message=f"{opening}, so no gradient reaches {{them}}{scope}; {advice}",
                     stack=capture.parameters[group[0]].built_at,
                     module_path=module,
                     parameters=tuple(group),

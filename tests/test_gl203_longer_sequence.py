@@ -69,6 +69,7 @@ def test_parameters_used_at_a_longer_sequence_say_both_lengths(tmp_path):
     assert "keep them if training sees sequences longer than 32" in carry
     spare = by_line[line_of(path, "# spare")]  # unused at any length: the plain advice
     assert "recorded sequence" not in spare and spare.endswith("remove them, or freeze them with requires_grad_(False).")
+    assert "so no gradient reaches them (at sequence 32, and also at 128); remove them" in spare
 
 
 def test_plain_pytorch_gives_carry_a_gradient_only_at_the_longer_sequence(tmp_path):
