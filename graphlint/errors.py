@@ -84,6 +84,11 @@ def failure_where(error: GraphlintError) -> tuple[str | None, int | None]:
     return where if where is not None else (None, None)
 
 
+class MetaCannotRun(Exception):
+    """Raised by a factory built on the meta device when the model must run on real tensors to be what the test ran
+    (CPU autocast, which meta tensors ignore): the capture builds it again on CPU, with this message as the note."""
+
+
 def call_user_code(function, /, *args, **kwargs):
     """Run the user's code, or a torch op the user called, from inside graphlint's own code (the recorder,
     the module-construction wrapper): an exception raised in there is the user's, not graphlint's."""

@@ -30,6 +30,8 @@ COMPILE_TAG = "torch.compile"
 RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
 # Rules with this tag read `Capture.memory`: the training step is measured only when one runs and a budget is set.
 BUDGET_TAG = "memory-budget"
+# Rules with this tag read `Capture.longer_sequence`: the step runs again at a longer sequence only for them.
+LONGER_TAG = "sequence-length"
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
@@ -62,7 +64,18 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
                     traceback.print_exc()
                 measured.append(f"the training step's memory was not measured: it raised {one_line(error)}")
             return compile_after(made, on) if compile_after is not None else None
+    kept_for_longer = []
+    if any(LONGER_TAG in rule.tags for rule in rules):
+        before_longer = after
+
+        def after(made, on):
+            kept_for_longer.append(made)  # run again below only if some parameter got no gradient
+            return before_longer(made, on) if before_longer is not None else None
     result, capture = capture_one(text, base, locator, device, debug, after=after)
+    if capture is not None and kept_for_longer and _some_without_gradient(capture):
+        from graphlint.capture.longer import gradients_at_longer_sequence
+
+        capture.longer_sequence = gradients_at_longer_sequence(kept_for_longer[0])
     if capture is not None and measured:
         if isinstance(measured[0], str):
             result.notes.append(measured[0])
@@ -75,6 +88,14 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         result.errors.extend(errors)
         result.failures.extend(locator.failures[failed_before:])
     return result
+
+
+def _some_without_gradient(capture) -> bool:
+    """Whether the backward ran and left a trainable parameter without a gradient: the only case where a step at
+    a longer sequence has something to tell."""
+    backward = capture.autograd.backward
+    return backward.ran and backward.error is None and any(
+        info.requires_grad and name not in backward.reached for name, info in capture.parameters.items())
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,

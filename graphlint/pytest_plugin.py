@@ -38,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--graphlint-baseline", metavar="FILE", help="report only findings not in this baseline file")
     group.addoption("--graphlint-no-fail", action="store_true",
                     help="report graphlint's findings without failing the session")
+    group.addoption("--graphlint-debug", action="store_true",
+                    help="print the tracebacks of graphlint's internal errors (graphlint check's --debug)")
     group.addoption("--graphlint-configurations", type=int, default=4, metavar="N",
                     help="lint at most N distinct configurations (constructor arguments) of a class built at one "
                          "line, each as a target of its own (default: 4)")
@@ -172,7 +174,8 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
         return notes or ["graphlint: no model was called by the tests"], False
     try:
         baseline = pytest_config.getoption("graphlint_baseline")
-        options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None)
+        options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None,
+                          debug=pytest_config.getoption("graphlint_debug"))
         report = check(list(names), project, project.config, options, project.root)
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
@@ -253,7 +256,10 @@ def _rename(report, names: dict[str, str]) -> None:
 
     for result in report.results:
         result.target = names.get(result.target, result.target)
-        result.errors = [dataclasses.replace(e, target=names.get(e.target, e.target)) for e in result.errors]
+        # Under pytest, `--debug` is pytest's own option: the hints name the plugin's.
+        result.errors = [dataclasses.replace(e, target=names.get(e.target, e.target),
+                                             message=re.sub(r"(?<![\w-])--debug\b", "--graphlint-debug", e.message))
+                         for e in result.errors]
         result.findings = [named(f) for f in result.findings]
     if report.merged is not None:
         report.merged = [named(f) for f in report.merged]

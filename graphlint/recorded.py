@@ -13,7 +13,15 @@ Constructor arguments or inputs that `torch.save` cannot write (a lambda, a clas
 `IN_MEMORY`, which children forked from the recording process inherit.
 
 A module passed to the constructor that the session saw built is saved as its own constructor call
-(`Rebuild`) and built again too.
+(`Rebuild`) and built again too. torch's defaults when the model was built and called (default dtype, autocast)
+are saved with it and set again by the rebuild and by a written factory.
+
+Recording never changes the test: everything it does runs in a guard whose failure becomes the model's note;
+user objects are described by their plain kinds and a guarded repr; a call inside torch.jit.trace is recorded
+with the tracer paused; calls traced by dynamo, fx or inside torch.func are left alone (under dynamo the
+`__call__` wrapper steps aside entirely); torch's and Python's global state is read, never set. A call that
+raises is not the recorded run. A model the test drives through `.forward()` or its own method is named in a
+note (graphlint sees inputs only at a call).
 
 Limits: a model is rebuilt from its constructor, so changes a test makes after construction (a replaced layer,
 `.half()`) are not seen; a model built by `copy.deepcopy` or unpickling has no constructor call and is not
@@ -32,7 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphlint.errors import call_user_code, one_line
+from graphlint.errors import MetaCannotRun, call_user_code, one_line
 from graphlint.files import is_installed_file
 
 
@@ -64,6 +72,8 @@ class ModelRecorder:
     _local: threading.local = field(default_factory=threading.local)
     _saved: dict = field(default_factory=dict)
     _torch_classes: set = field(default_factory=set)
+    _transformed_classes: set = field(default_factory=set)  # classes seen called inside torch.func, fx or dynamo
+    _asked: Any = field(default_factory=weakref.WeakSet)  # modules whose callers were looked at
 
     def install(self) -> None:
         import torch
@@ -75,11 +85,12 @@ class ModelRecorder:
 
         def __new__(cls, *args, **kwargs):
             module = object.__new__(cls)
-            caller = sys._getframe(1)
             try:  # the arguments the class was called with, confirmed by __init__ (copies and unpickling skip it)
-                recorder._pending[module] = (args, kwargs, (caller.f_code.co_filename, caller.f_lineno))
-            except TypeError:
-                pass  # a module that cannot be weakly referenced or hashed is not recorded
+                caller = sys._getframe(1)
+                recorder._pending[module] = (args, kwargs, (caller.f_code.co_filename, caller.f_lineno),
+                                             _call_state())
+            except Exception:  # a module that cannot be weakly referenced or hashed (its own __hash__) is not recorded
+                pass
             return module
 
         def __init__(self, *args, **kwargs):
@@ -87,20 +98,28 @@ class ModelRecorder:
                 made = recorder._pending.pop(self, None)
                 if made is not None:
                     recorder._built[self] = made
-            except TypeError:
+            except Exception:  # the module's own __hash__ or __eq__ raised: not recorded, and the test never knows
                 pass
             original_init(self, *args, **kwargs)
 
+        is_compiling = torch.compiler.is_compiling
+
         def __call__(self, *args, **kwargs):
+            if is_compiling():  # dynamo inlines this wrapper: it must see nothing but the call it wraps
+                return original_call(self, *args, **kwargs)
             local = recorder._local
             depth = getattr(local, "depth", 0)
-            if depth == 0 and not torch.compiler.is_compiling():
-                recorder._record(_unwrapped(self), args, kwargs)
+            new = recorder._guarded_record(self, args, kwargs, sys._getframe(1)) if depth == 0 else None
             local.depth = depth + 1
             try:
-                return original_call(self, *args, **kwargs)
+                result = original_call(self, *args, **kwargs)
+            except BaseException:
+                if new is not None:  # a call that raised is no run of the model: a later call is recorded instead
+                    recorder._discard(new)
+                raise
             finally:
                 local.depth = depth
+            return result
 
         module_class.__new__ = __new__
         module_class.__init__ = __init__
@@ -118,8 +137,90 @@ class ModelRecorder:
                 setattr(torch.nn.Module, name, value)
         self._saved = {}
 
-    def _record(self, module, args: tuple, kwargs: dict) -> None:
+    def _guarded_record(self, module, args: tuple, kwargs: dict, caller) -> tuple | None:
+        """Record a call without ever changing the test: graphlint's own failure becomes the model's note at the
+        session's end, and a torch.jit trace running the call does not see the recorder's tensor operations.
+        The key of the recording this call began, if any."""
+        import torch
+
+        self._local.current = self._local.new = None  # per thread: the recording this call makes, and its key
+        try:
+            if _transformed():  # traced symbolically (fx, dynamo) or inside torch.func: no real inputs to copy
+                if type(module) not in self._transformed_classes:  # but a model driving it by a method is named
+                    self._transformed_classes.add(type(module))
+                    self._driven_by(module, caller)
+                return None
+        except Exception:
+            return None
+        tracing = torch._C._get_tracing_state()
+        if tracing is not None:
+            torch._C._set_tracing_state(None)
+        try:
+            self._record(_unwrapped(module), args, kwargs, caller)
+        except Exception as error:
+            self._failed(module, error)
+        finally:
+            if tracing is not None:
+                torch._C._set_tracing_state(tracing)
+        return self._local.new
+
+    def _discard(self, key: tuple) -> None:
+        """Forget the recording begun at a call that then raised."""
+        recording = self.recordings.pop(key, None)
+        if recording is not None:
+            try:
+                self._configurations.get((key[0], key[1]), []).remove(key[2])
+            except ValueError:
+                pass
+
+    def _driven_by(self, module, caller) -> bool:
+        """Whether a method of a model that holds `module` (its `forward` called directly, or its own `sample()`)
+        runs above this call: then that model is noted as not recorded (`module` is recorded as before)."""
+        try:
+            found = _driver(module, caller)
+            if found is None:
+                return False
+            owner, method = found
+            cls = type(owner)
+            built = self._built.get(owner)
+            site = built[2] if built is not None else None
+            key = (cls, site, "driven by a method")
+            if key not in self.recordings and not any(k[:2] == (cls, site) for k in self.recordings):
+                how = ".forward()" if method == "forward" else f"its own method {method}()"
+                self.recordings[key] = Recording(
+                    f"{cls.__module__}.{cls.__qualname__}", site, configuration="driven by a method",
+                    problem=f"the test ran it through {how}, not by calling it (model(...)), so graphlint did not "
+                            "see its inputs (the layers it called are linted as models of their own, except inside "
+                            "torch.func transforms); call the model, or lint it with a factory "
+                            "(graphlint check file.py:FACTORY)")
+            return True
+        except Exception:
+            return False
+
+    def _failed(self, module, error: Exception) -> None:
+        """The recording of this model (a new one if none was begun) says why graphlint could not record it."""
+        try:
+            reason = one_line(error)
+        except Exception:  # the exception's own __str__ raised
+            reason = type(error).__name__
+        problem = f"graphlint could not record it ({reason}); the test ran as it does without graphlint"
+        try:
+            recording = getattr(self._local, "current", None)
+            if recording is None:
+                cls = type(module)
+                key = (cls, None, "graphlint could not record it")
+                if any(k[0] is cls for k in self.recordings):
+                    return  # another configuration of the class is recorded: this one is left as a repeat
+                recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", None)
+            recording.data = recording.kept = recording.target = recording.factory = None
+            recording.problem = problem
+        except Exception:
+            pass
+
+    def _record(self, module, args: tuple, kwargs: dict, caller=None) -> None:
         cls = type(module)
+        if caller is not None and _new_in(self._asked, module):  # a model whose own method called it gets a note
+            self._driven_by(module, caller)
         if cls in self._torch_classes:
             return
         if cls.__module__.split(".")[0] == "torch" and cls.__name__ != "Sequential":
@@ -141,8 +242,10 @@ class ModelRecorder:
             self.left_out.setdefault((cls, site), set()).add(configuration)
             return
         same_site.append(configuration)
+        self.recordings.pop((cls, site, "driven by a method"), None)  # called after all: the note is void
         recording = self.recordings[key] = Recording(f"{cls.__module__}.{cls.__qualname__}", site,
                                                      configuration=configuration)
+        self._local.current, self._local.new = recording, key
         if built is None:
             recording.problem = "it was not built by a constructor call graphlint saw (copy.deepcopy, unpickling)"
             return
@@ -151,16 +254,19 @@ class ModelRecorder:
         except Exception as error:  # inputs that cannot be copied: say so, and leave the test alone
             recording.problem = f"its inputs cannot be copied ({one_line(error)})"
             return
-        recording.target = as_target(cls, built[0], built[1], inputs)
+        # What torch's defaults were when the test built the model and called it: the rebuild sets them again.
+        state = {"build": built[3], "call": _call_state(call=True)}
+        if not state_differs(state):  # a command line builds and runs under torch's own defaults
+            recording.target = _or_none(as_target, cls, built[0], built[1], inputs)
         if recording.target is None:
-            recording.factory = as_factory(cls, built[0], built[1], inputs, self._constructor_call)
+            recording.factory = _or_none(as_factory, cls, built[0], built[1], inputs, self._constructor_call, state)
         memo: dict[int, Any] = {}
         args, kwargs = (_recipes(built[0], self._constructor_call, memo),
                         _recipes(built[1], self._constructor_call, memo))
         try:
-            recording.data = _saved({"cls": cls, "args": args, "kwargs": kwargs, "inputs": inputs})
+            recording.data = _saved({"cls": cls, "args": args, "kwargs": kwargs, "inputs": inputs, "state": state})
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
-            recording.kept = (cls, args, kwargs, inputs)
+            recording.kept = (cls, args, kwargs, inputs, state)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
 
     def _constructor_call(self, module) -> tuple[tuple, dict] | None:
@@ -178,10 +284,17 @@ class ModelRecorder:
         try:
             known = self._configuration_of.get(module)
             if known is None:
-                known = self._configuration_of[module] = configuration_text(built[0], built[1])
+                known = self._configuration_of[module] = _with_state(configuration_text(built[0], built[1]),
+                                                                     built[3])
             return known
         except TypeError:  # a module that cannot be weakly referenced
-            return configuration_text(built[0], built[1])
+            return _with_state(configuration_text(built[0], built[1]), built[3])
+
+
+def _with_state(configuration: str, build: dict) -> str:
+    """A configuration with the default dtype the model was built under, when it is not torch's own."""
+    words = state_differs({"build": build})
+    return f"{configuration} [{', '.join(words)}]" if words else configuration
 
 
 @dataclass(eq=False)
@@ -266,7 +379,7 @@ def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
     return text
 
 
-def as_factory(cls, args: tuple, kwargs: dict, inputs: tuple, constructor_call) -> str | None:
+def as_factory(cls, args: tuple, kwargs: dict, inputs: tuple, constructor_call, state: dict | None = None) -> str | None:
     """The source of a factory module whose `make()` builds this model as the test did and returns it with inputs
     of the recorded shapes, for a model a command line cannot spell: an argument that is a module the session
     saw built is written as its own constructor call (`Wrapper(attn_layers=Decoder(dim=8))`). None when an
@@ -275,14 +388,23 @@ def as_factory(cls, args: tuple, kwargs: dict, inputs: tuple, constructor_call) 
     try:
         call = _constructor_source(cls, args, kwargs, constructor_call, imports, depth=0)
         values = [_value_source(value, constructor_call, imports, 1) for value in inputs[0]]
-        values += [f"{key}={_value_source(value, constructor_call, imports, 1)}" for key, value in inputs[1].items()]
+        named = [f"{key!r}: {_value_source(value, constructor_call, imports, 1)}" for key, value in inputs[1].items()]
     except _Unwritable:
         return None
     lines = ['"""A factory graphlint wrote from what a test built and called (pytest --graphlint); edit it freely."""',
              "", "import torch", ""]
     lines += [f"from {module} import {', '.join(sorted(names))}" for module, names in sorted(imports.items())]
     arguments = f"({', '.join(values)},)" if values else "()"
-    lines += ["", "", "def make():", f"    return {call}, {arguments}", ""]
+    if named:  # keyword inputs: the factory returns (model, args, kwargs)
+        arguments += f", {{{', '.join(named)}}}"
+    state = state or {}
+    body = [f"    {line}" for line in state_source(state, "build")]
+    if state_source(state, "call"):  # the model is built first, then torch's defaults are set as at the call
+        body += [f"    model = {call}", *[f"    {line}" for line in state_source(state, "call")],
+                 f"    return model, {arguments}"]
+    else:
+        body.append(f"    return {call}, {arguments}")
+    lines += ["", "", "def make():", *body, ""]
     return "\n".join(lines)
 
 
@@ -353,27 +475,34 @@ def _input_spec(value) -> str | None:
 def configuration_text(args: tuple, kwargs: dict) -> str:
     """Constructor arguments as short text that equal arguments share: tensors by dtype and shape, modules by
     class, other values by repr without memory addresses."""
-    words = [_described(value) for value in args] + [f"{key}={_described(value)}" for key, value in kwargs.items()]
+    words = [_described(value) for value in tuple.__iter__(args)]
+    words += [f"{key}={_described(value)}" for key, value in dict.items(kwargs)]
     return ", ".join(words)
 
 
 def _described(value, depth: int = 0) -> str:
+    """One value's text; the user's own methods (`__repr__`, and `__len__` or `__iter__` of a container
+    subclass) are called only for a value that is none of the plain kinds, and a failure is its type's name."""
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).removeprefix('torch.')}[{','.join(str(size) for size in value.shape)}]"
-    if isinstance(value, torch.nn.Module):
-        return f"{type(value).__name__}(...)"
-    if isinstance(value, (list, tuple)) and depth < 3:
-        inner = ", ".join(_described(item, depth + 1) for item in value[:8]) + (", ..." if len(value) > 8 else "")
-        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    if isinstance(value, dict) and depth < 3:
-        items = list(value.items())[:8]
-        return "{" + ", ".join(f"{key!r}: {_described(item, depth + 1)}" for key, item in items) + "}"
+    kind = type(value)
     try:
+        if isinstance(value, torch.Tensor):  # metadata only: a traced or fake tensor has no values to read
+            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(str(size) for size in value.shape)}]"
+        if isinstance(value, torch.nn.Module):
+            return f"{kind.__name__}(...)"
+        if kind in (list, tuple) and depth < 3:
+            items = list(value)
+            inner = ", ".join(_described(item, depth + 1) for item in items[:8]) + (", ..." if len(items) > 8 else "")
+            return f"[{inner}]" if kind is list else f"({inner})"
+        if kind is dict and depth < 3:
+            items = list(value.items())[:8]
+            return "{" + ", ".join(f"{key!r}: {_described(item, depth + 1)}" for key, item in items) + "}"
         text = repr(value)
-    except Exception:  # a repr that fails is the object's own business
-        text = type(value).__name__
+        if not isinstance(text, str):
+            raise TypeError("__repr__ returned no str")
+    except Exception:  # a repr (or a length, or an iteration) that fails is the object's own business
+        text = getattr(kind, "__qualname__", "object")
     text = re.sub(r" at 0x[0-9a-fA-F]+", "", text)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -390,6 +519,123 @@ def _unwrapped(module):
             break
         module, cls = inner, type(inner)
     return module
+
+
+def _new_in(seen, module) -> bool:
+    """Whether `module` is not yet in the weak set `seen` (and add it); False for one that cannot be in it."""
+    try:
+        if module in seen:
+            return False
+        seen.add(module)
+        return True
+    except Exception:  # the module's own __hash__ or __eq__
+        return False
+
+
+def _driver(module, frame, limit: int = 64):
+    """The outermost model, on the Python stack above a call of `module`, that holds `module` and runs one of its
+    methods (a test calling `model.forward(x)` or `model.sample(n)` rather than `model(x)`), with that method's
+    name; None when there is none."""
+    import torch
+
+    found = None
+    while frame is not None and limit > 0:
+        code = frame.f_code
+        # Not a dunder: a parent's __init__ that runs a layer once to infer a size is no way of driving a model.
+        if code.co_argcount and code.co_varnames[0] == "self" and not code.co_name.startswith("__"):
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.nn.Module) and owner is not module \
+                    and any(held is module for held in torch.nn.Module.modules(owner)):
+                found = (owner, code.co_name)
+        frame, limit = frame.f_back, limit - 1
+    return found
+
+
+def _or_none(write, *args):
+    """A command or factory text, or None where the user's objects (their `__repr__`, `__eq__`) do not allow one:
+    the model is still linted from its saved recording."""
+    try:
+        return write(*args)
+    except Exception:
+        return None
+
+
+def _transformed() -> bool:
+    """Whether a call runs under a tracer whose inputs are no plain tensors: dynamo (torch.compile, export), fx's
+    symbolic trace, or a torch.func transform (vmap, grad): the model is recorded at a plain call, if any."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return True
+    fx = sys.modules.get("torch.fx._symbolic_trace")
+    if fx is not None and getattr(fx, "_is_fx_tracing_flag", False):
+        return True
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def _call_state(call: bool = False) -> dict:
+    """torch's process-wide defaults that decide what a constructor or a forward makes: the default dtype and
+    device, and during a call (`call`) the grad mode and autocast; read, never changed."""
+    import torch
+
+    state: dict = {"dtype": torch.get_default_dtype()}
+    device = torch.get_default_device()
+    if device.type != "cpu":
+        state["device"] = str(device)
+    if call:
+        state["grad"] = ("inference_mode" if torch.is_inference_mode_enabled()
+                         else "enabled" if torch.is_grad_enabled() else "no_grad")
+        state["autocast"] = {kind: torch.get_autocast_dtype(kind) for kind in _AUTOCAST_DEVICES
+                             if torch.is_autocast_enabled(kind)}
+    return state
+
+
+def state_differs(state: dict) -> list[str]:
+    """What of a recording's state (`{"build": ..., "call": ...}`) a plain command line would not reproduce, as
+    words for a configuration: a default dtype other than float32, autocast at the call."""
+    import torch
+
+    build, call = state.get("build", {}), state.get("call", {})
+    words = []
+    dtype = build.get("dtype", torch.float32)
+    if dtype != torch.float32 or call.get("dtype", dtype) != dtype:
+        shown = str(dtype).removeprefix("torch.")
+        words.append(f"default dtype {shown}" if call.get("dtype", dtype) == dtype
+                     else f"default dtype {shown}, {str(call['dtype']).removeprefix('torch.')} at the call")
+    words += [f"autocast {kind} {str(value).removeprefix('torch.')}" for kind, value in call.get("autocast", {}).items()]
+    return words
+
+
+def apply_state(state: dict, phase: str) -> None:
+    """Set torch's defaults as the test had them when it built the model (`build`) or called it (`call`); the
+    capture that calls the factory restores them afterwards (graphlint.capture.isolation)."""
+    import torch
+
+    values = state.get(phase, {})
+    if "dtype" in values:
+        torch.set_default_dtype(values["dtype"])
+    for kind, dtype in values.get("autocast", {}).items():
+        torch.set_autocast_enabled(kind, True)
+        torch.set_autocast_dtype(kind, dtype)
+
+
+def state_source(state: dict, phase: str) -> list[str]:
+    """The lines of a factory's body that set what `apply_state` sets."""
+    import torch
+
+    values = state.get(phase, {})
+    lines = []
+    # The build's dtype when it is not torch's own; the call's when it differs from the build's.
+    before = state.get("build", {}).get("dtype", torch.float32) if phase == "call" else torch.float32
+    if values.get("dtype", before) != before:
+        lines.append(f"torch.set_default_dtype({values['dtype']})  # as the test {'built' if phase == 'build' else 'called'} it")
+    for kind, dtype in values.get("autocast", {}).items():
+        lines.append(f"torch.set_autocast_enabled({kind!r}, True)  # the test called it under torch.autocast")
+        lines.append(f"torch.set_autocast_dtype({kind!r}, {dtype})")
+    return lines
 
 
 def _plain_new(cls, *args, **kwargs):
@@ -426,19 +672,24 @@ def rebuild(path: str):
         if path not in IN_MEMORY:
             raise TargetFailure("the model's constructor arguments or inputs cannot be saved, and on this system "
                                 "the lint runs in a new process rather than a fork of the test session")
-        cls, args, kwargs, inputs = IN_MEMORY[path]
+        cls, args, kwargs, inputs, state = IN_MEMORY[path]
         # Each build gets its own copy: the meta attempt moves a module argument (a bridge network passed to
         # the constructor) to meta in place, and the CPU retry must not get it there.
         try:
-            args, kwargs, inputs = copy.deepcopy((args, kwargs, inputs))
+            args, kwargs, inputs, state = copy.deepcopy((args, kwargs, inputs, state))
         except Exception:  # an argument that cannot be copied is used as it is, as before
             pass
     else:
         data = torch.load(path, map_location="cpu", weights_only=False)
         cls, args, kwargs, inputs = data["cls"], data["args"], data["kwargs"], data["inputs"]
+        state = data.get("state", {})
+    if "cpu" in state.get("call", {}).get("autocast", {}) and torch.get_default_device().type == "meta":
+        raise MetaCannotRun("the test called it under CPU autocast, which the meta device does not apply")
+    apply_state(state, "build")
     memo: dict[int, Any] = {}
     args, kwargs = _built(args, memo), _built(kwargs, memo)
     model = call_user_code(cls, *args, **kwargs)
+    apply_state(state, "call")
     return Target(model, tuple(inputs[0]), dict(inputs[1]))
 
 

@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from graphlint.capture import facts
+from graphlint.files import library_name
 from graphlint.memory.savings import kept_output
 from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
@@ -36,7 +37,14 @@ class CastInLoop(Rule):
         of a float32 tensor), a cast that runs once (`logits.float()` at the end), and up-casts around
         numerically sensitive work such as softmax, normalisation, variance, log and exp, or the loss (the
         float32 RMSNorm in every layer of a bfloat16 Llama is right), and conversions inside installed libraries
-        (a `diffusers` block converting the timestep again), which their users cannot move.
+        of the library's own tensors, which their users cannot move.
+
+        A library converting one of the forward's inputs again and again (a diffusion transformer converting
+        integer timesteps in every block, a boolean mask in every layer) is the input's dtype's doing: it is
+        reported where the input is made (the target's factory), naming the input, the dtype to give it and
+        the library's line. A library's round trip in every layer around weights the user's configuration left
+        in another dtype than the rest of the model (LoRA adapters kept in float32 on a bfloat16 base) is
+        reported at the user's call that built or configured those layers, naming the weights.
     """
     why = """
         Every conversion reads and writes the whole tensor and, in training, adds a `ToCopyBackward0` node
@@ -167,7 +175,10 @@ class CastInLoop(Rule):
     )
 
     def check(self, capture):
-        casts = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None and not ran_in_library(n)]
+        converting = [n for n in capture.ops if op(n) in CAST and _dtypes(n) is not None]
+        casts = [n for n in converting if not _in_library(n)]
+        yield from _caused_by_inputs([n for n in converting if _in_library(n)])
+        yield from _caused_by_configuration(capture, [n for n in converting if _in_library(n)])
         round_trips: dict[tuple, list[tuple[fx.Node, fx.Node, fx.Node]]] = defaultdict(list)
         for down in casts:
             match = _round_trip(down)
@@ -203,6 +214,87 @@ class CastInLoop(Rule):
                     # Converted once, backward would keep one copy instead of each pass's own.
                     saves_bytes=sum(kept) - max(kept) if index == 0 else 0,
                 )
+
+
+def _in_library(cast: fx.Node) -> bool:
+    """Whether the cast ran in code the project does not own: an installed library's, or code with no frame of
+    any file but torch's (a library's generated fx forward), which has no line of the project's to stand at."""
+    return ran_in_library(cast) or not facts(cast).stack
+
+
+def _caused_by_inputs(casts: list[fx.Node]):
+    """A library converting one of the forward's inputs again and again (integer timesteps converted in every
+    block of a diffusion transformer, a boolean mask in every layer): the user's input dtype causes it, so it is
+    reported where the input is made (the factory), with the library's line as the cause. Casts of the
+    library's own tensors happen whatever the user does and stay unreported."""
+    by_input: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    for cast in casts:
+        base = _base(cast.args[0] if cast.args else None)
+        if base is not None and base.op == "placeholder":
+            by_input[base].append(cast)
+    for given, repeats in by_input.items():
+        if len(repeats) < 2:
+            continue
+        source, target = _dtypes(repeats[0])
+        stack = facts(repeats[0]).stack
+        library = f"`{library_name(stack[-1].file)}`" if stack else "the library's generated code"
+        shape = tuple(tensor_meta(given).shape) if tensor_meta(given) is not None else ()
+        number = given.name.removeprefix("arg")
+        name = f"input {int(number) + 1}" if number.isdigit() else f"input `{given.name}`"
+        for cast in repeats:
+            yield Problem(
+                node=given,
+                message=f"The forward's {name} ({_name(source)}, shape {list(shape)}) is converted "
+                        f"to {_name(target)} {{count}} times in one forward inside {library}; the input's dtype "
+                        f"causes it: make the input {_name(target)} where it is created and the library uses it "
+                        "as it is.",
+                # The library's own line: the cast's node would be placed at the project's call instead.
+                related=((facts(cast).stack[-1] if facts(cast).stack else cast,
+                          f"converted to {_name(target)} in {library}"),),
+            )
+
+
+def _caused_by_configuration(capture, casts: list[fx.Node]):
+    """A library's round trip in every layer around weights the user's configuration left in another dtype than
+    the rest of the model (LoRA adapters kept in float32 on a bfloat16 base): reported where the user built or
+    configured those layers, naming the weights. A round trip around weights in the model's own dtype is the
+    library's design and stays unreported."""
+    counts: dict[torch.dtype, int] = defaultdict(int)
+    for node in capture.forward.nodes:
+        meta = tensor_meta(node) if node.op == "get_attr" else None
+        if meta is not None and meta.dtype.is_floating_point:
+            counts[meta.dtype] += 1
+    if not counts:
+        return
+    model_dtype = max(counts, key=counts.get)
+    trips: dict[tuple, list[tuple[fx.Node, fx.Node, list[str]]]] = defaultdict(list)
+    for down in casts:
+        match = _round_trip(down)
+        if match is None:
+            continue
+        up, work, _ = match
+        source, target = _dtypes(up)
+        weights = [n for n in work.all_input_nodes if n.op == "get_attr" and tensor_meta(n) is not None
+                   and tensor_meta(n).dtype == target]
+        if source == model_dtype and weights:
+            trips[_site(up)].append((up, work, [str(w.target) for w in weights]))
+    for repeats in trips.values():
+        if len(repeats) < 2:
+            continue
+        for up, work, weights in repeats:
+            source, target = _dtypes(up)
+            stack = facts(up).stack
+            library = f"`{library_name(stack[-1].file)}`" if stack else "the library"
+            yield Problem(
+                node=work,
+                at_build_site=True,
+                parameters=tuple(weights),
+                message=f"{library} runs a {_name(source)} → {_name(target)} → {op(work)} → {_name(source)} round "
+                        f"trip {{count}} times in one forward because {{parameters}} are {_name(target)} "
+                        f"in a {_name(source)} model; the configuration built here decides that dtype: keep "
+                        f"{{them}} in {_name(source)} (for peft, autocast_adapter_dtype=False).",
+                related=((stack[-1] if stack else up, f"converted to {_name(target)} in {library}"),),
+            )
 
 
 def _dtypes(cast: fx.Node) -> tuple[torch.dtype, torch.dtype] | None:

@@ -39,6 +39,11 @@ _VALUE_SHAPED_OPS = {
     "getitem": "Indexing with a boolean mask",
 }
 _STATIC_FIX = "use torch.where or masked_fill to keep a static shape"
+# Torch factories: with no device argument they make their tensor on the host, whatever device the model is on.
+_FACTORIES = frozenset({
+    "arange", "range", "linspace", "logspace", "zeros", "ones", "empty", "full", "eye", "tensor", "as_tensor",
+    "rand", "randn", "randint", "randperm", "tril_indices", "triu_indices",
+})
 # Syncs inside torch helpers whose cause and remedy are known: (helper, op) -> (what it does, what to do).
 _HELPER_CAUSES = {
     ("pad_packed_sequence", "cpu"): (
@@ -85,7 +90,9 @@ class HostSync(Rule):
         - printing or formatting a tensor (`print(t)`, `f"{t}"`).
 
         One finding per line, with the number of times it ran. Not flagged: shape arithmetic (`x.shape[0]`,
-        `x.size(-1)`, `len(x)`), Python numbers, and calls inside installed libraries.
+        `x.size(-1)`, `len(x)`), Python numbers, calls inside installed libraries, and reads of host tensors:
+        a tensor made only from torch factories given no device (`torch.arange(n).tolist()`) lives on the host
+        wherever the model runs, so reading it waits for nothing.
 
         A sync inside torch's own Python code that the forward called (`torch.nn.utils.rnn.pad_packed_sequence`,
         `pack_padded_sequence`, a `torch.distributions` object checking its arguments) is reported at the call in
@@ -204,7 +211,7 @@ class HostSync(Rule):
             if not is_own_code(node) or (facts(node).stack[-1].file, facts(node).stack[-1].line) in cut:
                 continue
             message = _message(node)
-            if message is None:
+            if message is None or _made_on_host(node):
                 continue
             helper = facts(node).torch_helper
             if helper is None:
@@ -226,6 +233,45 @@ def _message(node: fx.Node) -> str | None:
         what, does, fix = _MESSAGES[name]
         return f"{what} in {{where}} {does}, {_BLOCKS}{{occurrences}}; {fix}."
     return None
+
+
+def _made_on_host(node: fx.Node) -> bool:
+    """Whether the tensor the call reads lives on the host wherever the model runs: everything it comes from was
+    made by a torch factory given no device (`torch.arange(n)`), and nothing from an input, a parameter, a buffer
+    or a move to a device. Reading it waits for no device."""
+    start = node.args[0] if node.args else None
+    if not isinstance(start, fx.Node):
+        return False
+    made, seen, pending = False, set(), [start]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op in ("placeholder", "get_attr"):
+            return False
+        name = op(current)
+        if name in ("cuda", "to") and _to_device(current):
+            return False
+        if current.op == "call_function" and name in _FACTORIES:
+            device = current.kwargs.get("device")
+            if device is not None and not _is_cpu_text(device):
+                return False  # a device read from a tensor or named: on the device in a real run
+            made = True
+        pending.extend(current.all_input_nodes)
+    return made
+
+
+def _to_device(node: fx.Node) -> bool:
+    """`.cuda()`, or a `.to()` given a device other than the text "cpu" (a dtype alone keeps the tensor where it is)."""
+    if op(node) == "cuda":
+        return True
+    values = [*node.args[1:], node.kwargs.get("device")]
+    return any(isinstance(v, torch.device) or (isinstance(v, str) and not _is_cpu_text(v)) for v in values)
+
+
+def _is_cpu_text(device) -> bool:
+    return isinstance(device, str) and device.split(":")[0] == "cpu"
 
 
 def _what(node: fx.Node) -> str:

@@ -598,3 +598,17 @@ def test_nothing_is_kept_when_torch_did_not_say_what_it_traced(tmp_path):
 
     CompileMemo(tmp_path / "memo").store("key", CompileAnalysis(calls=["the factory's inputs"]), [])
     assert not (tmp_path / "memo").exists()
+
+
+def test_an_analysis_made_under_another_analysis_version_is_not_reused(tmp_path, monkeypatch):
+    """An analysis stored before what analyses mean changed (the distributions' validation the analysis runs
+    under) is compiled again, not reused: the version is part of the key."""
+    from graphlint.capture import compile_memo
+
+    path = write(tmp_path, "model.py", MODEL)
+    memo = CompileMemo(tmp_path / "memo")
+    monkeypatch.setattr(compile_memo, "ANALYSIS_VERSION", compile_memo.ANALYSIS_VERSION - 1)
+    assert not _analysed(path, memo).reused and _analysed(path, memo).reused  # the older version's memo
+    monkeypatch.undo()
+    assert not _analysed(path, memo).reused  # the current version does not read it
+    assert _analysed(path, memo).reused

@@ -325,3 +325,56 @@ def test_the_cpu_rebuild_after_the_meta_attempt_reports_the_sync_once(tmp_path):
     assert finding["location"]["line"] == line_of(path, "# sync")
     assert finding["occurrences"] == 3
     assert finding["message"].startswith(".item() in the model copies a value to Python")
+
+
+HOST_MODEL = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        n = x.shape[1]
+        offsets = torch.arange(n).tolist()  # host
+        k = int((torch.arange(n) * 2).max())  # host
+        picked = torch.ones(n, dtype=torch.bool, device="cpu").nonzero()  # host
+        h = self.fc(x)[:, : k + 1]
+        steps = torch.arange(n, device=x.device)
+        limit = int(steps.max())  # device
+        shift = torch.arange(n).to(x.device)
+        last = shift[-1].item()  # device
+        return h.sum() + sum(offsets) + limit + last + len(picked)
+
+
+def make():
+    return Model(), (torch.randn(4, 8),)
+'''
+
+
+def test_reads_of_tensors_made_on_the_host_are_not_flagged(tmp_path):
+    """`torch.arange(n)` with no device lives on the host wherever the model runs: reading it waits for no device.
+    A factory given the input's device, or a host tensor moved there, is on the device and still flagged."""
+    path = write(tmp_path, "model.py", HOST_MODEL)
+    report = lint_file(path)
+    assert report.errors == []
+    lines = sorted(f.location.line for f in findings_of(report, "GL103"))
+    source = path.read_text().splitlines()
+    assert lines == [i for i, text in enumerate(source, 1) if text.endswith("# device")]
+
+
+def test_host_reads_need_no_device_in_plain_pytorch():
+    """The same lines in plain PyTorch on a model on the meta device: the host reads run (the factory made a CPU
+    tensor), while the device-side ones cannot read values there."""
+    n = 8
+    assert torch.arange(n).device.type == "cpu"
+    assert torch.arange(n).tolist() == list(range(n))
+    assert int((torch.arange(n) * 2).max()) == 14
+    x = torch.randn(4, n, device="meta")
+    with pytest.raises(RuntimeError, match="meta"):
+        int(torch.arange(n, device=x.device).max())
+    with pytest.raises(RuntimeError, match="meta"):
+        torch.arange(n).to(x.device)[-1].item()

@@ -149,8 +149,8 @@ def test_unused_parameters_are_gl203_at_the_line_that_built_them(tmp_path):
     assert by_line[line_of(path, "self.side =")].message.startswith(
         "Nothing computed from side.weight, side.bias in side reaches the loss")
     assert by_line[line_of(path, "self.temperature =")].message == (  # one parameter: "it"
-        "The forward never uses temperature in the model, so no gradient reaches it; remove it, or freeze it with "
-        "requires_grad_(False).")
+        "The forward never uses temperature in the model, so no gradient reaches it for the inputs captured; remove "
+        "it, or freeze it with requires_grad_(False).")
     assert findings_of(report, "GL202") == []
     assert all(f.severity.value == "note" for f in by_line.values())
 

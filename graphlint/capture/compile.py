@@ -406,7 +406,7 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
             except (KeyError, TypeError, ValueError):
                 pass  # an entry of another shape: compiled again, and written over
     traced: list = []
-    with traced_code_recorded(traced) if key is not None else contextlib.nullcontext():
+    with traced_code_recorded(traced) if key is not None else contextlib.nullcontext(), _as_torch_compile_leaves():
         calls, dropped = _accepted(made.model, planned, device)
         analysis = _shortcut(made.model, calls, device)
         if analysis is None:
@@ -418,6 +418,22 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
     if key is not None and not analysis.unavailable:
         memo.store(key, analysis, traced)
     return analysis
+
+
+@contextlib.contextmanager
+def _as_torch_compile_leaves():
+    """The process state a program's own torch.compile runs in: its first compilation switches torch.distributions'
+    argument checks off for the whole process (dynamo's TorchPatcher.patch, once per process), so the model's
+    compiled forward never runs them; graphlint's capture switched them back on for the eager forward (where they
+    run, GL103). Restored afterwards, for what runs next in this process."""
+    import torch.distributions
+
+    validating = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validating)
 
 
 def _analysis_from(data: dict) -> CompileAnalysis:

@@ -4,12 +4,13 @@ print) and the capture ran again.
 
     <cache dir>/v2/compile-<graphlint's code>/<key>.json    the analyses stored under one key, newest first
 
-The key covers what is known before compiling: torch's and Python's versions, the device, every module of the
-model (its class, its own plain values by value, tensors by shape, dtype and which tensor they are, its
-children), the plain class attributes of the model's own classes, each call the analysis makes (its label,
-its tensors by shape, stride, dtype and attributes such as mark_dynamic's marks, other values by value), dynamo's
-settings and the hooks registered on every module. On the CPU (a capture that needed real values) tensors are
-also keyed by their values: after a break on a tensor's value, the path taken depends on them.
+The key covers what is known before compiling: what an analysis means (`ANALYSIS_VERSION`), torch's and Python's
+versions, the device, every module of the model (its class, its own plain values by value, tensors by shape, dtype
+and which tensor they are, its children), the plain class attributes of the model's own classes, each call the
+analysis makes (its label, its tensors by shape, stride, dtype and attributes such as mark_dynamic's marks, other
+values by value), dynamo's settings and the hooks registered on every module. On the CPU (a capture that needed
+real values) tensors are also keyed by their values: after a break on a tensor's value, the path taken depends on
+them.
 Under one key, a stored analysis is used only when, now as then:
 
 - the source lines of every function dynamo traced or the analysis ran (torch's own excepted: torch's version is
@@ -47,6 +48,10 @@ from graphlint.capture.compile_regions import TORCH_MARKS, is_torch_or_builtin
 _VARIANTS = 4
 _DEPTH = 6
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+# What an analysis means, in the key: bumped whenever the same model and code would be analysed differently, so
+# that no analysis made before is reused (2: the analysis runs with torch.distributions' argument validation off,
+# as plain torch.compile does; before, its checks showed as graph breaks).
+ANALYSIS_VERSION = 2
 
 
 class CompileMemo:
@@ -72,7 +77,8 @@ class CompileMemo:
             # Hooks on every module (`register_module_forward_hook(loud)` in its file), by function, not handle id.
             hooks = [[name, fingerprint.value(list(value.values()))] for name, value in
                      sorted(vars(torch.nn.modules.module).items()) if name.startswith("_global_") and isinstance(value, dict)]
-            fields = [torch.__version__, sys.version, device, modules, attributes, inputs, settings, hooks]
+            fields = [ANALYSIS_VERSION, torch.__version__, sys.version, device, modules, attributes, inputs, settings,
+                      hooks]
             return hashlib.sha256(json.dumps(fields, default=repr).encode()).hexdigest()[:32]
         except Exception:  # graphlint's own failure to fingerprint: compile as without the memo
             return None

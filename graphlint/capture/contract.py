@@ -56,6 +56,9 @@ class Capture:
     # Generators outside torch the forward drew from (`random`, `numpy.random`): what it ran may hold for this
     # draw only (a number of steps from `random.randrange`), though every capture draws the same.
     python_draws: tuple[str, ...] = ()
+    # (recorded sequence, grown sequence, the trainable parameters that get a gradient at the grown one), from the
+    # step run again with the inputs' dimension 1 grown (graphlint.capture.longer); None when not asked or unknown.
+    longer_sequence: tuple[int, int, frozenset[str]] | None = None
     # What compiling the model with torch.compile showed (graphlint.capture.compile); None when not asked for.
     compiled: CompileAnalysis | None = None
     # The training step's memory (graphlint.memory), measured when a memory budget is set; None otherwise.

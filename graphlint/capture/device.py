@@ -18,7 +18,7 @@ from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.capture.modules import BuildSiteRecorder
 from graphlint.capture.session import ForwardFailure, capture_model, model_tensors
-from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
+from graphlint.errors import MetaCannotRun, TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.files import display_path
 from graphlint.stages import reached
 from graphlint.target import LoadedTarget, Target, normalize_factory_result
@@ -82,6 +82,10 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
                 made = normalize_factory_result(call_user_code(loaded.factory))
         except TargetFailure:
             raise
+        except MetaCannotRun as error:
+            if device == "meta":
+                raise _NeedsRealValues(str(error)) from error
+            raise TargetFailure(str(error)) from error
         except Exception as error:
             if raised_by_graphlint(error):
                 raise  # no CPU retry for graphlint's own bug

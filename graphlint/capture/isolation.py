@@ -1,5 +1,5 @@
 """Global state a capture may change, saved before and restored after, so one target cannot affect the next:
-torch's default dtype and device, grad and anomaly modes, global flags (deterministic algorithms, matmul
+torch's default dtype and device, grad and anomaly modes, autocast, global flags (deterministic algorithms, matmul
 precision, cuDNN and TF32 switches, threads), every random state (torch's CPU and CUDA generators, Python's,
 NumPy's), and `sys.path`. Every capture also starts from the same seeds (`seed_everything`), so a run is
 repeatable even where the forward draws from Python's or NumPy's generators (`random.randrange` choosing a
@@ -66,12 +66,23 @@ def _flags():
         ("float32 matmul precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         ("distribution argument checks", _validating_distributions, _validate_distributions),
         ("threads", torch.get_num_threads, torch.set_num_threads),
+        ("autocast", _autocast, _set_autocast),
         ("cudnn", lambda: (backends.cudnn.enabled, backends.cudnn.benchmark, backends.cudnn.deterministic),
          lambda v: (setattr(backends.cudnn, "enabled", v[0]), setattr(backends.cudnn, "benchmark", v[1]),
                     setattr(backends.cudnn, "deterministic", v[2]))),
         ("tf32", lambda: (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32),
          lambda v: (setattr(backends.cuda.matmul, "allow_tf32", v[0]), setattr(backends.cudnn, "allow_tf32", v[1]))),
     ]
+
+
+def _autocast():
+    return [(kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda")]
+
+
+def _set_autocast(state) -> None:
+    for kind, enabled, dtype in state:
+        torch.set_autocast_enabled(kind, enabled)
+        torch.set_autocast_dtype(kind, dtype)
 
 
 def _random_states():
