@@ -121,6 +121,8 @@ RESUMED = '''
 import torch
 from torch import nn
 
+from gd_steps import next_scale
+
 
 class Net(nn.Module):
     def __init__(self):
@@ -131,20 +133,24 @@ class Net(nn.Module):
     def forward(self, x):
         h = self.fc(x)
         print("logged")
-        self.step += 1
-        scale = self.step % 7
-        return h * scale
+        return h * next_scale(self)
 
 
 def resumed():
     return Net(), (torch.randn(4, 8),)
 '''
 
+STEPS = '''
+def next_scale(module):
+    module.step += 1
+    return module.step % 7
+'''
 
-def _plain_torch(folder, module_name: str, factory: str) -> tuple[int, list[str]]:
+
+def _plain_torch(folder, module_name: str, factory: str) -> tuple[int, list[str], list[str]]:
     """Plain torch.compile on the analysis's calls (the inputs three times, the batch one and two larger), with
-    gradients on after one eager call: the frames it compiled after the first call, and its recompile_limit
-    warnings (each names the function and its last reason, with the guard's user stack)."""
+    gradients on after one eager call: the frames it compiled after the first call, its recompile_limit warnings
+    (each names the function and its last reason, with the guard's user stack) and its `recompiles` log."""
     from torch._dynamo.testing import CompileCounter
 
     sys.path.insert(0, str(folder))
@@ -157,6 +163,12 @@ def _plain_torch(folder, module_name: str, factory: str) -> tuple[int, list[str]
     logger = logging.getLogger("torch._dynamo.convert_frame")
     handler = Kept(logging.WARNING)
     logger.addHandler(handler)
+    recompiles: list[str] = []
+    torch._logging.set_logs(recompiles=True)
+    log = logging.getLogger("torch._dynamo.guards.__recompiles")
+    kept_log = Kept(logging.DEBUG)
+    kept_log.emit = lambda record: recompiles.append(record.getMessage())
+    log.addHandler(kept_log)
     try:
         model, args = getattr(importlib.import_module(module_name), factory)()
         grown = [tuple(torch.cat([a] + [a[:1]] * extra) for a in args) for extra in (1, 2)]
@@ -169,12 +181,14 @@ def _plain_torch(folder, module_name: str, factory: str) -> tuple[int, list[str]
             first = counter.frame_count
             for call in (args, args, *grown):
                 compiled(*call)
-        return counter.frame_count - first, [w for w in warnings if "recompile_limit" in w]
+        return counter.frame_count - first, [w for w in warnings if "recompile_limit" in w], recompiles
     finally:
         torch._dynamo.reset()
+        torch._logging.set_logs()
+        log.removeHandler(kept_log)
         logger.removeHandler(handler)
         sys.path.remove(str(folder))
-        for name in (module_name, "gd_nn"):
+        for name in (module_name, "gd_nn", "gd_steps"):
             sys.modules.pop(name, None)
 
 
@@ -184,6 +198,7 @@ def real_code(tmp_path_factory):
     write(folder, "gd_nn.py", CHECKPOINT)
     write(folder, "gd_unet.py", UNET)
     write(folder, "gd_resumed.py", RESUMED)
+    write(folder, "gd_steps.py", STEPS)
     report = check_targets(folder, ["gd_unet.py:unet", "gd_resumed.py:resumed"], select=("GL302",))
     return folder, report
 
@@ -191,7 +206,7 @@ def real_code(tmp_path_factory):
 def test_a_function_that_hits_recompile_limit_is_reported_at_the_line_of_its_last_failed_guard(real_code):
     folder, report = real_code
     found = [f for f in findings_of(report, "GL302") if "unet" in f.targets[0]]
-    _, limits = _plain_torch(folder, "gd_unet", "unet")
+    _, limits, _ = _plain_torch(folder, "gd_unet", "unet")
     # Plain torch hits recompile_limit on the checkpoint function's `forward`, its last reason `len(args) == N`
     # read at the line that slices `args`: GL302 is there, not at the `def` line.
     line = line_of(folder / "gd_nn.py", "ctx.input_tensors = list(args[:length])")
@@ -213,10 +228,15 @@ def test_a_function_that_hits_recompile_limit_is_reported_at_the_line_of_its_las
 def test_a_recompile_in_the_function_that_resumes_after_a_break_is_reported_at_the_users_line(real_code):
     folder, report = real_code
     found = [f for f in findings_of(report, "GL302") if "resumed" in f.targets[0]]
-    recompiled, _ = _plain_torch(folder, "gd_resumed", "resumed")
-    assert recompiled >= 3  # plain torch compiles the resumed part again on every call
-    assert [f.location.line for f in found] == [line_of(folder / "gd_resumed.py", "self.step += 1")]
-    assert "`forward`" in found[0].message and "self.step" in found[0].message
+    recompiled, _, log = _plain_torch(folder, "gd_resumed", "resumed")
+    # Plain torch compiles the part of `forward` after the print again on every call, for the counter that the
+    # helper of another file reads: its recompile reasons name that line.
+    line = line_of(folder / "gd_steps.py", "module.step += 1")
+    resumed = [entry for entry in log if "torch_dynamo_resume_in_forward" in entry]
+    assert recompiled >= 3 and len(resumed) >= 3
+    assert all(f'gd_steps.py", line {line}, in next_scale' in entry for entry in resumed if "step ==" in entry)
+    assert [(f.location.path.endswith("gd_steps.py"), f.location.line) for f in found] == [(True, line)]
+    assert "`forward`" in found[0].message and "step ==" in found[0].message
 
 
 def _recompile(call: str, code: int) -> Recompile:
