@@ -17,9 +17,11 @@ def hazards(recompiles: list[Recompile], first_call: str) -> dict[tuple, list[Re
     for item in recompiles:
         if item.call == first_call:
             continue  # compiling the layers' variants on the first call settles once
-        key = (item.function.file, item.function.line, item.line, item.subject)
+        # One code object: a resume function can have several, each settling on its own (automatic dynamic
+        # shapes absorb a size change once per code object), so their one-off recompiles are not one hazard.
+        key = (item.function.file, item.function.line, item.line, item.subject, item.code)
         groups.setdefault(key, []).append(item)
-    return {key: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
+    return {key[:4]: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
 
 
 # A guard on the value of an attribute of the module (`self.layer_idx == 3`, `self.kind == 'wide'`).
@@ -66,6 +68,10 @@ def _per_instance_message(items: list[Recompile], limit: int, hit: bool) -> str:
 def _cause(guard: str) -> str:
     """The guard in words, and what to write instead."""
     size = re.match(r"tensor '([^']+)' (size|stride) mismatch at index (\d+)", guard)
+    if size and "failed on a parameter" in guard:
+        return ("the parameters that reach this code differ in shape between the modules that call it, and "
+                "torch.compile specialises parameter shapes, so each shape compiles again; keep such calls inside "
+                "one compiled graph (remove the graph break before them), or give the modules one shape")
     if size:
         name = re.sub(r"[LG]\['(\w+)'\]", r"\1", size.group(1))
         return (f"the {size.group(2)} of `{name}` along dimension {size.group(3)} is specialised, so every new size "
@@ -279,11 +285,16 @@ class RecompileRule(Rule):
             hit = any((f.file, f.line) == (file, function_line) for f in compiled.limit_hit)
             yield Problem(stack=(where,), message=_per_instance_message(items, limit, hit))
         for frame in dict.fromkeys(compiled.limit_hit):
-            if (frame.file, frame.line) not in reported and not is_installed_file(frame.file):
-                reasons = [r.guard for r in compiled.recompiles if (r.function.file, r.function.line) == (frame.file, frame.line)]
-                guard = f"; last guard `{reasons[-1]}`: {_cause(reasons[-1])}" if reasons else ""
-                yield Problem(stack=(frame,), message=f"torch.compile hit recompile_limit ({limit}) compiling "
-                                                      f"`{frame.function}` and runs it uncompiled from then on{guard}.")
+            if (frame.file, frame.line) in reported:
+                continue
+            reasons = [r for r in compiled.recompiles if (r.function.file, r.function.line) == (frame.file, frame.line)]
+            # At the line that read the value of the newest compilation's failed guard: torch's last reason.
+            where = reasons[-1].line if reasons and reasons[-1].line else frame
+            if is_installed_file(where.file):
+                continue
+            guard = f"; last guard `{reasons[-1].guard}`: {_cause(reasons[-1].guard)}" if reasons else ""
+            yield Problem(stack=(where,), message=f"torch.compile hit recompile_limit ({limit}) compiling "
+                                                  f"`{frame.function}` and runs it uncompiled from then on{guard}.")
         for (file, _, line, _), items in found.items():
             where = line or items[0].function
             if is_installed_file(where.file):

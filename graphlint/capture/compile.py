@@ -17,6 +17,7 @@ import json
 import os
 import re
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,9 @@ class Recompile:
     line: Frame | None = None
     instance: str = ""  # the module path of `self` when the function is a method of one of the model's modules
     siblings: tuple[str, ...] = ()  # the module paths of every module of that class in the model, in order
+    # Which code object recompiled (1, 2, ... in order of first recompile): a function that resumes after a break
+    # can have several, each with its own cache, recompile_limit and automatic dynamic shapes.
+    code: int = 0
 
     @property
     def subject(self) -> str:
@@ -246,19 +250,20 @@ def _recompiles_recorded(convert_frame, analysis: CompileAnalysis, current: list
     classes: dict[type, list[str]] = {}
     for path, module in model.named_modules():
         classes.setdefault(type(module), []).append(path)
+    # By identity (equal code objects can be two, each with its cache); kept alive, so no id is reused meanwhile.
+    codes: dict[int, tuple[int, types.CodeType]] = {}
 
     def explained(cache_entries, frame, *args, **kwargs):
         reasons = original(cache_entries, frame, *args, **kwargs)
         if reasons:
             code = frame.f_code
             guard, line = _guard_and_line(str(reasons[0]), code)
-            resumed = _RESUME.match(code.co_name)
-            function = Frame(os.path.abspath(code.co_filename), code.co_firstlineno,
-                             resumed.group(1) if resumed else code.co_name)
+            function = Frame(os.path.abspath(code.co_filename), code.co_firstlineno, _user_name(code.co_name))
             owner = _local(frame, "self")
             instance = paths.get(id(owner), "") if isinstance(owner, torch.nn.Module) else ""
             analysis.recompiles.append(Recompile(guard, function, current[0], line or _guarded_line(code, guard),
-                                                 instance, tuple(classes[type(owner)]) if instance else ()))
+                                                 instance, tuple(classes[type(owner)]) if instance else (),
+                                                 codes.setdefault(id(code), (len(codes) + 1, code))[0]))
         return reasons
 
     convert_frame.get_and_maybe_log_recompilation_reasons = explained
@@ -280,16 +285,36 @@ def _local(frame, name: str):
 _GUARD_SOURCE = re.compile(r"#\s*(?P<code>.*?)\s*#\s*(?P<path>\S+):(?P<line>\d+) in (?P<function>\w+)")
 
 
+# One frame of the user stack dynamo appends to a guard's failure: `  File "/m/unet.py", line 52, in _forward`.
+_STACK_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
+
+
+def _user_name(name: str) -> str:
+    """A function's name as its user wrote it: dynamo's `torch_dynamo_resume_in_forward_at_13` is `forward`."""
+    resumed = _RESUME.match(name)
+    return resumed.group(1) if resumed else name
+
+
 def _guard_and_line(reason: str, code) -> tuple[str, Frame | None]:
-    """The failed guard without dynamo's compile ID and comments, and the user line dynamo attributed it to."""
-    first = re.sub(r"^\s*\d+/\d+:\s*", "", reason.strip().splitlines()[0])
+    """The failed guard without dynamo's compile ID and comments, and the user line dynamo attributed it to: the
+    innermost frame of the user code of the guard's stack (the line that read the value, which may be in a
+    function inlined into the recompiled one, in another file), else the line of its one-line comment."""
+    lines = reason.strip().splitlines()
+    first = re.sub(r"^\s*\d+/\d+:\s*", "", lines[0])
     guard = first.split("#", 1)[0].strip() or first.strip()
+    if "User stack trace:" in lines[1:2]:
+        frames = [m for m in map(_STACK_FRAME.match, lines[2:]) if m]
+        users = [m for m in frames if not is_hidden_file(os.path.abspath(m.group("path")))]
+        if users:
+            innermost = users[-1]
+            return guard, Frame(os.path.abspath(innermost.group("path")), int(innermost.group("line")),
+                                _user_name(innermost.group("function")))
     found = _GUARD_SOURCE.search(first)
     if found:
         path = found.group("path").lstrip(".")
         filename = os.path.abspath(code.co_filename)
         if filename.endswith(path.replace("/", os.sep)):
-            return guard, Frame(filename, int(found.group("line")), found.group("function"))
+            return guard, Frame(filename, int(found.group("line")), _user_name(found.group("function")))
     return guard, None
 
 
@@ -304,7 +329,8 @@ def _limit_hits_recorded(analysis: CompileAnalysis):
             if "recompile_limit" in text or "cache_size_limit" in text:
                 found = re.search(r"function: '([^']+)' \(([^:)]+):(\d+)\)", text)
                 if found:
-                    analysis.limit_hit.append(Frame(os.path.abspath(found.group(2)), int(found.group(3)), found.group(1)))
+                    analysis.limit_hit.append(Frame(os.path.abspath(found.group(2)), int(found.group(3)),
+                                                    _user_name(found.group(1))))
 
     logger = logging.getLogger("torch._dynamo.convert_frame")
     handler = Handler(logging.WARNING)
@@ -322,10 +348,7 @@ def _frames(stack) -> tuple[Frame, ...]:
         filename = os.path.abspath(summary.filename)
         if is_hidden_file(filename):
             continue
-        name = summary.name
-        resumed = _RESUME.match(name)
-        if resumed:
-            name = resumed.group(1)
+        name = _user_name(summary.name)
         positions = (getattr(summary, "colno", None), getattr(summary, "end_lineno", None),
                      getattr(summary, "end_colno", None))
         frames.append(Frame(filename, summary.lineno or 0, name, *(positions if None not in positions else ())))
@@ -445,7 +468,7 @@ def _analysis_from(data: dict) -> CompileAnalysis:
     breaks = [GraphBreak(b["gb_type"], b["gb_id"], b["explanation"], tuple(b["hints"]),
                          tuple(frame(f) for f in b["stack"])) for b in data["breaks"]]
     recompiles = [Recompile(r["guard"], frame(r["function"]), r["call"], frame(r["line"]), r["instance"],
-                            tuple(r["siblings"])) for r in data["recompiles"]]
+                            tuple(r["siblings"]), r["code"]) for r in data["recompiles"]]
     return CompileAnalysis(breaks=breaks, recompiles=recompiles, calls=list(data["calls"]),
                            recompile_limit=data["recompile_limit"], limit_hit=[frame(f) for f in data["limit_hit"]],
                            dropped=[tuple(d) for d in data["dropped"]], unavailable=data["unavailable"], reused=True)
