@@ -139,6 +139,13 @@ def lstm_time_major():
     return _tagger(batch_first=False, hidden=96)
 
 
+def lstm_tagger_bf16():
+    # parameters and activations in bfloat16 (model.to(torch.bfloat16)): oneDNN runs it where the CPU supports bf16
+    target = _tagger()
+    target.model.to(torch.bfloat16)
+    return target
+
+
 def gru_tagger():
     return _tagger(cell="gru")
 
@@ -583,6 +590,7 @@ ZOO = [
     ("LSTM tagger", "lstm_tagger", "adamw", None),
     ("BiLSTM tagger, 2 layers", "bilstm_tagger_2_layers", "adamw", None),
     ("LSTM tagger, time-major", "lstm_time_major", "sgd", None),
+    ("LSTM tagger, bfloat16 parameters", "lstm_tagger_bf16", "adamw", None),
     ("GRU tagger", "gru_tagger", "adamw", None),
     ("RNN tagger, 2 layers", "rnn_tagger", "adam", None),
     ("LSTM seq2seq", "lstm_seq2seq", "adamw", None),

@@ -79,7 +79,26 @@ def test_the_lstm_workspace_is_the_size_the_cpu_kernel_gives_it(steps, batch, in
 
 
 @pytest.mark.parametrize("factory, optimizer", [("lstm_tagger", "adamw"), ("bilstm_tagger_2_layers", "adamw"),
-                                                ("gru_tagger", "adamw"), ("rnn_tagger", "adam")])
+                                                ("gru_tagger", "adamw"), ("rnn_tagger", "adam"),
+                                                pytest.param("lstm_tagger_bf16", "adamw", marks=pytest.mark.skipif(
+                                                    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                                                    reason="this CPU's oneDNN has no bfloat16"))])
 def test_recurrent_taggers_are_within_5_percent_of_the_profiler(factory, optimizer):
     estimate, measured = memory_zoo.row(factory, optimizer, None)
     assert abs(estimate - measured) <= 0.05 * measured, (estimate, measured)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bfloat16")
+@pytest.mark.parametrize("steps, batch, inputs, hidden", [(37, 5, 24, 40), (64, 12, 100, 96)])
+def test_the_bf16_lstm_workspace_is_the_size_the_cpu_kernel_gives_it(steps, batch, inputs, hidden):
+    def zeros(*shape):
+        return torch.zeros(*shape, dtype=torch.bfloat16)
+
+    out = torch.ops.aten.mkldnn_rnn_layer(
+        zeros(steps, batch, inputs), zeros(4 * hidden, inputs), zeros(4 * hidden, hidden), zeros(4 * hidden),
+        zeros(4 * hidden), zeros(batch, hidden), zeros(batch, hidden), False, [], 2, hidden, 1, True, False, False,
+        True)
+    real = out[3].untyped_storage().nbytes()
+    fitted = onednn_lstm_memory(inputs, hidden, torch.bfloat16).line("workspace", steps, batch)
+    # within 1% or two 4 KiB pages: the kernel rounds its workspace to pages, which the line smooths over
+    assert abs(fitted - real) <= max(0.01 * real, 8192), (fitted, real)

@@ -46,11 +46,20 @@ def _on_meta(value) -> bool:
 
 
 def _onednn_lstm_applies(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    # torch's use_mkldnn: float32 input (bfloat16 and half take it only on some CPUs), no projections
+    # torch's use_mkldnn: float32 input, or bfloat16/half where this CPU's oneDNN supports them, no projections
     # (hx's cell state has the hidden size), and oneDNN built in
-    return (input.dtype == torch.float32 and input.dim() == 3 and input.numel() > 0
+    return (_onednn_dtype(input.dtype) and input.dim() == 3 and input.numel() > 0
             and torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
             and hx[0].shape[-1] == hx[1].shape[-1])
+
+
+def _onednn_dtype(dtype: torch.dtype) -> bool:
+    # checked with the profiler (mkldnn_rnn_layer): bf16 goes to oneDNN where the CPU supports it, half likewise
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return dtype == torch.float32
 
 
 def _onednn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
@@ -100,7 +109,7 @@ class CpuKernelMemory(TorchDispatchMode):
         del scratch
         if func is _FORWARD and args[15] and torch.is_grad_enabled():  # train: the kernel makes a workspace
             steps, batch, inputs = args[0].shape
-            size = onednn_lstm_memory(inputs, args[2].shape[-1]).line("workspace", steps, batch)
+            size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
             out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
         return out
 
@@ -112,7 +121,7 @@ def modeled_scratch(func, args) -> int:
     contiguous buffer first."""
     if func is _FORWARD or func is _BACKWARD:
         steps, batch, inputs = args[0].shape
-        return onednn_lstm_memory(inputs, args[2].shape[-1]).line(
+        return onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line(
             "forward" if func is _FORWARD else "backward", steps, batch)
     if func in _PROBED:
         return probed_scratch(func, args)
@@ -252,27 +261,27 @@ class _Lines:
 
 
 @functools.lru_cache(maxsize=256)
-def onednn_lstm_memory(inputs: int, hidden: int) -> _Lines:
+def onednn_lstm_memory(inputs: int, hidden: int, dtype: torch.dtype = torch.float32) -> _Lines:
     """oneDNN's LSTM on this CPU, for one layer and direction of `inputs` features and `hidden` units: the
     workspace its forward returns, and the scratch its forward and backward hold above their outputs while
     they run (the allocations PyTorch's profiler records inside the op), each measured at four small sizes."""
     measured: dict[str, dict[tuple[int, int], int]] = {"workspace": {}, "forward": {}, "backward": {}}
     with _disable_current_modes():
-        _probe(8, 8, inputs, hidden)  # once before measuring: a first call sets up buffers it keeps
+        _probe(8, 8, inputs, hidden, dtype)  # once before measuring: a first call sets up buffers it keeps
         for steps in (8, 16):
             for batch in (8, 16):
-                workspace, forward, backward = _probe(steps, batch, inputs, hidden)
+                workspace, forward, backward = _probe(steps, batch, inputs, hidden, dtype)
                 measured["workspace"][steps, batch] = workspace
                 measured["forward"][steps, batch] = forward
                 measured["backward"][steps, batch] = backward
     return _Lines(measured)
 
 
-def _probe(steps: int, batch: int, inputs: int, hidden: int) -> tuple[int, int, int]:
+def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype) -> tuple[int, int, int]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def zeros(*shape, grad=False):
-        return torch.zeros(*shape, device="cpu", dtype=torch.float32, requires_grad=grad)
+        return torch.zeros(*shape, device="cpu", dtype=dtype, requires_grad=grad)
 
     x, w_ih, w_hh = zeros(steps, batch, inputs, grad=True), zeros(4 * hidden, inputs, grad=True), zeros(
         4 * hidden, hidden, grad=True)
