@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 
 import distributed_runs  # noqa: E402
 import memory_models  # noqa: E402
+import model_state_formulas  # noqa: E402
 
 import graphlint  # noqa: E402
 
@@ -261,6 +262,22 @@ def estimated(factory: str, strategy: str, world: int, checkpoint: bool, bf16: b
     return measure(target, HERE, request).peak_bytes
 
 
+def _worst(value: int, peaks: list[int]) -> float:
+    return max((value - p) / p for p in peaks) if value >= max(peaks) else min((value - p) / p for p in peaks)
+
+
+def _others(factory: str, strategy: str, world: int, checkpoint: bool, peaks: list[int]) -> str:
+    """DeepSpeed's ZeRO-3 and accelerate's figures for the same model, with their error against the truth."""
+    torch.manual_seed(0)
+    model = globals()[factory](checkpoint=checkpoint).model
+    zero3 = model_state_formulas.deepspeed_zero3(model, world) if strategy == "fsdp" else None
+    accelerate = model_state_formulas.accelerate_training(model)
+    cells = ["n/a (ZeRO-3 shards; DDP does not)" if zero3 is None else
+             f"{zero3 / 2**20:.2f} MiB ({_worst(zero3, peaks):+.1%})",
+             f"{accelerate / 2**20:.2f} MiB ({_worst(accelerate, peaks):+.1%})"]
+    return " | ".join(cells)
+
+
 def cases(quick: bool) -> list[tuple[str, str, str, int, bool, bool]]:
     rows = []
     for world in (2,) if quick else (2, 4):
@@ -278,8 +295,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", help="one factory")
     args = parser.parse_args()
-    print("| model | strategy | ranks | checkpointing | params | estimate | truth (per rank) | error (worst rank) |")
-    print("|---|---|---:|---|---|---:|---|---:|")
+    print("| model | strategy | ranks | checkpointing | params | estimate | truth (per rank) | error (worst rank) "
+          "| DeepSpeed ZeRO-3 | accelerate |")
+    print("|---|---|---:|---|---|---:|---|---:|---:|---:|")
     errors = []
     for name, factory, strategy, world, checkpoint, bf16 in cases(args.quick):
         if args.only and factory != args.only:
@@ -296,9 +314,10 @@ def main() -> None:
         worst = max((estimate - p) / p for p in peaks) if estimate >= max(peaks) else \
             min((estimate - p) / p for p in peaks)
         errors.append(abs(worst))
+        others = _others(factory, strategy, world, checkpoint, peaks)
         print(f"| {name} | {'FSDP2' if strategy == 'fsdp' else 'DDP'} | {world} | {'yes' if checkpoint else 'no'} | "
               f"{'bf16' if bf16 else 'fp32'} | {estimate / 2**20:.2f} MiB | "
-              f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)} MiB | {worst:+.2%} |", flush=True)
+              f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)} MiB | {worst:+.2%} | {others} |", flush=True)
     if errors:
         print(f"\nmedian |error| {statistics.median(errors):.2%}, worst {max(errors):.2%} over {len(errors)} rows; "
               f"{datetime.date.today()}, {platform.machine()} CPU, torch {torch.__version__}")
