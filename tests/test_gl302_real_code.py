@@ -16,7 +16,7 @@ import torch
 from conftest import check_targets, findings_of, line_of, write
 from graphlint.capture.compile import Recompile
 from graphlint.capture.frames import Frame
-from rules.gl302_recompile import hazards
+from graphlint.rules.gl302_recompile import hazards
 
 pytestmark = pytest.mark.compile
 
