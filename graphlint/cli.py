@@ -88,8 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="print the fixes --fix would apply as unified diffs and write nothing (exit 1 when "
                             "there is something to fix)")
     check.add_argument("--unsafe-fixes", action="store_true",
-                       help="with --fix or --diff, also apply fixes that could not be proven; with rdjson, also "
-                            "suggest them")
+                       help="with --fix or --diff, also apply fixes declared unsafe, proven or unprovable (never one "
+                            "whose proof found different results); with rdjson, also suggest them")
     check.add_argument("--vary", metavar="DIMS",
                        help="input dimensions the torch.compile rules (GL3xx) grow by one and two: batch, seq, "
                             "batch,seq or none (default: batch, or vary in [tool.graphlint])")
