@@ -14,8 +14,9 @@ def main(target: str) -> None:
     spec = importlib.util.spec_from_file_location("dynamo_target", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    model, args = getattr(module, name)()
-    explanation = torch._dynamo.explain(model)(*args)
+    made = getattr(module, name)()
+    model, args, kwargs = made[0], tuple(made[1]), dict(made[2]) if len(made) > 2 else {}
+    explanation = torch._dynamo.explain(model)(*args, **kwargs)
     print(f"{explanation.graph_count} graphs, {explanation.graph_break_count} graph breaks")
 
 

@@ -126,7 +126,6 @@ class GraphBreakRule(Rule):
     severity = Severity.WARNING
     tags = ("performance", "torch.compile")
     precision = "high"
-    default_enabled = False
     summary = "torch.compile breaks the forward's graph at this line."
     what = """
         graphlint compiles each target with dynamo (`torch.compile`'s tracer), in the target's own process, on

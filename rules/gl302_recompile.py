@@ -99,7 +99,6 @@ class RecompileRule(Rule):
     severity = Severity.WARNING
     tags = ("performance", "torch.compile", "recompile")
     precision = "high"
-    default_enabled = False
     summary = "torch.compile compiles this function again on every new call, until it hits recompile_limit."
     what = """
         graphlint compiles each target with dynamo and a backend that computes nothing, and runs it on the calls

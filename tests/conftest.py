@@ -70,16 +70,24 @@ def write(folder: Path, name: str, source: str) -> Path:
     return path
 
 
+def _selected(settings: dict) -> dict:
+    """The in-process helpers leave the torch.compile rules (on by default) out unless a test selects rules
+    itself: they cost a dynamo run per target, and their own tests select them (`select=("GL3",)`)."""
+    if "select" in settings or "extend_select" in settings:
+        return settings
+    return {**settings, "ignore": (*settings.get("ignore", ()), "GL3")}
+
+
 def lint_file(path: Path, name: str = "make", device: str = "auto", **settings):
     """Lint one target file in-process, with its folder as the project root; `settings` are Config fields."""
     project = Project(root=path.parent, first_party_folders=[path.parent])
-    return check([f"{path}:{name}"], project, Config(device=device, **settings))
+    return check([f"{path}:{name}"], project, Config(device=device, **_selected(settings)))
 
 
 def check_targets(folder: Path, targets: list[str], **settings):
     """Lint several target files of one folder in one run, in-process, with the folder as the project root."""
     project = Project(root=folder, first_party_folders=[folder])
-    return check([str(folder / target) for target in targets], project, Config(**settings))
+    return check([str(folder / target) for target in targets], project, Config(**_selected(settings)))
 
 
 def fix_plan(report, folder: Path, unsafe: bool = False, parent=None):

@@ -21,15 +21,15 @@ def test_a_baseline_keeps_old_findings_from_failing_and_catches_new_ones(project
     path = write(project_dir, "messy.py", MESSY.code)
     written = run_graphlint("check", "messy.py:make", "--write-baseline", "baseline.json", cwd=project_dir)
     assert written.returncode == 0, written.stderr
-    assert "wrote 6 findings to the baseline baseline.json" in written.stderr
+    assert "wrote 7 findings to the baseline baseline.json" in written.stderr
     entries = json.loads((project_dir / "baseline.json").read_text())
     assert entries["version"] == 1
-    assert {e["rule"] for e in entries["findings"]} == {"GL101", "GL102", "GL201", "GL202", "GL203"}
+    assert {e["rule"] for e in entries["findings"]} == {"GL101", "GL102", "GL201", "GL202", "GL203", "GL301"}
     assert all(e["path"] == "messy.py" for e in entries["findings"])
 
     clean = run_graphlint("check", "messy.py:make", "--baseline", "baseline.json", cwd=project_dir)
     assert clean.returncode == 0, clean.stdout
-    assert clean.stdout == "No findings in 1 target (6 in the baseline not shown).\n"
+    assert clean.stdout == "No findings in 1 target (7 in the baseline not shown).\n"
 
     # Lines inserted above everything move every finding; the baseline still matches them.
     path.write_text("# a new header\n# spanning lines\n\n" + MESSY.code)

@@ -126,7 +126,8 @@ def test_bad_targets_are_one_line_each_and_the_good_target_is_still_reported(pro
         assert any(target in line and text in line for line in errors), (target, errors)
     log = json.loads((project_dir / "out.sarif").read_text())
     validate_sarif(log)
-    assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["GL101"]
+    # The attention (GL101) and, with the torch.compile rules on by default, the forward's print (GL301).
+    assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["GL301", "GL101"]
     invocation = log["runs"][0]["invocations"][0]
     assert invocation["executionSuccessful"] is False
     assert len([n for n in invocation["toolExecutionNotifications"] if n["level"] == "error"]) == 6
@@ -147,8 +148,8 @@ def test_targets_come_from_pyproject_also_from_a_subfolder(tmp_path):
     (tmp_path / "docs").mkdir()
     result = run_graphlint("check", cwd=tmp_path / "docs")
     assert result.returncode == 1, result.stderr
-    assert result.stdout.splitlines()[-1] == f"Found 1 finding in 2 targets; {FIXABLE}."
-    assert "models/model.py" in result.stdout
+    assert result.stdout.splitlines()[-1] == f"Found 2 findings in 2 targets; {FIXABLE}."  # GL101, and GL301's print
+    assert all("models/model.py:" in line for line in result.stdout.splitlines()[:-1])
 
 
 def test_a_target_file_can_import_its_siblings_and_a_module_target_works(project_dir):
@@ -226,8 +227,11 @@ def test_a_cpu_rebuild_is_announced_as_a_note_and_the_branch_is_reported_once(pr
     branch = line_of(path, "if x.mean() > 0")
     assert ("graphlint: note: branchy.py:make: captured on CPU because the forward needs real values "
             f"(a Python branch on a tensor value at branchy.py:{branch})") in result.stderr.splitlines()
-    [finding] = [line for line in result.stdout.splitlines() if " GL" in line]
-    assert finding.startswith(f"branchy.py:{branch}:") and " GL103 A Python branch on a tensor in " in finding
+    # Two consequences of the one branch: it stalls a GPU (GL103) and ends torch.compile's graph (GL301).
+    stall, graph_break = [line for line in result.stdout.splitlines() if " GL" in line]
+    assert stall.startswith(f"branchy.py:{branch}:") and " GL103 A Python branch on a tensor in " in stall
+    assert graph_break.startswith(f"branchy.py:{branch}:") and ' GL301 ' in graph_break
+    assert '"Data-dependent branching"' in graph_break
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")

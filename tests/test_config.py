@@ -24,7 +24,7 @@ def ids(config: Config) -> list[str]:
 
 
 DEFAULT = ["GL101", "GL102", "GL103", "GL104", "GL105", "GL106", "GL107", "GL108", "GL201", "GL202", "GL203", "GL204",
-           "GL401"]  # GL401 reports only under a memory budget
+           "GL301", "GL302", "GL401"]  # GL401 reports only under a memory budget
 
 
 def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
@@ -36,11 +36,12 @@ def test_the_default_selection_is_every_rule_but_the_opt_in_ones():
     [
         (Config(select=("GL2",)), ["GL201", "GL202", "GL203", "GL204"]),
         (Config(select=("GL101", "GL20")), ["GL101", "GL201", "GL202", "GL203", "GL204"]),
-        (Config(select=("ALL",)), DEFAULT[:-1] + ["GL301", "GL302", "GL401", "GL402", "GL901"]),
+        (Config(select=("ALL",)), DEFAULT + ["GL402", "GL901"]),
         (Config(distributed="ddp"), DEFAULT + ["GL402"]),  # a target meant for DDP turns on the DDP rule
         (Config(distributed="ddp", ignore=("GL402",)), DEFAULT),
         (Config(extend_select=("GL901",)), DEFAULT + ["GL901"]),
-        (Config(ignore=("GL1", "GL203")), ["GL201", "GL202", "GL204", "GL401"]),
+        (Config(ignore=("GL1", "GL203")), ["GL201", "GL202", "GL204", "GL301", "GL302", "GL401"]),
+        (Config(ignore=("GL3",)), [rule for rule in DEFAULT if not rule.startswith("GL3")]),  # the compile rules off
         (Config(select=("gl2",), ignore=("GL202",)), ["GL201", "GL203", "GL204"]),
     ],
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import os
 import re
@@ -429,7 +430,9 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
             except (KeyError, TypeError, ValueError):
                 pass  # an entry of another shape: compiled again, and written over
     traced: list = []
-    with traced_code_recorded(traced) if key is not None else contextlib.nullcontext(), _as_torch_compile_leaves():
+    # The model's prints would repeat the capture's, once per call and compilation: the user sees one forward's.
+    with traced_code_recorded(traced) if key is not None else contextlib.nullcontext(), _as_torch_compile_leaves(), \
+            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         calls, dropped = _accepted(made.model, planned, device)
         analysis = _shortcut(made.model, calls, device)
         if analysis is None:
