@@ -9,7 +9,7 @@ supersedes a lint of the same target still running (its child is killed, only th
 Whenever targets of a project finish, the project's report is made again (the policy stage across its targets)
 and every file that has diagnostics, or had them, is published. A target is published twice per lint when a rule
 that needs the torch.compile analysis (the slow part) runs: first with the other rules' findings, which its child
-sends before that analysis starts (graphlint.session's `Options.partial`), then complete; a newer save drops both.
+sends before that analysis starts (graphlint.session's `Options.partial`), then complete; a newer save supersedes both.
 The warm parent warms up (imports torch) in a thread of its own once a project with targets is met.
 
 After publishing, the fixes declared unsafe that are not yet judged are proven on the model, as `--unsafe-fixes`
