@@ -796,3 +796,35 @@ def test_the_early_result_is_the_complete_one_without_the_compile_rules_and_chan
     assert first.findings == [f for f in complete.findings if f.rule_id not in compile_rules]
     assert "GL101" in [f.rule_id for f in first.findings]
     assert not first.errors and first.device == complete.device
+
+
+@pytest.mark.compile
+def test_a_session_hands_on_the_early_result_only_when_asked_and_caches_only_the_complete_one(tmp_path):
+    """In-process, the session's API as the server reads it: with `Options.partial`, the early result comes from
+    `Runner.partials` while nothing is cached yet, then the complete one from `finished`, cached; without it (the
+    command line), no early result at all."""
+    from graphlint.project import Project
+    from graphlint.session import Options, Session
+
+    project_with(tmp_path, BROKEN, extra=WITH_GL3)
+    project = Project.discover(tmp_path)
+    seen = {}
+    for partial in (True, False):
+        session = Session(["model.py:make"], project, project.config,
+                          Options(cache=tmp_path / f"cache-{partial}", partial=partial), tmp_path)
+        session.lint(["model.py:make"])
+        delivered = []
+        try:
+            while session.linting:
+                for _, target, result in session.runner.finished():
+                    delivered.append(("complete", [f.rule_id for f in result.findings],
+                                      session._cached(target) is not None))
+                for _, target, result in session.runner.partials():
+                    delivered.append(("early", [f.rule_id for f in result.findings],
+                                      session._cached(target) is not None))
+        finally:
+            session.runner.close()
+        seen[partial] = delivered
+    complete = ("complete", ["GL101", "GL103", "GL301"], True)
+    assert seen[True] == [("early", ["GL101", "GL103"], False), complete]
+    assert seen[False] == [complete]
