@@ -66,9 +66,24 @@ def _lint(job: LintJob, connection) -> TargetResult:
         from graphlint.pipeline import lint_target
 
     rules = tuple(rule for rule in load_rules() if rule.id in set(job.rules))
-    early = (lambda result: connection.send(Partial(result))) if job.partial else None
+
+    def early(result: TargetResult) -> None:
+        connection.send(Partial(result))
+        _lower_priority()
+
     return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
-                       job.vary, job.memory_budget, job.compile_memo, early)
+                       job.vary, job.memory_budget, job.compile_memo, early if job.partial else None)
+
+
+# The torch.compile analysis after an early result is background work: the server publishing that result comes first.
+COMPILE_STAGE_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(COMPILE_STAGE_NICENESS)
+    except (AttributeError, OSError):  # no os.nice on Windows; a refused change leaves the priority as it was
+        pass
 
 
 def _prove(job: ProofJob) -> Proved:
