@@ -767,7 +767,8 @@ async def test_a_save_during_the_compile_stage_supersedes_it(servers, tmp_path):
     await diagnostics_until(client, model, lambda d: "GL101" in codes(d) and "GL301" not in codes(d))
     slow_line = line_of(model, "time.sleep(3)")
     if sys.platform.startswith("linux"):  # the analysis runs below the server's priority, as background work
-        assert niceness(client._server.pid) + 10 in [niceness(pid) for pid in children_of(client._server.pid)]
+        lowered = min(niceness(client._server.pid) + 10, 19)  # 19: the lowest priority there is
+        assert lowered in [niceness(pid) for pid in children_of(client._server.pid)]
     save_file(client, model, "# saved again\n" * 5 + BROKEN)  # every line moves
     await diagnostics_until(client, model, lambda d: "GL301" in codes(d))
     await asyncio.sleep(0.5)  # a stale complete result would come now, if it were still coming
