@@ -836,3 +836,25 @@ def test_a_session_hands_on_the_early_result_only_when_asked_and_caches_only_the
     complete = ("complete", ["GL101", "GL103", "GL301"], True)
     assert seen[True] == [("early", ["GL101", "GL103"], False), complete]
     assert seen[False] == [complete]
+
+
+@pytest.mark.compile
+def test_the_early_result_says_what_the_complete_one_says_of_a_step_at_a_longer_sequence(tmp_path):
+    """GL203 reads a second training step at a longer sequence: the early result runs it before the torch.compile
+    analysis, the complete one after it (as the command line does); on a model that counts its calls and has a
+    BatchNorm, which the analysis's calls update, both say the same."""
+    import test_gl203_longer_sequence
+    from graphlint.engine import load_rules
+    from graphlint.locate.place import Locator
+    from graphlint.pipeline import COMPILE_TAG, lint_target
+    from graphlint.project import Project
+
+    project_with(tmp_path, test_gl203_longer_sequence.MODEL, extra=WITH_GL3)
+    rules = tuple(rule for rule in load_rules() if rule.id == "GL203" or COMPILE_TAG in rule.tags)
+    early = []
+    complete = lint_target("model.py:make", tmp_path, Locator(Project.discover(tmp_path)), rules, "auto",
+                           early=early.append)
+    [first] = early
+    gl203 = [f for f in complete.findings if f.rule_id == "GL203"]
+    assert len(gl203) == 3 and "at sequence 128 gradients do reach them" in gl203[0].message
+    assert first.findings == gl203
