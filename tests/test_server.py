@@ -839,10 +839,10 @@ def test_a_session_hands_on_the_early_result_only_when_asked_and_caches_only_the
 
 
 @pytest.mark.compile
-def test_the_early_result_says_what_the_complete_one_says_of_a_step_at_a_longer_sequence(tmp_path):
+def test_the_early_result_says_what_the_complete_one_says_of_the_steps_it_measures(tmp_path):
     """GL203 reads a second training step at a longer sequence: the early result runs it before the torch.compile
     analysis, the complete one after it (as the command line does); on a model that counts its calls and has a
-    BatchNorm, which the analysis's calls update, both say the same."""
+    BatchNorm, which the analysis's calls update, both say the same, and so does GL401 of the step's memory."""
     import test_gl203_longer_sequence
     from graphlint.engine import load_rules
     from graphlint.locate.place import Locator
@@ -850,11 +850,12 @@ def test_the_early_result_says_what_the_complete_one_says_of_a_step_at_a_longer_
     from graphlint.project import Project
 
     project_with(tmp_path, test_gl203_longer_sequence.MODEL, extra=WITH_GL3)
-    rules = tuple(rule for rule in load_rules() if rule.id == "GL203" or COMPILE_TAG in rule.tags)
+    rules = tuple(rule for rule in load_rules() if rule.id in ("GL203", "GL401") or COMPILE_TAG in rule.tags)
     early = []
     complete = lint_target("model.py:make", tmp_path, Locator(Project.discover(tmp_path)), rules, "auto",
-                           early=early.append)
+                           memory_budget=1024, early=early.append)
     [first] = early
     gl203 = [f for f in complete.findings if f.rule_id == "GL203"]
     assert len(gl203) == 3 and "at sequence 128 gradients do reach them" in gl203[0].message
-    assert first.findings == gl203
+    assert "GL401" in [f.rule_id for f in complete.findings]  # a 1 KiB budget: the step exceeds it
+    assert first.findings == [f for f in complete.findings if f.rule_id in ("GL203", "GL401")]
