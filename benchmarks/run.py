@@ -23,7 +23,8 @@ whose GL101 fix is proven: the original and rewritten models run in float64 and 
 again) against a plain `graphlint check` of it, in the same run.
 
 The server scenario (benchmarks/server.py) times `graphlint server` from opening the GPT-2-small shape to its
-first diagnostics, and from saving a change to the new diagnostics, against a cold `graphlint check` of it.
+first diagnostics, and from saving a change to the new diagnostics, against a cold `graphlint check` of it, with
+GL301/GL302 off and on (then to the first and to the complete diagnostics).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from graphlint.capture import Capture, capture_target
@@ -36,11 +37,16 @@ LONGER_TAG = "sequence-length"
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
                 vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
-                compile_memo: str = "") -> TargetResult:
+                compile_memo: str = "", early: Callable[[TargetResult], None] | None = None) -> TargetResult:
     """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows,
     `memory_budget` the bytes a training step may peak at (GL401), `compile_memo` the folder where torch.compile
-    analyses are kept across runs ("": none)."""
+    analyses are kept across runs ("": none). `early(result)`, when given and a rule that needs the torch.compile
+    analysis runs, is handed the other rules' result before that analysis starts (see `_early_result`); what
+    this returns is the same with or without it."""
     after = None
+    measured = []
+    kept_for_longer = []
+    captured = []
     if any(COMPILE_TAG in rule.tags for rule in rules):
         from graphlint.capture.compile import analyse_target
         from graphlint.capture.compile_memo import CompileMemo
@@ -49,7 +55,18 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         recompiles = any(RECOMPILE_TAG in rule.tags for rule in rules)
         after = functools.partial(analyse_target, vary=vary if recompiles else None,
                                   memo=CompileMemo(compile_memo) if compile_memo else None)
-    measured = []
+        others = tuple(rule for rule in rules if COMPILE_TAG not in rule.tags)
+        if early is not None and others:
+            analyse = after
+
+            def after(made, on):
+                # Innermost: the memory step has run, the compile analysis has not.
+                try:
+                    early(_early_result(text, captured[-1], others, locator, debug, measured, made))
+                except Exception:  # the complete result still comes; a missing early one costs nothing else
+                    if debug:
+                        traceback.print_exc()
+                return analyse(made, on)
     if memory_budget is not None and any(BUDGET_TAG in rule.tags for rule in rules):
         from graphlint.memory.measure import step_estimate
 
@@ -64,14 +81,13 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
                     traceback.print_exc()
                 measured.append(f"the training step's memory was not measured: it raised {one_line(error)}")
             return compile_after(made, on) if compile_after is not None else None
-    kept_for_longer = []
     if any(LONGER_TAG in rule.tags for rule in rules):
         before_longer = after
 
         def after(made, on):
             kept_for_longer.append(made)  # run again below only if some parameter got no gradient
             return before_longer(made, on) if before_longer is not None else None
-    result, capture = capture_one(text, base, locator, device, debug, after=after)
+    result, capture = capture_one(text, base, locator, device, debug, after=after, captured=captured.append)
     if capture is not None and kept_for_longer and _some_without_gradient(capture):
         from graphlint.capture.longer import gradients_at_longer_sequence
 
@@ -90,6 +106,28 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
     return result
 
 
+def _early_result(text: str, capture: Capture, rules: tuple, locator: Locator, debug: bool, measured: list,
+                  made) -> TargetResult:
+    """The findings of `rules` (none of which needs the torch.compile analysis) on the capture, with what they read
+    besides it (the training step's memory, the step at a longer sequence), as `lint_target` gives them after the
+    analysis. Only for showing ahead: the complete result runs every rule again once the analysis is done."""
+    result = TargetResult(target=text, device=capture.device, notes=list(capture.notes))
+    if measured:
+        if isinstance(measured[0], str):
+            result.notes.append(measured[0])
+        else:
+            capture.memory = measured[0]
+    if any(LONGER_TAG in rule.tags for rule in rules) and _some_without_gradient(capture):
+        from graphlint.capture.longer import gradients_at_longer_sequence
+
+        capture.longer_sequence = gradients_at_longer_sequence(made)
+    failed_before = len(locator.failures)
+    result.findings, errors = run_rules(rules, capture, locator, debug)
+    result.errors.extend(errors)
+    result.failures.extend(locator.failures[failed_before:])
+    return result
+
+
 def _some_without_gradient(capture) -> bool:
     """Whether the backward ran and left a trainable parameter without a gradient: the only case where a step at
     a longer sequence has something to tell."""
@@ -99,9 +137,10 @@ def _some_without_gradient(capture) -> bool:
 
 
 def capture_one(text: str, base: Path, locator: Locator, device: str, debug: bool = False,
-                vary_inputs=None, after=None) -> tuple[TargetResult, Capture | None]:
+                vary_inputs=None, after=None, captured=None) -> tuple[TargetResult, Capture | None]:
     """Load and capture one target; a failure is an error in the result (and no capture), never an exception.
-    `after` runs on the captured model (the torch.compile analysis); see graphlint.capture.capture_target."""
+    `after` runs on the captured model (the torch.compile analysis), `captured` is told the capture before it;
+    see graphlint.capture.capture_target."""
     result = TargetResult(target=text)
     try:
         reached("import")
@@ -114,7 +153,7 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         # The target's folders stay importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec, pythonpath), device, vary_inputs, after)
+            capture = capture_target(load_factory(spec, pythonpath), device, vary_inputs, after, captured)
     except GraphlintError as error:
         path, line = failure_where(error)
         result.errors.append(TargetError(text, str(error), path, line, last_stage()))

@@ -53,6 +53,9 @@ class Options:
     jobs: int = 1  # targets linted at once, each always in its own child process
     timeout: float | None = None  # seconds per target, after which its process is killed; None or 0: no limit
     progress: Callable[..., None] | None = None  # progress(target, event, **details)
+    # Each child also sends its target's other findings before the torch.compile analysis (`Runner.partials`):
+    # the language server shows them at once; nothing else reads them, and the cache keeps only complete results.
+    partial: bool = False
 
 
 def check(
@@ -183,7 +186,7 @@ class Session:
 
         memo = self.cache.compile_folder() if self.cache is not None else ""
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
-                          target_vary(text, self.config.vary), self.config.memory_budget, memo)
+                          target_vary(text, self.config.vary), self.config.memory_budget, memo, self.options.partial)
 
     def _started(self, text: str) -> None:
         self._starts[text] = time.monotonic()
@@ -236,6 +239,7 @@ class Runner:
         self.jobs = 1
         self._scheduler = None  # made when a target first needs a child (multiprocessing is not free)
         self._answered: list[tuple[Session, str, TargetResult]] = []  # answered without a child, not delivered
+        self._partials: list[tuple[Session, str, TargetResult]] = []  # sent ahead by running children, not delivered
         self._warming: threading.Thread | None = None
         self._parent_error: str | None = None
 
@@ -248,6 +252,8 @@ class Runner:
             return
         scheduler = self._made()
         scheduler.jobs = self.jobs
+        if supersede:  # a running child's early findings are of the older save
+            self._forget_partials(lambda key: key[0] is session and key[1] in targets)
         scheduler.put([((session, text), session) for text in targets], first=first, supersede=supersede)
         scheduler.start_waiting()
 
@@ -255,12 +261,14 @@ class Runner:
         """A target answered without a child, delivered by the next `finished`; a lint of it that is waiting or
         running is no longer wanted."""
         self._drop(lambda key: key == (session, text))
+        self._forget_partials(lambda key: key == (session, text))
         self._answered = [a for a in self._answered if a[:2] != (session, text)]
         self._answered.append((session, text, result))
 
     def drop(self, session: Session) -> None:
         """Forget the session's targets: waiting, running (killed) and answered."""
         self._drop(lambda key: key[0] is session)
+        self._forget_partials(lambda key: key[0] is session)
         self._answered = [a for a in self._answered if a[0] is not session]
 
     def running(self, session: Session, text: str) -> bool:
@@ -281,7 +289,14 @@ class Runner:
             self._scheduler.start_waiting()  # may answer a target with the warm parent's failure
         if not self._answered:
             if self._scheduler is not None:
+                from graphlint.run.wire import Partial
+
                 for (session, text), _, result in self._scheduler.wait(also=also):
+                    if isinstance(result, Partial):
+                        self._partials.append((session, text, result.result))
+                        continue
+                    done = (session, text)
+                    self._forget_partials(lambda key, done=done: key == done)  # its complete result is here
                     session._linted(text, result)
                     self._answered.append((session, text, result))
             elif also:
@@ -290,6 +305,14 @@ class Runner:
                 wait(also)
         answered, self._answered = self._answered, []
         return answered
+
+    def partials(self) -> list[tuple[Session, str, TargetResult]]:
+        """(session, target, result) of the early results that `finished` received since the last call from
+        children still linting (sessions with `Options.partial`): every finding but those of the rules that need
+        the torch.compile analysis. Each is replaced by the target's complete result, which a later `finished`
+        delivers; none is kept in the cache."""
+        partials, self._partials = self._partials, []
+        return partials
 
     def warm_up(self, background: bool = False) -> None:
         """Make the warm parent now rather than when a target first needs a child; `background`: in a thread of
@@ -321,6 +344,7 @@ class Runner:
             self._scheduler.kill_all()
             self._scheduler.waiting.clear()
         self._answered = []
+        self._partials = []
 
     # -- the process layer -------------------------------------------------------------------------------------
 
@@ -346,6 +370,9 @@ class Runner:
     def _drop(self, unwanted: Callable[[tuple[Session, str]], bool]) -> None:
         if self._scheduler is not None:
             self._scheduler.drop(unwanted)
+
+    def _forget_partials(self, unwanted: Callable[[tuple[Session, str]], bool]) -> None:
+        self._partials = [p for p in self._partials if not unwanted(p[:2])]
 
     def _warm(self) -> None:
         from graphlint.run import scheduler

@@ -214,3 +214,14 @@ def test_the_readme_pins_every_action_by_commit_as_the_action_does():
         assert re.fullmatch(r"[0-9a-f]{40}", sha) and version, f"{name}@{sha} is not pinned by commit"
         assert sha == pinned.get(name, sha), f"README and action.yml pin different commits of {name}"
     assert "upload-sarif@" in readme and all(v.startswith("v4.") for n, _, v in others if n.endswith("upload-sarif"))
+
+
+def test_the_documented_workflows_restore_graphlints_cache_before_the_action():
+    from graphlint.cache import DEFAULT_FOLDER
+
+    for name in ("README.md", "docs/ci.md"):
+        [block] = [b for b in re.findall(r"```yaml\n(.*?)```", (REPO / name).read_text(encoding="utf-8"), re.S)
+                   if "uses: torch-graphlint/torch-graphlint@" in b]
+        cache = block.find("uses: actions/cache@")
+        assert 0 <= cache < block.index("uses: torch-graphlint/torch-graphlint@"), name
+        assert f"path: {DEFAULT_FOLDER}\n" in block[cache:], name  # the folder graphlint check writes by default

@@ -64,3 +64,21 @@ def test_the_hook_skips_commits_without_python_changes(user_repo, tmp_path):
     result = try_hook(user_repo, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Skipped" in result.stdout
+
+
+def test_the_hook_keeps_the_result_cache_in_the_repository_between_commits(user_repo, tmp_path):
+    write(user_repo, "model.py", ATTENTION)
+    first = try_hook(user_repo, tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    entries = sorted((user_repo / ".graphlint_cache").glob("v*/targets/*.json"))
+    assert len(entries) == 1  # the target's result, kept beside pyproject.toml
+    written = entries[0].stat().st_mtime_ns
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=user_repo,
+                            capture_output=True, text=True, check=True).stdout
+    assert ".graphlint_cache" not in status  # never committed
+    write(user_repo, "other.py", "x = 1\n")  # not imported by the target: its cached result still holds
+    second = try_hook(user_repo, tmp_path)
+    assert second.returncode == 1 and "GL101 Hand-written softmax attention" in second.stdout, second.stdout
+    # Answered from the cache: a hit is never written back, a new capture would have written the entry again.
+    assert sorted((user_repo / ".graphlint_cache").glob("v*/targets/*.json")) == entries
+    assert entries[0].stat().st_mtime_ns == written

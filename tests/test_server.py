@@ -179,6 +179,11 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[16])
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
@@ -675,3 +680,182 @@ async def test_unsafe_fixes_are_offered_as_unsafe_fixes_would_write_them(servers
     plan = fix_plan(report, tmp_path, unsafe=True)
     assert [f.location.line for f in plan.applied] == [hooked.range.start.line + 1]
     assert [f.location.line for f in plan.broken] == [filled.range.start.line + 1]
+
+
+# -- the editor never waits for the torch.compile analysis: a lint's other findings are published first, then the
+# complete result for the same saved file; a newer save supersedes both, and only complete results are cached.
+
+# GL3 selected whatever the default selection is.
+WITH_GL3 = 'extend-select = ["GL3"]'
+# GL101 (hand-written attention) and a GL301 graph break (print) in one forward.
+BROKEN = attention(body="""att = F.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))), dim=-1)
+        y = att @ v
+        print(y.mean())""")
+# The same, with a break whose eager half sleeps (only under torch.compile): a compile stage of many seconds.
+SLOW_BREAK = BROKEN.replace("        print(y.mean())", """        if torch.compiler.is_compiling():
+            time.sleep(3)""").replace("import math\n", "import math\nimport time\n")
+
+
+class Publishes(dict):
+    """`client.diagnostics` that also keeps every publish, in order, as (uri, codes and lines)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, list[tuple[str, int]]]] = []
+
+    def __setitem__(self, uri, diagnostics) -> None:
+        self.log.append((uri, [(d.code, d.range.start.line + 1) for d in diagnostics]))
+        super().__setitem__(uri, diagnostics)
+
+    def of(self, path: Path) -> list[list[tuple[str, int]]]:
+        return [shown for uri, shown in self.log if uri == path.as_uri()]
+
+
+def recording(client) -> Publishes:
+    client.diagnostics = Publishes()
+    return client.diagnostics
+
+
+def compile_rule_ids() -> set[str]:
+    from graphlint.engine import load_rules
+    from graphlint.pipeline import COMPILE_TAG
+
+    return {rule.id for rule in load_rules() if COMPILE_TAG in rule.tags}
+
+
+@pytest.mark.server
+@pytest.mark.cli
+@pytest.mark.compile
+@pytest.mark.asyncio
+async def test_the_fast_findings_are_published_first_then_the_graph_break_for_the_same_save(servers, tmp_path):
+    model = project_with(tmp_path, BROKEN, extra=WITH_GL3)
+    client = await servers(tmp_path)
+    published = recording(client)
+    open_file(client, model)
+    await diagnostics_until(client, model, lambda d: "GL301" in codes(d))
+    attention_line, break_line = line_of(model, "F.softmax"), line_of(model, "print(y.mean())")
+    # One lint of one version of the file: the other rules' findings (GL103 for the print's sync), then the same
+    # with the graph break.
+    first, complete = published.of(model)
+    assert ("GL101", attention_line) in first and not {code for code, _ in first} & compile_rule_ids()
+    assert sorted(complete) == sorted([*first, ("GL301", break_line)])
+
+    # The cache holds the complete result: the command line's session answers from it, graph break included.
+    from graphlint.cache import default_folder
+    from graphlint.project import Project
+    from graphlint.session import Options, check
+
+    project = Project.discover(tmp_path)
+    events = []
+    report = check(list(project.config.targets), project, project.config,
+                   Options(cache=default_folder(project, None), progress=lambda t, event, **_: events.append(event)),
+                   base=tmp_path)
+    assert events == ["cached"]
+    assert [(f.rule_id, f.location.line) for f in report.findings] == complete
+
+
+@pytest.mark.server
+@pytest.mark.cli
+@pytest.mark.compile
+@pytest.mark.asyncio
+async def test_a_save_during_the_compile_stage_supersedes_it(servers, tmp_path):
+    model = project_with(tmp_path, SLOW_BREAK, extra=WITH_GL3)
+    client = await servers(tmp_path)
+    published = recording(client)
+    open_file(client, model)
+    # The first stage is in: the child is in the torch.compile analysis, sleeping in the broken-off call.
+    await diagnostics_until(client, model, lambda d: "GL101" in codes(d) and "GL301" not in codes(d))
+    slow_line = line_of(model, "time.sleep(3)")
+    if sys.platform.startswith("linux"):  # the analysis runs below the server's priority, as background work
+        lowered = min(niceness(client._server.pid) + 10, 19)  # 19: the lowest priority there is
+        assert lowered in [niceness(pid) for pid in children_of(client._server.pid)]
+    save_file(client, model, "# saved again\n" * 5 + BROKEN)  # every line moves
+    await diagnostics_until(client, model, lambda d: "GL301" in codes(d))
+    await asyncio.sleep(0.5)  # a stale complete result would come now, if it were still coming
+    shown = published.of(model)
+    attention_line, break_line = line_of(model, "F.softmax"), line_of(model, "print(y.mean())")
+    assert ("GL301", slow_line) not in [item for publish in shown for item in publish]
+    assert [code for code, _ in shown[-1]].count("GL301") == 1 and ("GL301", break_line) in shown[-1]
+    # The newer save's first stage was shown ahead of its second.
+    assert [p for p in shown[1:] if ("GL101", attention_line) in p and "GL301" not in [c for c, _ in p]]
+
+
+@pytest.mark.compile
+def test_the_early_result_is_the_complete_one_without_the_compile_rules_and_changes_nothing(tmp_path):
+    """In-process: what a child sends ahead, and that asking for it leaves the complete result as it was."""
+    from graphlint.engine import load_rules
+    from graphlint.locate.place import Locator
+    from graphlint.pipeline import lint_target
+    from graphlint.project import Project
+    from graphlint.results import RuleInfo
+    from graphlint.selection import select
+
+    project_with(tmp_path, BROKEN, extra=WITH_GL3)
+    project = Project.discover(tmp_path)
+    chosen = {info.id for info in select(project.config, tuple(RuleInfo.of(rule) for rule in load_rules()))}
+    rules = tuple(rule for rule in load_rules() if rule.id in chosen)  # the default set and GL3
+    early = []
+    complete = lint_target("model.py:make", tmp_path, Locator(project), rules, "auto", early=early.append)
+    plain = lint_target("model.py:make", tmp_path, Locator(project), rules, "auto")
+    assert complete == plain  # findings, notes, inputs, libraries: the command line's result is the same
+    compile_rules = compile_rule_ids()
+    assert "GL301" in [f.rule_id for f in complete.findings]
+    [first] = early
+    assert first.findings == [f for f in complete.findings if f.rule_id not in compile_rules]
+    assert "GL101" in [f.rule_id for f in first.findings]
+    assert not first.errors and first.device == complete.device
+
+
+@pytest.mark.compile
+def test_a_session_hands_on_the_early_result_only_when_asked_and_caches_only_the_complete_one(tmp_path):
+    """In-process, the session's API as the server reads it: with `Options.partial`, the early result comes from
+    `Runner.partials` while nothing is cached yet, then the complete one from `finished`, cached; without it (the
+    command line), no early result at all."""
+    from graphlint.project import Project
+    from graphlint.session import Options, Session
+
+    project_with(tmp_path, BROKEN, extra=WITH_GL3)
+    project = Project.discover(tmp_path)
+    seen = {}
+    for partial in (True, False):
+        session = Session(["model.py:make"], project, project.config,
+                          Options(cache=tmp_path / f"cache-{partial}", partial=partial), tmp_path)
+        session.lint(["model.py:make"])
+        delivered = []
+        try:
+            while session.linting:
+                for _, target, result in session.runner.finished():
+                    delivered.append(("complete", [f.rule_id for f in result.findings],
+                                      session._cached(target) is not None))
+                for _, target, result in session.runner.partials():
+                    delivered.append(("early", [f.rule_id for f in result.findings],
+                                      session._cached(target) is not None))
+        finally:
+            session.runner.close()
+        seen[partial] = delivered
+    complete = ("complete", ["GL101", "GL103", "GL301"], True)
+    assert seen[True] == [("early", ["GL101", "GL103"], False), complete]
+    assert seen[False] == [complete]
+
+
+@pytest.mark.compile
+def test_the_early_result_says_what_the_complete_one_says_of_the_steps_it_measures(tmp_path):
+    """GL203 reads a second training step at a longer sequence: the early result runs it before the torch.compile
+    analysis, the complete one after it (as the command line does); on a model that counts its calls and has a
+    BatchNorm, which the analysis's calls update, both say the same, and so does GL401 of the step's memory."""
+    import test_gl203_longer_sequence
+    from graphlint.engine import load_rules
+    from graphlint.locate.place import Locator
+    from graphlint.pipeline import COMPILE_TAG, lint_target
+    from graphlint.project import Project
+
+    project_with(tmp_path, test_gl203_longer_sequence.MODEL, extra=WITH_GL3)
+    rules = tuple(rule for rule in load_rules() if rule.id in ("GL203", "GL401") or COMPILE_TAG in rule.tags)
+    early = []
+    complete = lint_target("model.py:make", tmp_path, Locator(Project.discover(tmp_path)), rules, "auto",
+                           memory_budget=1024, early=early.append)
+    [first] = early
+    gl203 = [f for f in complete.findings if f.rule_id == "GL203"]
+    assert len(gl203) == 3 and "at sequence 128 gradients do reach them" in gl203[0].message
+    assert "GL401" in [f.rule_id for f in complete.findings]  # a 1 KiB budget: the step exceeds it
+    assert first.findings == [f for f in complete.findings if f.rule_id in ("GL203", "GL401")]

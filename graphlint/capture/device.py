@@ -25,24 +25,26 @@ from graphlint.target import LoadedTarget, Target, normalize_factory_result
 
 
 def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None,
-                   after: Callable[[Target, str], Any] | None = None) -> Capture:
+                   after: Callable[[Target, str], Any] | None = None,
+                   captured: Callable[[Capture], None] | None = None) -> Capture:
     """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
     `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary).
     `after(target, device)`, when given, runs once the capture has succeeded (the recorders have exited), on the
-    same model and device; what it returns becomes `Capture.compiled`."""
+    same model and device; what it returns becomes `Capture.compiled`. `captured(capture)`, when given, is told
+    the capture just before `after` runs."""
     if device != "auto":
         try:
-            return _capture_on(loaded, device, vary_inputs, after)
+            return _capture_on(loaded, device, vary_inputs, after, captured)
         except _NeedsRealValues as meta_failure:
             raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
                                 "use --device auto (the default) or --device cpu") from meta_failure
     try:
-        return _capture_on(loaded, "meta", vary_inputs, after)
+        return _capture_on(loaded, "meta", vary_inputs, after, captured)
     except _NeedsRealValues as failure:
         meta_failure = failure
     # The rebuild runs after the handler: an exception raised while another is handled is normalized at once,
     # and Python 3.11 then reports `f(x=1, **{"x": 2})` as KeyError: 'x' instead of its TypeError.
-    capture = _capture_on(loaded, "cpu", vary_inputs, after)
+    capture = _capture_on(loaded, "cpu", vary_inputs, after, captured)
     capture.notes.insert(0, f"captured on CPU because {meta_failure}")
     return capture
 
@@ -67,7 +69,8 @@ _REAL_VALUE_OPS = {
 
 
 def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None = None,
-                after: Callable[[Target, str], Any] | None = None) -> Capture:
+                after: Callable[[Target, str], Any] | None = None,
+                captured: Callable[[Capture], None] | None = None) -> Capture:
     if device == "cuda" and not torch.cuda.is_available():
         raise TargetFailure("--device cuda was asked for but CUDA is not available here; use --device cpu or meta")
     with preserved_global_state():
@@ -107,6 +110,8 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
             if device != "meta":
                 raise
             raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+        if captured is not None:
+            captured(capture)
         if after is not None:
             capture.compiled = after(made, device)
         return capture

@@ -13,7 +13,7 @@ from graphlint.errors import one_line
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
-from graphlint.run.wire import Job, Launch, LintJob, Linted, ProofJob, Proved, Stage
+from graphlint.run.wire import Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Stage
 from graphlint.target import script_name
 
 
@@ -50,14 +50,14 @@ def _lint_job(job: LintJob, connection) -> Linted:
 
     stages.listen(tell)
     try:
-        result = _lint(job)
+        result = _lint(job, connection)
     except SystemExit as leaving:  # sys.exit() in the user's code (argparse at module level, often)
         result = TargetResult(target=job.target, errors=[TargetError(job.target, _exited(leaving, last[0]),
                                                                      stage=last[0])])
     return Linted(result, tuple(_installed_libraries(set(sys.modules) - before)))
 
 
-def _lint(job: LintJob) -> TargetResult:
+def _lint(job: LintJob, connection) -> TargetResult:
     from pathlib import Path
 
     with long_lived():  # a spawned child imports these itself; a forked one has them already
@@ -66,8 +66,24 @@ def _lint(job: LintJob) -> TargetResult:
         from graphlint.pipeline import lint_target
 
     rules = tuple(rule for rule in load_rules() if rule.id in set(job.rules))
+
+    def early(result: TargetResult) -> None:
+        connection.send(Partial(result))
+        _lower_priority()
+
     return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
-                       job.vary, job.memory_budget, job.compile_memo)
+                       job.vary, job.memory_budget, job.compile_memo, early if job.partial else None)
+
+
+# The torch.compile analysis after an early result is background work: the server publishing that result comes first.
+COMPILE_STAGE_NICENESS = 10
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(COMPILE_STAGE_NICENESS)
+    except (AttributeError, OSError):  # no os.nice on Windows; a refused change leaves the priority as it was
+        pass
 
 
 def _prove(job: ProofJob) -> Proved:

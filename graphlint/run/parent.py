@@ -48,8 +48,7 @@ class WarmParent:
         launch = Launch()
         if self.context.get_start_method() == "fork":
             self._import_wanted()
-            if (not self._compile_warm and isinstance(job, LintJob)
-                    and any(rule.startswith("GL3") for rule in job.rules)):
+            if not self._compile_warm and isinstance(job, LintJob) and _needs_compile(job):
                 from graphlint.capture.compile import warm_up  # the torch.compile rules: dynamo, once for all
 
                 warm_up()
@@ -81,6 +80,14 @@ class WarmParent:
                     importlib.import_module(name)
             except Exception:  # a library that fails here is only imported again, by the child that needs it
                 continue
+
+
+def _needs_compile(job: LintJob) -> bool:
+    """Whether a rule of the job reads the torch.compile analysis (graphlint.pipeline's tag)."""
+    from graphlint.engine import load_rules
+    from graphlint.pipeline import COMPILE_TAG
+
+    return any(COMPILE_TAG in rule.tags for rule in load_rules() if rule.id in job.rules)
 
 
 def _warm_up() -> None:

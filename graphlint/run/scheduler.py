@@ -1,6 +1,7 @@
 """Runs jobs in child processes of the warm parent, each within its time limit, and turns every way a child
 can end into the job's answer: a lint job's own result, or one error line that says what happened and the last
-stage it reached; a proof job's verdict, or why it has none.
+stage it reached; a proof job's verdict, or why it has none. A lint job's `Partial`, sent while its child still
+runs, is handed on as it comes.
 
 `Children` keeps the running children of one warm parent; a `Scheduler` starts at most `jobs` of them at a time
 and kills the child of a job that a newer one superseded. The session's `Runner` (graphlint.session) keeps one
@@ -18,7 +19,7 @@ from multiprocessing.connection import wait
 
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.parent import WarmParent
-from graphlint.run.wire import Job, Linted, LintJob, Proved, Stage
+from graphlint.run.wire import Job, Linted, LintJob, Partial, Proved, Stage
 
 
 @dataclass
@@ -32,6 +33,7 @@ class _Child:
     stage: str = "import"
     result: TargetResult | Proved | None = None
     imported: tuple[str, ...] = ()
+    partial: Partial | None = None  # received and not yet handed on
 
     @property
     def target(self) -> str:
@@ -56,10 +58,13 @@ class Children:
         self.running.append(_Child(job.target if key is None else key, job, process, connection, time.monotonic(),
                                    self.timeout if timeout is None else timeout))
 
-    def wait(self, also: list | None = None, limit: float | None = None) -> list[tuple[object, TargetResult | Proved]]:
-        """Wait until a child finishes, its time runs out, one of the `also` handles is ready, or `limit`
-        seconds pass; the keys of the children that finished, with their answers (a lint job's TargetResult, a
-        proof job's Proved), in the order they were started."""
+    def wait(self, also: list | None = None,
+             limit: float | None = None) -> list[tuple[object, TargetResult | Proved | Partial]]:
+        """Wait until a child finishes or sends a `Partial`, its time runs out, one of the `also` handles is
+        ready, or `limit` seconds pass; the keys of the children that finished, with their answers (a lint job's
+        TargetResult, a proof job's Proved), and of those still running that sent a `Partial`, with it, in the
+        order they were started. A child that finished is never handed on with its `Partial`: its answer says
+        more."""
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
@@ -85,6 +90,9 @@ class Children:
                 child.connection.close()
                 self.parent.preload(child.imported)
                 done.append((child.key, child.result or _failed(child, _died(child))))
+            elif child.partial is not None and child.result is None:
+                done.append((child.key, child.partial))
+            child.partial = None
         return done
 
     def kill(self, key: object) -> bool:
@@ -168,16 +176,17 @@ class Scheduler:
             self.running[key] = item
             self._started(key)
 
-    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Proved]]:
-        """Start what may start, then wait until a child finishes or one of the `also` handles is ready;
-        (key, item, answer) of the jobs that finished."""
+    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Proved | Partial]]:
+        """Start what may start, then wait until a child finishes or sends a `Partial`, or one of the `also`
+        handles is ready; (key, item, answer) of the jobs that finished, and (key, item, Partial) of those still
+        running that sent one."""
         self.start_waiting()
         if not self.running:
             if also:
                 wait(also)
             return []
-        return [(key, self.running.pop(key), answer) for key, answer in self._made.wait(also=also)
-                if key in self.running]
+        return [(key, self.running[key] if isinstance(answer, Partial) else self.running.pop(key), answer)
+                for key, answer in self._made.wait(also=also) if key in self.running]
 
     def kill_all(self) -> None:
         if self._made is not None:
@@ -192,7 +201,8 @@ def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult
     try:
         while True:
             for _, answer in children.wait():
-                return answer
+                if not isinstance(answer, Partial):
+                    return answer
     finally:
         children.kill_all()
 
@@ -204,6 +214,8 @@ def _read(child: _Child) -> None:
             message = child.connection.recv()
             if isinstance(message, Stage):
                 child.stage = message.name
+            elif isinstance(message, Partial):
+                child.partial = message
             elif isinstance(message, Linted):
                 child.result, child.imported = message.result, message.imported
             elif isinstance(message, Proved):

@@ -3,7 +3,8 @@
 A job is plain data (strings, numbers, tuples) so that a spawned child can receive it as well as a forked one.
 `LintJob` lints one target (graphlint.run.child); `ProofJob` runs one side of a fix's proof
 (graphlint.fix.model_run). A child sends `Stage` messages as it goes, then exactly one `Linted` or `Proved`;
-one that exits without it has died, and the scheduler says how, with the last stage it saw.
+one that exits without it has died, and the scheduler says how, with the last stage it saw. A lint job that asks
+for it (`LintJob.partial`, the language server's) also sends one `Partial` before the torch.compile analysis.
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ class LintJob:
     memory_budget: int | None = None  # bytes a training step may peak at (GL401)
     pythonpath: tuple[str, ...] = ()  # the folders the target imports from (graphlint.project)
     compile_memo: str = ""  # the folder of torch.compile analyses kept across runs; "": none (--no-cache)
+    partial: bool = False  # send the other rules' findings (`Partial`) before the torch.compile analysis
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
            debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
-           compile_memo: str = "") -> LintJob:
+           compile_memo: str = "", partial: bool = False) -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
                    tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath),
-                   compile_memo)
+                   compile_memo, partial)
 
     def project(self) -> Project:
         """The project as the run knows it (its configuration is not read again: only the folders matter)."""
@@ -86,6 +88,14 @@ class Linted:
 
     result: TargetResult
     imported: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A lint job's findings of every rule but those that need the torch.compile analysis, sent before that
+    analysis starts; the job's `Linted` follows and replaces it (only it is ever kept in the result cache)."""
+
+    result: TargetResult
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ finish; nothing here starts or reads a process.
 A file event asks the sessions of the targets it affects to lint them again, ahead of what is waiting; a save
 supersedes a lint of the same target still running (its child is killed, only the newer result is delivered).
 Whenever targets of a project finish, the project's report is made again (the policy stage across its targets)
-and every file that has diagnostics, or had them, is published. The warm parent warms up (imports torch) in a
-thread of its own once a project with targets is met.
+and every file that has diagnostics, or had them, is published. A target is published twice per lint when a rule
+that needs the torch.compile analysis (the slow part) runs: first with the other rules' findings, which its child
+sends before that analysis starts (graphlint.session's `Options.partial`), then complete; a newer save supersedes both.
+The warm parent warms up (imports torch) in a thread of its own once a project with targets is met.
 
 After publishing, the fixes declared unsafe that are not yet judged are proven on the model, as `--unsafe-fixes`
 proves them (graphlint.fix.apply), so that the editor offers exactly what `--unsafe-fixes` would write: each
@@ -111,10 +113,18 @@ class Linter:
             self._handle(*event)
         self._publish_dirty()
         for session, target, result in self.runner.finished(also=[self._wake_reader]):
-            project = next((p for p in self.workspace.projects.values() if p.session is session), None)
+            project = self._project_of(session)
             if project is not None:  # else a project whose configuration was read again since
                 self._record(project, target, result)
+        for session, target, result in self.runner.partials():  # shown now, replaced by the complete result
+            project = self._project_of(session)
+            if project is not None:
+                project.record(target, result, partial=True)
+                self._dirty[project.pyproject] = project
         return True
+
+    def _project_of(self, session) -> ProjectTargets | None:
+        return next((p for p in self.workspace.projects.values() if p.session is session), None)
 
     def _handle(self, kind: str, path: str) -> None:
         pyproject = Path(path).resolve()

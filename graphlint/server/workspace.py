@@ -1,6 +1,6 @@
 """Which targets a file belongs to: the projects the server has met, each with its `[tool.graphlint]` targets,
 what each target was last found to depend on (`TargetResult.inputs`, the files the result cache keys on) and
-its latest result.
+its latest result (the early one, without the torch.compile analysis's findings, until the complete one comes).
 
 A file's project is the nearest `pyproject.toml` above it whose `[tool.graphlint]` lists targets, read as
 `graphlint check` reads it from that folder (the targets' relative paths from the project root). A saved file
@@ -46,8 +46,9 @@ class ProjectTargets:
         self.pyproject = pyproject
         self.project = project
         self.targets = list(dict.fromkeys(config.targets))
+        # partial: the other rules' diagnostics are shown before the torch.compile analysis has finished.
         options = Options(debug=settings.debug, baseline=settings.baseline, jobs=settings.jobs,
-                          timeout=config.timeout or None,
+                          timeout=config.timeout or None, partial=True,
                           cache=None if settings.no_cache else default_folder(project, settings.cache_dir))
         self.session = Session(self.targets, project, config, options, project.root, runner=runner)
         self.files: dict[str, str] = {}  # target → its file, for targets that name one
@@ -69,16 +70,18 @@ class ProjectTargets:
         affected = []
         for target in self.targets:
             result = self.results.get(target)
-            if result is None or result.errors:
+            if result is None or result.errors or target not in self.inputs:
                 if mine or real == os.path.realpath(self.files.get(target, "")):
                     affected.append(target)
             elif real in self.inputs.get(target, ()):
                 affected.append(target)
         return affected
 
-    def record(self, target: str, result: TargetResult) -> None:
+    def record(self, target: str, result: TargetResult, partial: bool = False) -> None:
+        """The target's latest result; a `partial` one (graphlint.session.Runner.partials) is shown until the
+        complete one comes, and says nothing of what the target depends on."""
         self.results[target] = result
-        if not result.errors:
+        if not result.errors and not partial:
             own = (self.files[target],) if target in self.files else ()
             self.inputs[target] = frozenset(os.path.realpath(p) for p in (*result.inputs, *own))
 
