@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE))
 import distributed_runs  # noqa: E402
 import memory_models  # noqa: E402
 import model_state_formulas  # noqa: E402
+import torch_trackers  # noqa: E402
 
 import graphlint  # noqa: E402
 
@@ -278,6 +279,26 @@ def _others(factory: str, strategy: str, world: int, checkpoint: bool, peaks: li
     return " | ".join(cells)
 
 
+def _tracker(factory: str, strategy: str, world: int, checkpoint: bool, bf16: bool, peaks: list[int],
+             reasons: list[str]) -> str:
+    """torch's FSDPMemTracker (FSDP2 rows) or MemTracker (DDP rows) on the same step, with its error; where it
+    cannot run the row, why (the reason's text once, under the table, as a numbered note)."""
+    status, value = torch_trackers.tracker_peak(factory, strategy, world, checkpoint, bf16)
+    if status == "ok":
+        return f"{value / 2**20:.2f} MiB ({_worst(value, peaks):+.1%})"
+
+    def note(reason: str) -> int:
+        if reason not in reasons:
+            reasons.append(reason)
+        return reasons.index(reason) + 1
+
+    if status == "refused":
+        reason, plain = value
+        return (f"DDP fails on the fake group [{note(reason)}]; MemTracker, model unwrapped: "
+                f"{plain / 2**20:.2f} MiB ({_worst(plain, peaks):+.1%})")
+    return f"cannot run [{note(value)}]"
+
+
 def cases(quick: bool) -> list[tuple[str, str, str, int, bool, bool]]:
     rows = []
     for world in (2,) if quick else (2, 4):
@@ -296,9 +317,9 @@ def main() -> None:
     parser.add_argument("--only", help="one factory")
     args = parser.parse_args()
     print("| model | strategy | ranks | checkpointing | params | estimate | truth (per rank) | error (worst rank) "
-          "| DeepSpeed ZeRO-3 | accelerate |")
-    print("|---|---|---:|---|---|---:|---|---:|---:|---:|")
-    errors = []
+          "| FSDPMemTracker / MemTracker | DeepSpeed ZeRO-3 | accelerate |")
+    print("|---|---|---:|---|---|---:|---|---:|---:|---:|---:|")
+    errors, reasons = [], []
     for name, factory, strategy, world, checkpoint, bf16 in cases(args.quick):
         if args.only and factory != args.only:
             continue
@@ -308,16 +329,19 @@ def main() -> None:
         if failed:
             print(f"| {name} | {strategy.upper()} | {world} | {'yes' if checkpoint else 'no'} | "
                   f"{'bf16' if bf16 else 'fp32'} | "
-                  f"{estimate / 2**20:.2f} MiB | failed: {str(failed[0]).splitlines()[0]} | |", flush=True)
+                  f"{estimate / 2**20:.2f} MiB | failed: {str(failed[0]).splitlines()[0]} | | | | |", flush=True)
             continue
         peaks = [value for _, value in ranks]
         worst = max((estimate - p) / p for p in peaks) if estimate >= max(peaks) else \
             min((estimate - p) / p for p in peaks)
         errors.append(abs(worst))
-        others = _others(factory, strategy, world, checkpoint, peaks)
+        others = _tracker(factory, strategy, world, checkpoint, bf16, peaks, reasons) + " | " + \
+            _others(factory, strategy, world, checkpoint, peaks)
         print(f"| {name} | {'FSDP2' if strategy == 'fsdp' else 'DDP'} | {world} | {'yes' if checkpoint else 'no'} | "
               f"{'bf16' if bf16 else 'fp32'} | {estimate / 2**20:.2f} MiB | "
               f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)} MiB | {worst:+.2%} | {others} |", flush=True)
+    for number, reason in enumerate(reasons, 1):
+        print(f"\n[{number}] {reason}")
     if errors:
         print(f"\nmedian |error| {statistics.median(errors):.2%}, worst {max(errors):.2%} over {len(errors)} rows; "
               f"{datetime.date.today()}, {platform.machine()} CPU, torch {torch.__version__}")
