@@ -280,11 +280,12 @@ def _others(factory: str, strategy: str, world: int, checkpoint: bool, peaks: li
 
 
 def _tracker(factory: str, strategy: str, world: int, checkpoint: bool, bf16: bool, peaks: list[int],
-             reasons: list[str]) -> str:
+             reasons: list[str], tracked: list[float]) -> str:
     """torch's FSDPMemTracker (FSDP2 rows) or MemTracker (DDP rows) on the same step, with its error; where it
     cannot run the row, why (the reason's text once, under the table, as a numbered note)."""
     status, value = torch_trackers.tracker_peak(factory, strategy, world, checkpoint, bf16)
     if status == "ok":
+        tracked.append(abs(_worst(value, peaks)))
         return f"{value / 2**20:.2f} MiB ({_worst(value, peaks):+.1%})"
 
     def note(reason: str) -> int:
@@ -319,7 +320,7 @@ def main() -> None:
     print("| model | strategy | ranks | checkpointing | params | estimate | truth (per rank) | error (worst rank) "
           "| FSDPMemTracker / MemTracker | DeepSpeed ZeRO-3 | accelerate |")
     print("|---|---|---:|---|---|---:|---|---:|---:|---:|---:|")
-    errors, reasons = [], []
+    errors, reasons, tracked = [], [], []
     for name, factory, strategy, world, checkpoint, bf16 in cases(args.quick):
         if args.only and factory != args.only:
             continue
@@ -335,7 +336,7 @@ def main() -> None:
         worst = max((estimate - p) / p for p in peaks) if estimate >= max(peaks) else \
             min((estimate - p) / p for p in peaks)
         errors.append(abs(worst))
-        others = _tracker(factory, strategy, world, checkpoint, bf16, peaks, reasons) + " | " + \
+        others = _tracker(factory, strategy, world, checkpoint, bf16, peaks, reasons, tracked) + " | " + \
             _others(factory, strategy, world, checkpoint, peaks)
         print(f"| {name} | {'FSDP2' if strategy == 'fsdp' else 'DDP'} | {world} | {'yes' if checkpoint else 'no'} | "
               f"{'bf16' if bf16 else 'fp32'} | {estimate / 2**20:.2f} MiB | "
@@ -345,6 +346,9 @@ def main() -> None:
     if errors:
         print(f"\nmedian |error| {statistics.median(errors):.2%}, worst {max(errors):.2%} over {len(errors)} rows; "
               f"{datetime.date.today()}, {platform.machine()} CPU, torch {torch.__version__}")
+    if tracked:
+        print(f"torch's tracker: median |error| {statistics.median(tracked):.2%}, worst {max(tracked):.2%} over "
+              f"{len(tracked)} rows it ran")
 
 
 if __name__ == "__main__":
