@@ -18,6 +18,7 @@ alive for the whole run.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -238,6 +239,22 @@ def distributed_step(made, distribution: Distribution, optimizer: str, train_on:
                      autocast: torch.dtype | None, release_output: bool):
     """The step of one rank: `made` (built on meta, inputs resized) sharded by FSDP2 on a fake process group and
     run under FakeTensorMode, or run whole with DDP's buckets beside it."""
+    from graphlint.memory.kernels import probe_threads
+
+    with probe_threads(rank_threads()):
+        return _distributed_step(made, distribution, optimizer, train_on, autocast, release_output)
+
+
+def rank_threads() -> int:
+    """The threads of one rank on CPU: torchrun sets OMP_NUM_THREADS to 1 for each process unless it is set."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def _distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
+                      autocast: torch.dtype | None, release_output: bool):
     from graphlint.memory.step import run_step
 
     if distribution.kind == "ddp":
