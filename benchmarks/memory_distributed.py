@@ -9,7 +9,8 @@ the gloo backend), the target sharded with torch's `fully_shard` (each block, th
 then three steady-state steps (zero_grad(set_to_none=True), forward, loss, backward, step, output and loss held),
 each under `torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)` on every rank; a
 step's peak is the largest sum over the profiler's categories at one timestamp (as benchmarks/memory_accuracy.py
-reads a single process), and a rank's truth the median of its three. Estimate: `graphlint memory --train-on cpu
+reads a single process), and a rank's truth the median of its three (up to eight steps when the profiler's own
+analysis trips on one, every rank stepping alike). Estimate: `graphlint memory --train-on cpu
 --fsdp N` (or `--ddp N`), made in this process with a fake process group; its `peak_bytes` against every rank's
 truth, and the worst rank's error.
 
@@ -38,6 +39,7 @@ sys.path.insert(0, str(HERE))
 import distributed_runs  # noqa: E402
 import memory_models  # noqa: E402
 import model_state_formulas  # noqa: E402
+import torch_trackers  # noqa: E402
 
 import graphlint  # noqa: E402
 
@@ -234,7 +236,7 @@ def truth(rank: int, world: int, factory: str, strategy: str, checkpoint: bool, 
     step()  # the optimizer's state, and DDP's buckets rebuilt in the order gradients arrive
     optimizer.zero_grad(set_to_none=True)
     peaks = []
-    for _ in range(3):  # every rank profiles three steps alike, as collectives need every rank in the same step
+    for _ in range(8):  # every rank profiles the same steps, as collectives need every rank in the same step
         with profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
             optimizer.zero_grad(set_to_none=True)
             held = step()  # noqa: F841 - the loop's variables hold the output and loss to the end of the step
@@ -243,7 +245,11 @@ def truth(rank: int, world: int, factory: str, strategy: str, checkpoint: bool, 
             _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
             peaks.append(max(sum(at) for at in sizes))
         except AssertionError:  # the profiler's own data-flow analysis trips now and then on a step
-            continue
+            pass
+        read = torch.tensor([len(peaks)])
+        torch.distributed.all_reduce(read, op=torch.distributed.ReduceOp.MIN)
+        if read.item() >= 3:  # three steps read on every rank; more steps only where the profiler tripped
+            break
     if not peaks:
         raise RuntimeError("the profiler could not analyse any of the steps")
     return statistics.median_low(peaks)  # the steps are alike; the median steps over a rare misreading
@@ -278,6 +284,27 @@ def _others(factory: str, strategy: str, world: int, checkpoint: bool, peaks: li
     return " | ".join(cells)
 
 
+def _tracker(factory: str, strategy: str, world: int, checkpoint: bool, bf16: bool, peaks: list[int],
+             reasons: list[str], tracked: list[float]) -> str:
+    """torch's FSDPMemTracker (FSDP2 rows) or MemTracker (DDP rows) on the same step, with its error; where it
+    cannot run the row, why (the reason's text once, under the table, as a numbered note)."""
+    status, value = torch_trackers.tracker_peak(factory, strategy, world, checkpoint, bf16)
+    if status == "ok":
+        tracked.append(abs(_worst(value, peaks)))
+        return f"{value / 2**20:.2f} MiB ({_worst(value, peaks):+.1%})"
+
+    def note(reason: str) -> int:
+        if reason not in reasons:
+            reasons.append(reason)
+        return reasons.index(reason) + 1
+
+    if status == "refused":
+        reason, plain = value
+        return (f"DDP fails on the fake group [{note(reason)}]; MemTracker, model unwrapped: "
+                f"{plain / 2**20:.2f} MiB ({_worst(plain, peaks):+.1%})")
+    return f"cannot run [{note(value)}]"
+
+
 def cases(quick: bool) -> list[tuple[str, str, str, int, bool, bool]]:
     rows = []
     for world in (2,) if quick else (2, 4):
@@ -296,9 +323,9 @@ def main() -> None:
     parser.add_argument("--only", help="one factory")
     args = parser.parse_args()
     print("| model | strategy | ranks | checkpointing | params | estimate | truth (per rank) | error (worst rank) "
-          "| DeepSpeed ZeRO-3 | accelerate |")
-    print("|---|---|---:|---|---|---:|---|---:|---:|---:|")
-    errors = []
+          "| FSDPMemTracker / MemTracker | DeepSpeed ZeRO-3 | accelerate |")
+    print("|---|---|---:|---|---|---:|---|---:|---:|---:|---:|")
+    errors, reasons, tracked = [], [], []
     for name, factory, strategy, world, checkpoint, bf16 in cases(args.quick):
         if args.only and factory != args.only:
             continue
@@ -306,21 +333,27 @@ def main() -> None:
         ranks = distributed_runs.run_ranks(world, truth, factory, strategy, checkpoint, bf16)
         failed = [value for status, value in ranks if status != "ok"]
         if failed:
-            print(f"| {name} | {strategy.upper()} | {world} | {'yes' if checkpoint else 'no'} | "
+            print(f"| {name} | {'FSDP2' if strategy == 'fsdp' else 'DDP'} | {world} | {'yes' if checkpoint else 'no'} | "
                   f"{'bf16' if bf16 else 'fp32'} | "
-                  f"{estimate / 2**20:.2f} MiB | failed: {str(failed[0]).splitlines()[0]} | |", flush=True)
+                  f"{estimate / 2**20:.2f} MiB | failed: {str(failed[0]).splitlines()[0]} | | | | |", flush=True)
             continue
         peaks = [value for _, value in ranks]
         worst = max((estimate - p) / p for p in peaks) if estimate >= max(peaks) else \
             min((estimate - p) / p for p in peaks)
         errors.append(abs(worst))
-        others = _others(factory, strategy, world, checkpoint, peaks)
+        others = _tracker(factory, strategy, world, checkpoint, bf16, peaks, reasons, tracked) + " | " + \
+            _others(factory, strategy, world, checkpoint, peaks)
         print(f"| {name} | {'FSDP2' if strategy == 'fsdp' else 'DDP'} | {world} | {'yes' if checkpoint else 'no'} | "
               f"{'bf16' if bf16 else 'fp32'} | {estimate / 2**20:.2f} MiB | "
               f"{', '.join(f'{p / 2**20:.2f}' for p in peaks)} MiB | {worst:+.2%} | {others} |", flush=True)
+    for number, reason in enumerate(reasons, 1):
+        print(f"\n[{number}] {reason}")
     if errors:
         print(f"\nmedian |error| {statistics.median(errors):.2%}, worst {max(errors):.2%} over {len(errors)} rows; "
               f"{datetime.date.today()}, {platform.machine()} CPU, torch {torch.__version__}")
+    if tracked:
+        print(f"torch's tracker: median |error| {statistics.median(tracked):.2%}, worst {max(tracked):.2%} over "
+              f"{len(tracked)} rows it ran")
 
 
 if __name__ == "__main__":

@@ -152,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --fsdp: the module classes to shard one by one, comma-separated (default: every "
                              "repeated block)")
     memory.add_argument("--reshard-after-forward", choices=("true", "false"), default=None,
-                        help="with --fsdp: fully_shard's reshard_after_forward (default: true)")
+                        help="with --fsdp: fully_shard's reshard_after_forward (default: left to fully_shard, which "
+                             "reshards every block but the root)")
     memory.add_argument("--mixed-precision", choices=("bf16",), default=None,
                         help="with --fsdp: MixedPrecisionPolicy with bfloat16 parameters and float32 gradient "
                              "reduction")
@@ -589,7 +590,8 @@ def _distribution(args: argparse.Namespace):
     if args.fsdp_wrap is not None and not wrap:
         raise UsageError("--fsdp-wrap takes module class names, comma-separated (LlamaDecoderLayer)")
     return Distribution("fsdp", world_size(args.fsdp, "--fsdp"), wrap=wrap,
-                        reshard_after_forward=args.reshard_after_forward != "false",
+                        reshard_after_forward=None if args.reshard_after_forward is None
+                        else args.reshard_after_forward == "true",
                         mixed_precision=args.mixed_precision)
 
 

@@ -401,24 +401,66 @@ def test_a_gl102_finding_carries_the_copies_backward_keeps_of_a_cast_made_on_eve
     assert finding["saves_bytes"] == 2 * 512 * 512 * 2
 
 
-def test_a_step_that_fails_at_the_asked_size_is_one_line_and_exit_2(tmp_path):
-    write(tmp_path, "net.py", """
-        import torch
-        import torch.nn.functional as F
-        from torch import nn
+LABELS_IN_A_CLOSURE = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
 
-        import graphlint
+    import graphlint
+
+    LABELS = torch.randint(0, 4, (8,))
 
 
-        def make():
-            labels = torch.randint(0, 4, (8,))
-            model = nn.Linear(16, 4)
-            return graphlint.Target(model, (torch.randn(8, 16),), loss=lambda out: F.cross_entropy(out, labels))
-    """)
-    result = run_graphlint("memory", "net.py:make", "--batch", "32", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "the training step with the inputs resized to batch 32" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    def make(batch=8):
+        labels = torch.randint(0, 4, (batch,))
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        return graphlint.Target(model, (torch.randn(batch, 16),), loss=lambda out: F.cross_entropy(out, labels))
+
+
+    def global_labels():
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        return graphlint.Target(model, (torch.randn(8, 16),), loss=lambda out: F.cross_entropy(out, LABELS))
+"""
+
+
+def test_labels_a_loss_function_closes_over_grow_with_the_batch_as_the_inputs_do(tmp_path):
+    from graphlint.target import target_text
+
+    path = write(tmp_path, "net.py", LABELS_IN_A_CLOSURE)
+    grown = measure(f"{path}:make", tmp_path, Request(batch=32))
+    built = measure(target_text(f"{path}:make", kwargs={"batch": 32}), tmp_path, Request())
+    assert grown.batch == built.batch == 32 and grown.peak_bytes == built.peak_bytes
+    budget = measure(target_text(f"{path}:make", kwargs={"batch": 40}), tmp_path, Request()).peak_bytes
+    assert measure(f"{path}:make", tmp_path, Request(device_memory=budget)).largest_batch == 40
+
+
+def test_the_closure_keeps_its_own_labels_after_the_step():
+    from graphlint.memory.measure import _closure_resized
+
+    labels = torch.arange(8)
+
+    def loss(out):
+        return F.cross_entropy(out, labels)
+
+    with _closure_resized(loss, {"batch": 8}, {"batch": 20}):
+        assert loss.__closure__[0].cell_contents.shape == (20,)
+        assert loss.__closure__[0].cell_contents[8:16].tolist() == list(range(8))
+    assert loss.__closure__[0].cell_contents is labels
+
+
+@pytest.mark.cli
+def test_labels_held_where_the_batch_search_cannot_grow_them_are_the_targets_error(tmp_path):
+    write(tmp_path, "net.py", LABELS_IN_A_CLOSURE)
+    grows = run_graphlint("memory", "net.py:make", "--device-memory", "64MiB", "--format", "json", cwd=tmp_path)
+    assert grows.returncode == 0, grows.stderr
+    assert json.loads(grows.stdout)[0]["largest_batch"] > 8
+    for options in (["--device-memory", "64MiB"], ["--batch", "32"]):
+        fails = run_graphlint("memory", "net.py:global_labels", *options, cwd=tmp_path)
+        assert fails.returncode == 2, fails.stderr
+        assert "internal error" not in fails.stderr and "Traceback" not in fails.stderr
+        assert "Expected input batch_size" in fails.stderr and "labels kept elsewhere" in fails.stderr
+        assert "pass them among the factory's inputs" in fails.stderr
+        assert len(fails.stderr.strip().splitlines()) == 1
 
 
 ATTENTION_OVER_BUDGET = """

@@ -19,6 +19,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import distributed_runs  # noqa: E402
 import memory_distributed  # noqa: E402
+import torch_trackers  # noqa: E402
 
 BENCH = REPO / "benchmarks"
 GPT = f"{memory_distributed.__file__}:gpt2"
@@ -55,6 +56,19 @@ def test_keeping_the_parameters_unsharded_after_forward_costs_memory_in_backward
     unsharded = kept.distributed["at_peak_by_role"].get("unsharded parameter", 0)
     assert kept.peak_bytes > resharded.peak_bytes
     assert unsharded > resharded.distributed["at_peak_by_role"].get("unsharded parameter", 0)
+
+
+def test_fully_shards_default_keeps_the_roots_parameters_unsharded_into_backward_as_torchs_tracker_sees():
+    # fully_shard reshards the root after forward only when reshard_after_forward is passed; left out, the root's
+    # gathered parameters stay from forward into backward. With bf16 parameters the peak is at the loss, where
+    # they count. torch's own FSDPMemTracker, on the same step under a fake process group, is the reference.
+    default = _estimate(distribution=Distribution("fsdp", 2, mixed_precision="bf16"))
+    passed = _estimate(distribution=Distribution("fsdp", 2, mixed_precision="bf16", reshard_after_forward=True))
+    status, tracked = torch_trackers.tracker_peak("gpt2", "fsdp", 2, False, True)
+    assert status == "ok", tracked
+    assert default.peak_bytes == pytest.approx(tracked, rel=0.002)
+    assert passed.peak_bytes < default.peak_bytes
+    assert default.distributed["at_peak_by_role"]["unsharded parameter"] > 0
 
 
 def test_checkpointed_blocks_lower_a_ranks_peak_as_on_one_device():

@@ -18,6 +18,7 @@ alive for the whole run.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -50,7 +51,9 @@ class Distribution:
     kind: str
     world: int
     wrap: tuple[str, ...] = ()  # FSDP: module class names to shard one by one (default: the repeated blocks)
-    reshard_after_forward: bool = True  # FSDP2's default
+    # None: fully_shard's own default, which differs from True: every block reshards after forward but the root
+    # keeps its parameters unsharded into backward (FSDP2 does so only when the argument is left out).
+    reshard_after_forward: bool | None = None
     mixed_precision: str | None = None  # FSDP: "bf16" parameters (and fp32 gradient reduction)
     bucket_cap_mb: float = DDP_BUCKET_MB  # DDP
     wrapped: list[str] = field(default_factory=list)  # filled in: the module paths fully_shard was applied to
@@ -194,7 +197,9 @@ def shard(model: torch.nn.Module, distribution: Distribution) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (distribution.world,))
-    options = {"mesh": mesh, "reshard_after_forward": distribution.reshard_after_forward}
+    options = {"mesh": mesh}
+    if distribution.reshard_after_forward is not None:  # passed only when asked, as FSDP2 treats it
+        options["reshard_after_forward"] = distribution.reshard_after_forward
     if distribution.mixed_precision == "bf16":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     modules = dict(model.named_modules())
@@ -234,6 +239,22 @@ def distributed_step(made, distribution: Distribution, optimizer: str, train_on:
                      autocast: torch.dtype | None, release_output: bool):
     """The step of one rank: `made` (built on meta, inputs resized) sharded by FSDP2 on a fake process group and
     run under FakeTensorMode, or run whole with DDP's buckets beside it."""
+    from graphlint.memory.kernels import probe_threads
+
+    with probe_threads(rank_threads()):
+        return _distributed_step(made, distribution, optimizer, train_on, autocast, release_output)
+
+
+def rank_threads() -> int:
+    """The threads of one rank on CPU: torchrun sets OMP_NUM_THREADS to 1 for each process unless it is set."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def _distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
+                      autocast: torch.dtype | None, release_output: bool):
     from graphlint.memory.step import run_step
 
     if distribution.kind == "ddp":

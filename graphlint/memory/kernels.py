@@ -17,6 +17,7 @@ For `--train-on cuda` the cuDNN RNN reserve space is not measured (no GPU here):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -118,7 +119,7 @@ def modeled_scratch(func, args) -> int:
     """Bytes a CPU kernel allocates beyond its outputs while it runs, as graphlint models it: oneDNN's LSTM
     (measured, onednn_lstm_memory) and the BLAS matrix products, which copy an input whose last two dimensions
     are neither row- nor column-major (a stride-0 gradient from `sum()`'s backward, a sliced view) into a
-    contiguous buffer first."""
+    contiguous buffer first; in bfloat16 or half, oneDNN's packing buffers (measured)."""
     if func is _FORWARD or func is _BACKWARD:
         steps, batch, inputs = args[0].shape
         return onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line(
@@ -131,7 +132,23 @@ def modeled_scratch(func, args) -> int:
     matrices = _BLAS.get(func)
     if matrices is None:
         return 0
+    if args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
+        return _low_precision_product(func, args, matrices)
     return sum(_copied(args[i]) for i in matrices if i < len(args) and isinstance(args[i], torch.Tensor))
+
+
+SMALL_PRODUCT = 2**31  # multiply-adds: a low-precision product up to this size is measured (well under a second)
+
+
+def _low_precision_product(func, args, matrices) -> int:
+    """A bfloat16 or half matrix product on CPU goes to oneDNN, which packs its operands into blocked buffers (and
+    accumulates in float32) whose size depends on its blocking, not a formula: measured at the call's own
+    shapes, dtype and layout. A larger product is not measured (it would take the real kernel's time)."""
+    first, second = args[matrices[0]], args[matrices[1]]
+    work = first.numel() * second.shape[-1]
+    if work > SMALL_PRODUCT:
+        return 0
+    return _measured_scratch(func, _call_key(args, ((), ()), 0))
 
 
 # kernels that make a contiguous copy of these arguments when they are not contiguous
@@ -191,9 +208,40 @@ def _call_key(args, batched: tuple[tuple[int, ...], tuple[int, ...]], size: int)
     return tuple(spec(a, i) for i, a in enumerate(args))
 
 
-@functools.lru_cache(maxsize=1024)
+_threads: list[int | None] = [None]  # the threads the probes run with (None: this process's); see probe_threads
+
+
+@contextlib.contextmanager
+def probe_threads(count: int | None):
+    """Kernels measured as `count` threads run them: oneDNN's packing buffers are per thread (a bfloat16 product's
+    scratch at 2 threads is 1.1 to 2 times that at 1)."""
+    before = _threads[0]
+    _threads[0] = count
+    try:
+        yield
+    finally:
+        _threads[0] = before
+
+
 def _measured_scratch(func, key: tuple) -> int:
-    """Bytes the CPU kernel allocates beyond its outputs while it runs, under PyTorch's memory profiler."""
+    return _measured_at(func, key, _threads[0] or torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=1024)
+def _measured_at(func, key: tuple, threads: int) -> int:
+    """Bytes the CPU kernel allocates beyond its outputs while it runs with `threads` threads, under PyTorch's
+    memory profiler; the process's thread count is given back after."""
+    previous = torch.get_num_threads()
+    if threads != previous:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(func, key)
+    finally:
+        if threads != previous:
+            torch.set_num_threads(previous)
+
+
+def _measure(func, key: tuple) -> int:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def make(value):

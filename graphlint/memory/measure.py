@@ -97,11 +97,11 @@ def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[
     """The largest batch whose step fits `request.device_memory`, and how it was found (a note, or "")."""
     budget = request.device_memory
     fixed = {"seq": sizes["seq"]} if sizes.get("seq") is not None else {}
-    traces = {b: _trace(factory, device, request, {**fixed, "batch": b})[0] for b in (2, 3, 4)}
+    traces = {b: _search_trace(factory, device, request, {**fixed, "batch": b}) for b in (2, 3, 4)}
     line = _linear_peak(traces)
     if line is not None:
         if line(2) > budget:
-            return (1 if estimate(_trace(factory, device, request, {**fixed, "batch": 1})[0]).peak_bytes <= budget
+            return (1 if estimate(_search_trace(factory, device, request, {**fixed, "batch": 1})).peak_bytes <= budget
                     else 0), ""
         low, high = 2, 4
         while line(high) <= budget and high < 2**24:
@@ -112,7 +112,7 @@ def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[
         return low, ""
 
     def peak(batch: int) -> int:
-        return estimate(_trace(factory, device, request, {**fixed, "batch": batch})[0]).peak_bytes
+        return estimate(_search_trace(factory, device, request, {**fixed, "batch": batch})).peak_bytes
 
     if peak(1) > budget:
         return 0, ""
@@ -124,6 +124,15 @@ def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[
         low, high = (middle, high) if peak(middle) <= budget else (low, middle)
     return low, ("the step's memory is not linear in the batch (the steps at batch 2, 3 and 4 differ in what they "
                  "allocate), so the largest batch was found by running the step at each size tried")
+
+
+def _search_trace(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> StepTrace:
+    """The step at one batch of the search, on the device the target's own step ran on: a failure there is the
+    target's at that batch (its step ran at its own size), never a reason to change device."""
+    try:
+        return _trace(factory, device, request, sizes)[0]
+    except _NeedsRealValues as failure:
+        raise TargetFailure(failure.at_size) from failure
 
 
 def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
@@ -162,7 +171,12 @@ def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
 
 
 class _NeedsRealValues(Exception):
-    """The step failed on the meta device; its message says why, for the note after the CPU run."""
+    """The step failed on the meta device; its message says why, for the note after the CPU run. `at_size`: the
+    failure as the target's, for a step run at sizes other than the factory's."""
+
+    def __init__(self, message: str, at_size: str = "") -> None:
+        super().__init__(message)
+        self.at_size = at_size or message
 
 
 def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[StepTrace, dict[str, int]]:
@@ -186,9 +200,10 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
                 made.model.to("meta")
             made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
         wanted = sizes or {name: value for name in DIMENSIONS if (value := getattr(request, name)) is not None}
+        old = resize_inputs(made, {})
         used = resize_inputs(made, wanted)
         try:
-            with torch.device(device):
+            with torch.device(device), _closure_resized(made.loss, old, wanted):
                 if request.distribution is not None:
                     from graphlint.memory.distributed import distributed_step
 
@@ -203,11 +218,16 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         except Exception as error:
             # Every op of the step passes through graphlint's tracker, so its frames are in every traceback:
             # an exception here is the model's (the tracker's own bugs show with --debug).
+            resized = (" with the inputs resized to " + ", ".join(f"{k} {v}" for k, v in wanted.items())) \
+                if wanted else ""
+            failure = f"the training step{resized} raised {one_line(error)}{raised_at(error)}"
+            if wanted:
+                failure += ("; graphlint resizes the inputs and the tensors the loss function closes over, so labels "
+                            "kept elsewhere (a global, an object's attribute, or flattened) keep their size: make "
+                            "them in the loss from the output's shape, or pass them among the factory's inputs")
             if device == "meta":
-                raise _NeedsRealValues(f"the step failed on the meta device ({one_line(error)})") from error
-            resized = (" with the inputs resized to " + ", ".join(f"{k} {v}" for k, v in wanted.items())
-                       + " (tensors a loss function closes over, such as labels, keep their size)") if wanted else ""
-            raise TargetFailure(f"the training step{resized} raised {one_line(error)}{raised_at(error)}") from error
+                raise _NeedsRealValues(f"the step failed on the meta device ({one_line(error)})", failure) from error
+            raise TargetFailure(failure) from error
     return trace, used
 
 
@@ -232,20 +252,47 @@ def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
             raise TargetFailure(f"--{name} does not apply: no input tensor of the target has {what}")
     if not sizes:
         return found
-    old = dict(found)
-
-    def resized(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        for name, size in sizes.items():
-            for dim in range(value.dim()):
-                if value.shape[dim] == old[name] and (dim == 0) == (name == "batch"):
-                    value = value.index_select(dim, torch.arange(size, device=value.device) % old[name])
-        return value
-
-    made.args = tuple(torch.utils._pytree.tree_map(resized, list(made.args)))
-    made.kwargs = torch.utils._pytree.tree_map(resized, made.kwargs)
+    made.args = tuple(torch.utils._pytree.tree_map(lambda value: _resized(value, found, sizes), list(made.args)))
+    made.kwargs = torch.utils._pytree.tree_map(lambda value: _resized(value, found, sizes), made.kwargs)
     return {**found, **sizes}
+
+
+def _resized(value, old: dict[str, int], sizes: dict[str, int]):
+    """`value` with its batch dimension (0) and sequence dimensions (past 0) of the old sizes given the new ones,
+    repeating its rows as needed; anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    for name, size in sizes.items():
+        if name not in old:
+            continue
+        for dim in range(value.dim()):
+            if value.shape[dim] == old[name] and (dim == 0) == (name == "batch"):
+                value = value.index_select(dim, torch.arange(size, device=value.device) % old[name])
+    return value
+
+
+@contextlib.contextmanager
+def _closure_resized(loss, old: dict[str, int], sizes: dict[str, int]):
+    """The tensors the loss function closes over (its labels, as `lambda out: F.cross_entropy(out, labels)`
+    holds them) resized as the inputs are, for the step; the cells are given back their tensors after it, since a
+    loss function can outlive the factory call (a module-level one)."""
+    cells = [cell for cell in (getattr(loss, "__closure__", None) or ()) if sizes
+             and isinstance(_cell_value(cell), torch.Tensor)]
+    before = [cell.cell_contents for cell in cells]
+    try:
+        for cell in cells:
+            cell.cell_contents = _resized(cell.cell_contents, old, sizes)
+        yield
+    finally:
+        for cell, value in zip(cells, before, strict=True):
+            cell.cell_contents = value
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet
+        return None
 
 
 def _has_sequence(tensor: torch.Tensor) -> bool:

@@ -13,7 +13,9 @@ def distributed_lines(info: dict) -> list[str]:
     """The rank's view: the strategy, and the peak by what distribution makes of its bytes."""
     if info["strategy"] == "fsdp":
         how = (f"FSDP2 over {info['world_size']} ranks, fully_shard on {len(info['sharded_modules']) - 1} blocks "
-               f"and the root, reshard_after_forward={info['reshard_after_forward']}"
+               f"and the root, "
+               + ("reshard_after_forward left to fully_shard (every block but the root)"
+                  if info["reshard_after_forward"] is None else f"reshard_after_forward={info['reshard_after_forward']}")
                + (", bfloat16 parameters with float32 reduction" if info["mixed_precision"] == "bf16" else ""))
     else:
         how = (f"DDP over {info['world_size']} ranks, buckets of {info['bucket_cap_mb']:g} MiB "
