@@ -144,8 +144,9 @@ class GraphBreakRule(Rule):
         that avoids the library's path where graphlint knows one (`use_cache=False` in a call that trains with
         gradient checkpointing, where transformers logs a warning that breaks the graph), else that the break
         is in the library and how many of the forward's ops the call covers. Breaks whose frames are all
-        library code are not your findings: the target gets one note naming them. Runs on request
-        (`--extend-select GL301`, or `GL3` for both torch.compile rules): it adds about a second per target.
+        library code are not your findings: the target gets one note naming them. On by default; `--ignore GL3`
+        (or `ignore = ["GL3"]`) turns off both torch.compile rules. A first run pays dynamo's tracing, about a
+        second per small target; the result cache keeps the analysis for the next runs.
     """
     why = """
         Graph breaks do not change results, so nothing but a profile shows them: each one ends a compiled graph,

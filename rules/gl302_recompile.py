@@ -124,7 +124,7 @@ class RecompileRule(Rule):
         finding. Only the batch or sequence dimension grows: the size of that dimension in the leading input
         (the first tensor argument), in every input whose same dimension has that size; tables such as a
         rotary `freqs_cis` `(seq, dim/2)`, a graph's `edge_index` `(2, edges)` and broadcast dimensions stay as
-        they are. Runs on request (`--extend-select GL302`).
+        they are. On by default; `--ignore GL302` turns it off.
     """
     why = """
         Each recompilation costs as much as the first compile (seconds to minutes with Inductor), and after

@@ -58,7 +58,8 @@ def test_settings_applied_after_the_capture_answer_from_the_cache(project_dir):
     write(project_dir, "pyproject.toml", pyproject + '[tool.graphlint.severity]\nGL101 = "note"\nGL301 = "note"\n')
     as_note = run_without_torch("check", "model.py:make", cwd=project_dir)
     assert as_note.returncode == 0 and "GL101" in as_note.stdout, as_note.stderr
-    write(project_dir, "pyproject.toml", pyproject + 'fail-on = "error"\nper-file-ignores = { "model.py" = ["GL101", "GL301"] }\n')
+    ignores = 'per-file-ignores = { "model.py" = ["GL101", "GL301"] }\n'
+    write(project_dir, "pyproject.toml", pyproject + 'fail-on = "error"\n' + ignores)
     ignored = run_without_torch("check", "model.py:make", cwd=project_dir)
     assert ignored.returncode == 0 and "GL101" not in ignored.stdout, ignored.stderr
     write(project_dir, "pyproject.toml", pyproject)

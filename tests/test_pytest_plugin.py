@@ -137,19 +137,21 @@ def test_pytest_graphlint_lints_each_model_the_tests_ran_once_and_fails_the_sess
     section = output.split("= graphlint =", 1)[1]
     expected = [f"src/zoo/models.py:{_line(pytester, 'F.softmax(q @ k')}:17: GL101 ",
                 f"src/zoo/models.py:{_line(pytester, 'if x.sum() > 0')}:12: GL103 ",  # the branch on a value
+                f"src/zoo/models.py:{_line(pytester, 'if x.sum() > 0')}:12: GL301 ",  # ...ends the compiled graph
                 f"src/zoo/models.py:{_line(pytester, 'torch.log(torch.softmax')}:20: GL204 "]
     found = [line for line in section.splitlines() if line.startswith("src/")]
-    assert len(found) == 3 and all(line.startswith(start) for line, start in zip(found, expected, strict=True)), section
+    assert len(found) == 4 and all(line.startswith(start) for line, start in zip(found, expected, strict=True)), section
     # TinyLM, built twice at one line, is one model; Gate and Clean are the others; torch's NLLLoss and Linear
     # called by a test are not the project's models.
-    assert "Found 3 findings in 3 targets" in section
+    assert "Found 4 findings in 3 targets" in section
     report = json.loads((pytester.path / "out.json").read_text())
     tests = (pytester.path / "tests/test_models.py").read_text().splitlines()
     built = {name: next(n for n, line in enumerate(tests, 1) if f"{name}(" in line) for name in ("Gate", "TinyLM")}
     assert sorted((f["rule"], f["targets"]) for f in report["findings"]) == [
         ("GL101", [f"TinyLM built at tests/test_models.py:{built['TinyLM']}"]),
         ("GL103", [f"Gate built at tests/test_models.py:{built['Gate']}"]),
-        ("GL204", [f"Gate built at tests/test_models.py:{built['Gate']}"])]
+        ("GL204", [f"Gate built at tests/test_models.py:{built['Gate']}"]),
+        ("GL301", [f"Gate built at tests/test_models.py:{built['Gate']}"])]
 
 
 @pytest.mark.cli
@@ -171,14 +173,14 @@ def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytest
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
                                            "-k", "gate", timeout=600)
     assert result.ret == 0
-    assert " GL204 " in result.stdout.str() and "Found 2 findings in 1 target" in result.stdout.str()
+    assert " GL204 " in result.stdout.str() and "Found 3 findings in 1 target" in result.stdout.str()
     # The same model as a class target, on positive inputs (the branch with the problem), is the baseline; kept
     # outside the project, where pytest's rootdir does not follow it when written with "=".
     baseline = pytester.path.parent / f"{pytester.path.name}-baseline.json"
     written = subprocess.run([sys.executable, "-m", "graphlint", "check", "src/zoo/models.py:Gate", "--input",
                               "float32[2,8]:1..2", "--no-cache", "--write-baseline", str(baseline)],
                              cwd=pytester.path, capture_output=True, text=True)
-    assert "wrote 2 findings to the baseline" in written.stderr, written.stderr
+    assert "wrote 3 findings to the baseline" in written.stderr, written.stderr
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", f"--graphlint-baseline={baseline}",
                                            "-k", "gate", timeout=600)
     assert result.ret == 0, result.stdout.str()
@@ -287,9 +289,9 @@ def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
     targets = {t for f in report["findings"] for t in f["targets"]}
     assert f"Gate built at tests/test_more.py:{compiled_at}" in targets  # the model, not torch's wrapper
     assert not any("torch" in f["location"]["path"] for f in report["findings"])
-    assert sorted({f["rule"] for f in report["findings"]}) == ["GL101", "GL103", "GL204"]
+    assert sorted({f["rule"] for f in report["findings"]}) == ["GL101", "GL103", "GL204", "GL301"]
     # Every distinct model once, whichever worker ran it: TinyLM, Gate (two sites), Clean (two sites).
-    assert "Found 3 findings in 5 targets" in result.stdout.str()
+    assert "Found 4 findings in 5 targets" in result.stdout.str()
 
 
 LOCAL = """
