@@ -12,9 +12,9 @@ that needs the torch.compile analysis (the slow part) runs: first with the other
 sends before that analysis starts (graphlint.session's `Options.partial`), then complete; a newer save supersedes both.
 The warm parent warms up (imports torch) in a thread of its own once a project with targets is met.
 
-After publishing, the fixes declared unsafe that are not yet judged are proven on the model, as `--unsafe-fixes`
-proves them (graphlint.fix.apply), so that the editor offers exactly what `--unsafe-fixes` would write: each
-verdict is kept by the finding's fingerprint and edits in `unsafe_verdicts` ("" where the fix may be written,
+After publishing, once none of the project's lints is running, the fixes declared unsafe that are not yet
+judged are proven on the model, as `--unsafe-fixes` proves them (graphlint.fix.apply), so that the editor
+offers exactly what `--unsafe-fixes` would write: each verdict is kept by the finding's fingerprint and edits in `unsafe_verdicts` ("" where the fix may be written,
 else why not), which the code actions read.
 """
 
@@ -194,6 +194,10 @@ class Linter:
         findings stay in the report (the proof counts what is left) without their fixes."""
         from graphlint.fix.apply import fixable
 
+        # Proofs wait for the project's lints to finish: a first-stage result is replaced by the complete one, and
+        # a proof's children would hold the slots the torch.compile stage is running in.
+        if project.session.linting:
+            return
         pending = [f for f in fixable(report) if f.fix.applicability == UNSAFE and fix_key(f) not in self.unsafe_verdicts]
         if not pending:
             return
