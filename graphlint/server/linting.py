@@ -14,8 +14,8 @@ The warm parent warms up (imports torch) in a thread of its own once a project w
 
 After publishing, once none of the project's lints is running, the fixes declared unsafe that are not yet
 judged are proven on the model, as `--unsafe-fixes` proves them (graphlint.fix.apply), so that the editor
-offers exactly what `--unsafe-fixes` would write: each verdict is kept by the finding's fingerprint and edits in `unsafe_verdicts` ("" where the fix may be written,
-else why not), which the code actions read.
+offers exactly what `--unsafe-fixes` would write: each verdict is kept by the finding's fingerprint and edits
+in `unsafe_verdicts` ("" where the fix may be written, else why not), which the code actions read.
 """
 
 from __future__ import annotations
