@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from graphlint.memory.estimate import repeated_children
-from graphlint.memory.step import Block, _Tracker
+from graphlint.memory.step import Block, _Tracker, closure_tensors_replaced
 
 # Where FSDP2 allocates, by the function of torch.distributed.fsdp._fully_shard that made the block.
 _FSDP_ROLES = {
@@ -274,7 +274,7 @@ def _distributed_step(made, distribution: Distribution, optimizer: str, train_on
         with FakeTensorMode(allow_non_fake_inputs=True):
             made.model.to_empty(device="cpu")
             args, kwargs = torch.utils._pytree.tree_map(_fake, (made.args, made.kwargs))
-            with _fake_closure(made.loss):
+            with closure_tensors_replaced(made.loss, _fake):  # its labels, fake like the inputs
                 trace = run_step(made.model, args, kwargs, made.loss, optimizer, train_on, autocast,
                                  release_output, tracker_class=FsdpTracker)
     return trace
@@ -285,28 +285,6 @@ def _fake(value):
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
         return torch.empty(value.shape, dtype=value.dtype, device="cpu")
     return value
-
-
-@contextlib.contextmanager
-def _fake_closure(function):
-    """The tensors a loss function closes over (its labels), fake for the step, given back after it."""
-    cells = [cell for cell in getattr(function, "__closure__", None) or ()
-             if isinstance(_content(cell), torch.Tensor) and _content(cell).device.type == "meta"]
-    before = [cell.cell_contents for cell in cells]
-    for cell in cells:
-        cell.cell_contents = _fake(cell.cell_contents)
-    try:
-        yield
-    finally:
-        for cell, value in zip(cells, before, strict=True):
-            cell.cell_contents = value
-
-
-def _content(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
 
 
 def describe(trace, distribution: Distribution) -> dict:

@@ -22,7 +22,7 @@ from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.session import model_tensors
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.memory.estimate import MemoryEstimate, estimate
-from graphlint.memory.step import StepTrace, run_step
+from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
 from graphlint.target import Target, TargetSpec, importable, load_factory, normalize_factory_result
 
 DIMENSIONS = {"batch": 0, "seq": 1}
@@ -271,28 +271,11 @@ def _resized(value, old: dict[str, int], sizes: dict[str, int]):
     return value
 
 
-@contextlib.contextmanager
 def _closure_resized(loss, old: dict[str, int], sizes: dict[str, int]):
-    """The tensors the loss function closes over (its labels, as `lambda out: F.cross_entropy(out, labels)`
-    holds them) resized as the inputs are, for the step; the cells are given back their tensors after it, since a
-    loss function can outlive the factory call (a module-level one)."""
-    cells = [cell for cell in (getattr(loss, "__closure__", None) or ()) if sizes
-             and isinstance(_cell_value(cell), torch.Tensor)]
-    before = [cell.cell_contents for cell in cells]
-    try:
-        for cell in cells:
-            cell.cell_contents = _resized(cell.cell_contents, old, sizes)
-        yield
-    finally:
-        for cell, value in zip(cells, before, strict=True):
-            cell.cell_contents = value
-
-
-def _cell_value(cell):
-    try:
-        return cell.cell_contents
-    except ValueError:  # a cell not filled yet
-        return None
+    """The tensors the loss function closes over (its labels) resized as the inputs are, for the step."""
+    if not sizes:
+        return contextlib.nullcontext()
+    return closure_tensors_replaced(loss, lambda tensor: _resized(tensor, old, sizes))
 
 
 def _has_sequence(tensor: torch.Tensor) -> bool:

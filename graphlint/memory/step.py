@@ -65,6 +65,30 @@ class StepTrace:
     roles: dict[int, str] = field(default_factory=dict)  # id(block) -> what distribution makes of it (FSDP, DDP)
 
 
+@contextlib.contextmanager
+def closure_tensors_replaced(function, replace: Callable[[torch.Tensor], torch.Tensor]):
+    """Each tensor a loss function closes over (its labels, as `lambda out: F.cross_entropy(out, labels)` holds
+    them) replaced by `replace(tensor)` for the step; the cells get their tensors back after it, since a loss
+    function can outlive the factory call (a module-level one)."""
+    cells = [cell for cell in (getattr(function, "__closure__", None) or ())
+             if isinstance(_cell_contents(cell), torch.Tensor)]
+    before = [cell.cell_contents for cell in cells]
+    try:
+        for cell in cells:
+            cell.cell_contents = replace(cell.cell_contents)
+        yield
+    finally:
+        for cell, value in zip(cells, before, strict=True):
+            cell.cell_contents = value
+
+
+def _cell_contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet
+        return None
+
+
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
              train_on: str = "cuda", autocast: torch.dtype | None = None,
              release_output: bool = False, tracker_class: type | None = None) -> StepTrace:
