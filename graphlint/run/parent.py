@@ -46,13 +46,10 @@ class WarmParent:
         sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
         sys.stderr.flush()
         launch = Launch()
+        warm_compile = False
         if self.context.get_start_method() == "fork":
             self._import_wanted()
-            if not self._compile_warm and isinstance(job, LintJob) and _needs_compile(job):
-                from graphlint.capture.compile import warm_up  # the torch.compile rules: dynamo, once for all
-
-                warm_up()
-                self._compile_warm = True
+            warm_compile = not self._compile_warm and isinstance(job, LintJob) and _needs_compile(job)
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
             # (graphlint.session.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
@@ -61,6 +58,13 @@ class WarmParent:
         process = self.context.Process(target=child_main, args=(job, launch, sending), daemon=True)
         process.start()
         sending.close()  # the child holds the only writing end: its death closes the pipe
+        if warm_compile:
+            # The torch.compile rules: dynamo warmed up once for all the next children, after this first one is
+            # on its way, so that its capture (and the editor's first diagnostics) never waits for it.
+            from graphlint.capture.compile import warm_up
+
+            warm_up()
+            self._compile_warm = True
         return process, receiving
 
     def preload(self, names: list[str]) -> None:
