@@ -253,6 +253,10 @@ def test_the_proof_agrees_with_a_plain_pytorch_oracle_on_every_fix_of_the_suite(
     print(f"{len(verdicts)} fixes of {len(models)} models; oracle: {counts}; proven: "
           f"{sum(1 for v in verdicts.values() if v[0])}, differs: {sum(1 for v in verdicts.values() if v[1])}")
     assert not disagreements, "\n".join(disagreements)
+    if group == "fills":
+        # Both verdicts occur in the table of one right and two wrong mask fills, so the comparison means
+        # something either way.
+        assert any(ok for ok, _, _ in verdicts.values()) and any(differs for _, differs, _ in verdicts.values())
 
 
 def test_the_oracle_tells_a_wrong_rewrite_from_a_right_one(tmp_path):
