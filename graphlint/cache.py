@@ -26,12 +26,14 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 import graphlint
 from graphlint.libraries import installed_version
 from graphlint.project import Project
 from graphlint.results import RuleInfo, Severity, TargetResult, from_wire, to_wire
+from graphlint.tags import BUDGET_TAG, COMPILE_TAG
 
 VERSION = 2
 DEFAULT_FOLDER = ".graphlint_cache"
@@ -81,9 +83,10 @@ class ResultCache:
         self._code = _code_digest()
 
     def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-            vary: tuple[str, ...] = (), memory_budget: int | None = None) -> str:
-        """The key of one target's entry; `rules` are the IDs of the rules that run on its capture, `vary` the
-        input dimensions the torch.compile analysis grows (it matters only when a GL3xx rule runs)."""
+            vary: tuple[str, ...] = (), memory_budget: int | None = None, tags: Collection[str] = ()) -> str:
+        """The key of one target's entry; `rules` are the IDs of the rules that run on its capture and `tags` their
+        tags (graphlint.tags), which say whether `vary`, the input dimensions the torch.compile analysis grows, and
+        `memory_budget` change what the capture finds."""
         fields = {
             "graphlint": self._code,
             "torch": _torch_version(),
@@ -94,8 +97,8 @@ class ResultCache:
             "target": target,
             "device": device,
             "rules": sorted(rules),
-            "vary": list(vary) if any(rule.startswith("GL3") for rule in rules) else [],
-            "memory_budget": memory_budget if "GL401" in rules else None,
+            "vary": list(vary) if COMPILE_TAG in tags else [],
+            "memory_budget": memory_budget if BUDGET_TAG in tags else None,
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 

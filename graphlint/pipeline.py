@@ -23,16 +23,8 @@ from graphlint.libraries import loaded_libraries
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.stages import last as last_stage, reached
+from graphlint.tags import BUDGET_TAG, COMPILE_TAG, LONGER_TAG, RECOMPILE_TAG
 from graphlint.target import TargetSpec, add_target_folders, importable, load_factory
-
-
-# Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
-COMPILE_TAG = "torch.compile"
-RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
-# Rules with this tag read `Capture.memory`: the training step is measured only when one runs and a budget is set.
-BUDGET_TAG = "memory-budget"
-# Rules with this tag read `Capture.longer_sequence`: the step runs again at a longer sequence only for them.
-LONGER_TAG = "sequence-length"
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,

@@ -102,6 +102,7 @@ class Session:
         self.cache = ResultCache(options.cache) if options.cache is not None else None
         self.rules = select(self.config, _rule_infos(self.cache))
         self.rule_ids = tuple(rule.id for rule in self.rules)
+        self.rule_tags = frozenset(tag for rule in self.rules for tag in rule.tags)  # which settings matter
         self.baseline = read_baseline(options.baseline) if options.baseline is not None else None
         self.runner = runner if runner is not None else Runner(parent)
         self.runner.jobs = max(self.runner.jobs, options.jobs)
@@ -167,18 +168,18 @@ class Session:
         """The target's result from the cache, when nothing it depends on changed."""
         if self.cache is None:
             return None
-        self._keys[text] = self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
-                                          target_vary(text, self.config.vary), self.config.memory_budget)
+        self._keys[text] = self._key(text)
         return self.cache.load(self._keys[text])
+
+    def _key(self, text: str) -> str:
+        return self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
+                              target_vary(text, self.config.vary), self.config.memory_budget, self.rule_tags)
 
     def _store(self, text: str, result: TargetResult) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again). A cache hit is not
         written back: it is there already."""
         if self.cache is not None and not result.errors:
-            key = self._keys.get(text) or self.cache.key(text, self.base, self.project, self.config.device,
-                                                         self.rule_ids, target_vary(text, self.config.vary),
-                                                         self.config.memory_budget)
-            self.cache.store(key, result)
+            self.cache.store(self._keys.get(text) or self._key(text), result)
 
     def _job(self, text: str) -> LintJob:
         """What a child needs to lint the target."""

@@ -87,9 +87,9 @@ class WarmParent:
 
 
 def _needs_compile(job: LintJob) -> bool:
-    """Whether a rule of the job reads the torch.compile analysis (graphlint.pipeline's tag)."""
+    """Whether a rule of the job reads the torch.compile analysis (its tag)."""
     from graphlint.engine import load_rules
-    from graphlint.pipeline import COMPILE_TAG
+    from graphlint.tags import COMPILE_TAG
 
     return any(COMPILE_TAG in rule.tags for rule in load_rules() if rule.id in job.rules)
 

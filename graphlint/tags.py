@@ -1,0 +1,11 @@
+"""The tags that tell the layers below the rules what a rule reads besides the capture, so that the pipeline, the
+process layer and the result cache decide by a rule's tags, never by its ID. No torch here: the cache reads them
+on its path that imports none."""
+
+# Rules with this tag read `Capture.compiled`: the torch.compile analysis runs only when one of them is selected.
+COMPILE_TAG = "torch.compile"
+RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the factory's inputs
+# Rules with this tag read `Capture.memory`: the training step is measured only when one runs and a budget is set.
+BUDGET_TAG = "memory-budget"
+# Rules with this tag read `Capture.longer_sequence`: the step runs again at a longer sequence only for them.
+LONGER_TAG = "sequence-length"
