@@ -38,6 +38,7 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
     if not isinstance(args, (tuple, list)):
         args = (args,)
     project = Project.discover()
+    rules = select(project.config, load_rules())  # before the model runs: a wrong selection or a broken plugin says so
     factory = _class_definition(model)
     if factory is not None:
         project.add_first_party(Path(factory.file).parent)
@@ -61,7 +62,6 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
                     capture = capture_model(copied, *inputs[:3], target=target, factory=factory)
     if capture is None:
         capture = _capture_in_place(model, *inputs)
-    rules = select(project.config, load_rules())
     locator = Locator(project)
     findings, errors = run_rules(rules, capture, locator)
     result = TargetResult(target=capture.target, findings=findings, errors=errors, notes=notes + capture.notes,

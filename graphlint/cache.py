@@ -5,11 +5,11 @@
     <cache dir>/v2/targets/<key>.json      one target's result and the files it depends on
     <cache dir>/v2/compile-<code>/          torch.compile analyses kept across runs (graphlint.capture.compile_memo)
 
-A target's key covers graphlint's version and code, torch's version, Python's version, the project root,
-the target, and the settings that change what a capture finds: the device, the rules that run and, for the
-torch.compile rules, the input dimensions they vary. Settings
-applied after the capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it:
-changing them re-reports the cached findings. The entry is used only when every file the capture ran or
+A target's key covers graphlint's version and code (and the rule plugins': graphlint.plugins), torch's version,
+Python's version, the project root, the target, and the settings that change what a capture finds: the device,
+the rules that run and, for the torch.compile rules, the input dimensions they vary. Settings applied after the
+capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it: changing them
+re-reports the cached findings. The entry is used only when every file the capture ran or
 imported from the project (or from a library installed from a local path) still has the content hash recorded
 in it, and every installed distribution it loaded is still installed at the recorded version
 (graphlint.libraries). Unreadable or corrupt cache files are ignored; writing the cache never fails a run.
@@ -30,6 +30,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 import graphlint
+import graphlint.plugins as graphlint_plugins
 from graphlint.libraries import installed_version
 from graphlint.project import Project
 from graphlint.results import RuleInfo, Severity, TargetResult, from_wire, to_wire
@@ -70,6 +71,13 @@ def _code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _rules_digest(code: str) -> str:
+    """graphlint's code and the installed rule plugins' (graphlint.plugins): adding, removing, upgrading or editing
+    a plugin invalidates results and the rules' metadata. Without plugins, graphlint's code digest as it is."""
+    plugins = graphlint_plugins.digest()
+    return hashlib.sha256(f"{code}\n{plugins}".encode()).hexdigest()[:16] if plugins else code
+
+
 def _torch_version() -> str:
     try:
         return importlib.metadata.version("torch")  # read from the installed metadata: no import
@@ -80,7 +88,8 @@ def _torch_version() -> str:
 class ResultCache:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self._code = _code_digest()
+        self._graphlint_code = _code_digest()
+        self._code = _rules_digest(self._graphlint_code)
 
     def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
             vary: tuple[str, ...] = (), memory_budget: int | None = None, tags: Collection[str] = ()) -> str:
@@ -105,7 +114,7 @@ class ResultCache:
     def compile_folder(self) -> str:
         """Where the children keep torch.compile analyses across runs: a target whose file changed outside its
         model is captured again but not compiled again."""
-        return str(self.folder / f"v{VERSION}" / f"compile-{self._code}")
+        return str(self.folder / f"v{VERSION}" / f"compile-{self._graphlint_code}")  # no rule reads it, plugins neither
 
     # -- targets --------------------------------------------------------------------------------------------
 

@@ -596,7 +596,7 @@ def _distribution(args: argparse.Namespace):
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from graphlint.engine import load_rules
+    from graphlint.engine import load_rules, rule_origin
     from graphlint.rule import rule_reference
 
     rules = load_rules()
@@ -606,7 +606,8 @@ def _rules(args: argparse.Namespace) -> int:
     width = max(len(rule.name) for rule in rules)  # names in one column, however long the longest
     for rule in rules:
         opt_in = "  (opt-in)" if not rule.default_enabled else ""
-        print(f"{rule.id}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}")
+        origin = f"  (plugin: {rule_origin(rule)})" if rule_origin(rule) else ""
+        print(f"{rule.id}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}{origin}")
     return EXIT_CLEAN
 
 

@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rules-table", action="store_true", help="print the README's rules table instead")
     args = parser.parse_args(argv)
     if args.rules_table:
-        from graphlint.engine import load_rules
+        from graphlint.engine import builtin_rules
 
-        print(rules_table(load_rules()))
+        print(rules_table(builtin_rules()))  # graphlint's own: a rule plugin installed here is not in its README
     else:
         sys.stdout.write(options_reference())
     return 0

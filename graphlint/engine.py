@@ -1,4 +1,5 @@
-"""The rule engine: find the rules in `graphlint.rules` (the top-level `rules/` folder) and run them."""
+"""The rule engine: find the rules in `graphlint.rules` (the top-level `rules/` folder) and in the rule plugins'
+entry points (graphlint.plugins), and run them."""
 
 from __future__ import annotations
 
@@ -6,31 +7,80 @@ import functools
 import importlib
 import pkgutil
 import traceback
+from types import ModuleType
 
+from graphlint import plugins
 from graphlint.capture import Capture
-from graphlint.errors import one_line
+from graphlint.errors import UsageError, one_line
 from graphlint.locate.place import Locator
 from graphlint.results import Finding, TargetError
 from graphlint.rule import Rule, anatomy_problems
 
 
-@functools.lru_cache(maxsize=1)
 def load_rules() -> tuple[type[Rule], ...]:
-    """Every rule class in the rules package, by ID. An incomplete rule is a bug in graphlint: it fails loudly."""
+    """Every rule, built-in and from plugins, by ID. An incomplete built-in rule is a bug in graphlint: it fails
+    loudly; a plugin that cannot be imported, or whose rule is incomplete or reuses an ID, is a `UsageError` that
+    names its entry point and distribution."""
+    return tuple(rule for rule, _ in _loaded())
+
+
+def builtin_rules() -> tuple[type[Rule], ...]:
+    """graphlint's own rules, by ID: the ones its generated references document."""
+    return tuple(rule for rule, origin in _loaded() if not origin)
+
+
+def rule_origin(rule: type[Rule]) -> str:
+    """The distribution a plugin's rule comes from (`graphlint-extra-rules 0.1`); empty for a built-in rule."""
+    return next((origin for loaded, origin in _loaded() if loaded is rule), "")
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded() -> tuple[tuple[type[Rule], str], ...]:
+    """(rule, origin) by ID; the origin is empty for a built-in rule (an error raised here is not cached)."""
     import graphlint.rules as package
 
-    found: dict[str, type[Rule]] = {}
+    found: dict[str, tuple[type[Rule], str]] = {}
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == module.__name__:
-                problems = anatomy_problems(value)
-                if problems:
-                    raise RuntimeError(f"rule {value.__name__} in {module.__name__} is incomplete: {'; '.join(problems)}")
-                if value.id in found:
-                    raise RuntimeError(f"rule ID {value.id} is used by {found[value.id].__name__} and {value.__name__}")
-                found[value.id] = value
+        for value in _defined_rules(importlib.import_module(f"{package.__name__}.{info.name}")):
+            problems = anatomy_problems(value)
+            if problems:
+                raise RuntimeError(f"rule {value.__name__} in {value.__module__} is incomplete: {'; '.join(problems)}")
+            if value.id in found:
+                raise RuntimeError(f"rule ID {value.id} is used by {found[value.id][0].__name__} and {value.__name__}")
+            found[value.id] = (value, "")
+    for entry in plugins.entry_points():
+        for value in _plugin_rules(entry):
+            where = f"rule {value.__module__}.{value.__qualname__} of the {plugins.described(entry)}"
+            problems = anatomy_problems(value)
+            if problems:
+                raise UsageError(f"{where} is incomplete: {'; '.join(problems)}")
+            if value.id in found and found[value.id][0] is not value:
+                other, origin = found[value.id]
+                owner = f"the rule plugin {origin}" if origin else "graphlint's built-in rule"
+                raise UsageError(f"{where} uses the ID {value.id}, which {owner} {other.__module__}.{other.__qualname__} "
+                                 f"({other.name}) has; a plugin's rules need IDs of their own")
+            found[value.id] = (value, plugins.distribution(entry))
     return tuple(found[rule_id] for rule_id in sorted(found))
+
+
+def _defined_rules(module: ModuleType) -> list[type[Rule]]:
+    """The Rule subclasses a module defines (not those it imports)."""
+    return [value for value in vars(module).values()
+            if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == module.__name__]
+
+
+def _plugin_rules(entry) -> list[type[Rule]]:
+    """The rules an entry point names: a module's own Rule subclasses, or one Rule subclass."""
+    try:
+        loaded = entry.load()
+    except Exception as error:  # the plugin's own failure, in one line: it is not graphlint's to show a traceback of
+        raise UsageError(f"the rule plugin {plugins.described(entry)} cannot be imported: {one_line(error)}") from None
+    rules = _defined_rules(loaded) if isinstance(loaded, ModuleType) else (
+        [loaded] if isinstance(loaded, type) and issubclass(loaded, Rule) and loaded is not Rule else [])
+    if not rules:
+        raise UsageError(f"the rule plugin {plugins.described(entry)} names neither a module that defines a "
+                         "graphlint.rule.Rule subclass nor such a class")
+    return rules
 
 
 def rule_by_id(rule_id: str) -> type[Rule] | None:

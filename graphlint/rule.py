@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # The generated rule reference (docs/rules.md) as published; pyproject.toml's [project.urls] Documentation.
 RULES_REFERENCE_URL = "https://github.com/torch-graphlint/torch-graphlint/blob/main/docs/rules.md"
-EXPECT_MARKER = re.compile(r"#\s*expect:\s*(GL\d{3}(?:\s*,\s*GL\d{3})*)")
+EXPECT_MARKER = re.compile(r"#\s*expect:\s*([A-Z]{2,}\d{3}(?:\s*,\s*[A-Z]{2,}\d{3})*)")  # GL101, a plugin's GLX001
 
 
 @dataclass(frozen=True)
@@ -231,14 +231,14 @@ def rule_reference(rules) -> str:
 
 REQUIRED = ("id", "name", "severity", "tags", "summary", "what", "why", "example", "instead",
             "bad_examples", "good_examples")
-RULE_ID = re.compile(r"GL\d{3}")
+RULE_ID = re.compile(r"[A-Z]{2,}\d{3}")  # GL101; a plugin's rules have their own letters, GLX001
 
 
 def anatomy_problems(rule: type[Rule]) -> list[str]:
     """What a rule class lacks of the required anatomy; empty when it is complete."""
     missing = [f"no {attr}" for attr in REQUIRED if not getattr(rule, attr, None)]
     if getattr(rule, "id", None) and not RULE_ID.fullmatch(rule.id):
-        missing.append(f"id {rule.id!r} is not GLnnn")
+        missing.append(f"id {rule.id!r} is not capital letters and three digits (GL101)")
     for example in getattr(rule, "bad_examples", ()) or ():
         if not example.expected_lines(rule.id):
             missing.append(f"a BAD example without a '# expect: {rule.id}' line")

@@ -384,6 +384,8 @@ class Runner:
             self._parent_error = (f"cannot import torch ({error}); install PyTorch in the environment graphlint "
                                   "runs in" if (error.name or "").startswith("torch") else
                                   f"internal error in graphlint while starting ({one_line(error)})")
+        except GraphlintError as error:  # a rule plugin that no longer imports, when the rules came from the cache
+            self._parent_error = str(error)
         except Exception as error:
             traceback.print_exc(file=sys.stderr)
             self._parent_error = f"internal error in graphlint while starting ({one_line(error)}); please report it"
