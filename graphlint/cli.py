@@ -604,10 +604,11 @@ def _rules(args: argparse.Namespace) -> int:
         sys.stdout.write(rule_reference(rules))
         return EXIT_CLEAN
     width = max(len(rule.name) for rule in rules)  # names in one column, however long the longest
+    id_width = max(len(rule.id) for rule in rules)  # a plugin's IDs may be longer (GLX001)
     for rule in rules:
         opt_in = "  (opt-in)" if not rule.default_enabled else ""
         origin = f"  (plugin: {rule_origin(rule)})" if rule_origin(rule) else ""
-        print(f"{rule.id}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}{origin}")
+        print(f"{rule.id:<{id_width}}  {rule.name:<{width}} {rule.severity.value:<8} {rule.summary}{opt_in}{origin}")
     return EXIT_CLEAN
 
 

@@ -267,3 +267,20 @@ def test_a_cache_hit_is_delivered_as_it_was_and_not_written_back(tmp_path):
     again, events = _session(tmp_path, cache=tmp_path / "cache")
     assert list(again.stream(["model.py:make"])) == [("model.py:make", linted)]
     assert events == ["cached"] and entry.stat().st_mtime_ns == written
+
+
+def test_the_rules_tags_not_their_ids_say_whether_vary_and_the_memory_budget_are_in_a_key(tmp_path):
+    from graphlint.cache import ResultCache
+    from graphlint.project import Project
+    from graphlint.tags import BUDGET_TAG, COMPILE_TAG
+
+    cache, project = ResultCache(tmp_path / "cache"), Project(root=tmp_path)
+
+    def key(rules, vary=("batch",), budget=None, tags=()):
+        return cache.key("model.py:make", tmp_path, project, "meta", rules, vary, budget, tags)
+
+    # A plugin's torch.compile rule (no GL3 in its ID) keeps results apart by --vary; a rule without the tag does not.
+    assert key(("GLX301",), ("batch",), tags={COMPILE_TAG}) != key(("GLX301",), ("batch", "seq"), tags={COMPILE_TAG})
+    assert key(("GL301",), ("batch",)) == key(("GL301",), ("batch", "seq"))
+    assert key(("GLX401",), budget=1 << 30, tags={BUDGET_TAG}) != key(("GLX401",), budget=2 << 30, tags={BUDGET_TAG})
+    assert key(("GL401",), budget=1 << 30) == key(("GL401",), budget=2 << 30)
