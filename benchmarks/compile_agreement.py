@@ -381,8 +381,9 @@ def markdown(rows: list[dict]) -> str:
     if library:
         lines += ["", "Breaks in installed library code only (graphlint's note, not a finding; plain torch.compile "
                   "breaks there too):", ""]
-        lines += [f"- {row['target']}: " + "; ".join(e["headline"].split(" in user code at ")[-1].split("/")[-1]
-                                                      for e in row["events"] if e["kind"] == "break") for row in library]
+        lines += [f"- {row['target']}: " + ", ".join(dict.fromkeys(
+            e["headline"].split(" in user code at ")[-1].split("/")[-1] for e in row["events"] if e["kind"] == "break"))
+            for row in library]
     trouble = [row for row in rows if row["errors"] or row["failed"]]
     if trouble:
         lines += ["", "Targets a run could not finish:", ""]
