@@ -2,11 +2,18 @@
 
     python benchmarks/memory_cost.py             # 3 repeats
     python benchmarks/memory_cost.py --repeat 5
+    python benchmarks/memory_cost.py --scale     # the Llama-2-70B shape over 64 FSDP2 ranks, with --device-memory
 
 For each target the two commands are interleaved (check, memory, check, memory, ...) so that drift in the
 machine's speed hits both alike; the medians of wall time and of peak resident memory (from wait4) are printed
 with the ratio memory/check. `check` runs without its cache. The Llama-7B shape (benchmarks/models.py:llama_7b,
 6.7B parameters) is measured by `memory` at sequence 4096 (`--seq 4096`), on the meta device like the check.
+
+`--scale` times the command of docs/memory.md's distributed example, the Llama-2-70B shape
+(benchmarks/memory_distributed.py:llama2_70b) as one rank of FSDP2 over 64 ranks with bfloat16 parameters: its
+peak alone, and with `--device-memory 80GiB` (the peak and the largest batch), against `check --no-cache` of the
+same target as it runs by default and without the torch.compile analysis (`--ignore GL301,GL302`, the check as it
+was before those rules were on by default); the four commands one after the other, each round, the medians.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ TARGETS = [
     ("GPT-2-small shape", f"{HERE / 'models.py'}:gpt2_small", []),
     ("Llama-7B shape, sequence 4096", f"{HERE / 'models.py'}:llama_7b", ["--seq", "4096"]),
 ]
+SCALE = f"{HERE / 'memory_distributed.py'}:llama2_70b"
+SCALE_MEMORY = ["--fsdp", "64", "--mixed-precision", "bf16"]
 
 
 def run(command: list[str], cwd: str) -> tuple[float, float]:
@@ -41,8 +50,12 @@ def run(command: list[str], cwd: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scale", action="store_true", help="the Llama-2-70B shape over 64 FSDP2 ranks")
     args = parser.parse_args()
     python = [sys.executable, "-m", "graphlint"]
+    if args.scale:
+        scale(python, args.repeat)
+        return
     print("| target | check | memory | memory/check | check RSS | memory RSS |")
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as folder:  # no pyproject.toml above: no configuration, no cache reuse
@@ -55,6 +68,29 @@ def main() -> None:
             check_m, memory_m = (statistics.median(m for _, m in runs) for runs in (checks, memories))
             print(f"| {name} | {check_s:.2f} s | {memory_s:.2f} s | {memory_s / check_s:.2f} | {check_m:.0f} MiB | "
                   f"{memory_m:.0f} MiB |")
+
+
+def scale(python: list[str], repeat: int) -> None:
+    commands = {
+        "check --no-cache": [*python, "check", "--no-cache", SCALE],
+        "check --no-cache --ignore GL301,GL302": [*python, "check", "--no-cache", "--ignore", "GL301,GL302", SCALE],
+        "memory (peak)": [*python, "memory", SCALE, *SCALE_MEMORY],
+        "memory --device-memory 80GiB": [*python, "memory", SCALE, *SCALE_MEMORY, "--device-memory", "80GiB"],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in commands}
+    with tempfile.TemporaryDirectory() as folder:
+        for round_ in range(repeat):
+            for name, command in commands.items():
+                seconds[name].append(run(command, folder)[0])
+                print(f"round {round_ + 1}: {name} {seconds[name][-1]:.1f} s (load {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    checks = list(commands)[:2]
+    print(f"| command | median of {repeat} | / {checks[0]} | / {checks[1]} |")
+    print("|---|---:|---:|---:|")
+    for name in commands:
+        print(f"| {name} | {median[name]:.1f} s | {median[name] / median[checks[0]]:.2f} | "
+              f"{median[name] / median[checks[1]]:.2f} |")
 
 
 if __name__ == "__main__":
