@@ -160,3 +160,28 @@ def test_ddp_says_when_parameters_get_no_gradient_as_gl402_does(tmp_path):
     assert any("GL402" in note and "second step" in note for note in result.notes)
     whole = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2, bucket_cap_mb=25)))
     assert whole.distributed["bucket_bytes"] == 4 * (8 * 8 + 8 + 8 * 3 + 3)  # DDP buckets every trainable one
+
+
+def _blocks(trace):
+    """A trace as plain data: every block's fields and role, in order."""
+    return trace.events, trace.phase_starts, [
+        (b.nbytes, b.made, b.freed, b.phase, b.module, b.op, b.dtype, b.shape, b.kind, b.saved_by,
+         trace.roles.get(id(b), "")) for b in trace.blocks]
+
+
+@pytest.mark.parametrize("train_on, bf16", [("cuda", False), ("cpu", False), ("cuda", True)])
+def test_the_optimizer_stepping_the_local_shards_allocates_what_stepping_the_dtensors_does(monkeypatch, train_on,
+                                                                                           bf16):
+    from graphlint.memory import distributed
+    from graphlint.memory.measure import _trace
+    from graphlint.target import load_factory, TargetSpec
+
+    factory = load_factory(TargetSpec.parse(target_text(GPT, kwargs={"checkpoint": True}), BENCH), ()).factory
+    request = Request(train_on=train_on, distribution=Distribution("fsdp", 4, mixed_precision="bf16" if bf16 else None))
+    local = _blocks(_trace(factory, "meta", request, {})[0])
+    monkeypatch.setattr(distributed, "local_shard", lambda tensor: tensor)  # the optimizer steps the DTensors
+    whole = _blocks(_trace(factory, "meta", request, {})[0])
+    assert local == whole
+    assert any(block[8] == "sharded optimizer state" or block[10] == "sharded optimizer state"
+               for block in local[2])
+
