@@ -185,3 +185,31 @@ def test_the_optimizer_stepping_the_local_shards_allocates_what_stepping_the_dte
     assert any(block[8] == "sharded optimizer state" or block[10] == "sharded optimizer state"
                for block in local[2])
 
+
+@pytest.mark.parametrize("distribution", [Distribution("fsdp", 2), Distribution("ddp", 2), None],
+                         ids=["fsdp", "ddp", "single"])
+def test_the_targets_own_step_reads_the_same_lines_as_the_step_at_batch_4(monkeypatch, distribution):
+    from graphlint.memory import measure as measuring
+    from graphlint.memory.measure import _linear_peak, _search_trace, _trace
+    from graphlint.target import load_factory, TargetSpec
+
+    vit = f"{memory_distributed.__file__}:vit"
+    factory = load_factory(TargetSpec.parse(vit, BENCH), ()).factory
+    request = Request(train_on="cpu", distribution=distribution)
+    own, sizes = _trace(factory, "meta", request, {})
+    assert sizes == {"batch": 8}  # images: no sequence
+    steps = {b: _search_trace(factory, "meta", request, {"batch": b}) for b in (2, 3, 4)}
+    with_own = _linear_peak({2: steps[2], 3: steps[3], sizes["batch"]: own})
+    with_4 = _linear_peak(steps)
+    assert with_own is not None and with_4 is not None
+    assert [with_own(b) for b in range(1, 200)] == [with_4(b) for b in range(1, 200)]
+    budget = with_4(37)
+    searched = []
+
+    def recorded(factory, device, request, sizes):
+        searched.append(sizes["batch"])
+        return _search_trace(factory, device, request, sizes)
+
+    monkeypatch.setattr(measuring, "_search_trace", recorded)
+    assert _estimate(vit, distribution=distribution, device_memory=budget).largest_batch == 37
+    assert searched == [2, 3]  # the target's own step at batch 8 was the third
