@@ -36,15 +36,15 @@ SCALE = f"{HERE / 'memory_distributed.py'}:llama2_70b"
 SCALE_MEMORY = ["--fsdp", "64", "--mixed-precision", "bf16"]
 
 
-def run(command: list[str], cwd: str) -> tuple[float, float]:
-    """Wall seconds and peak resident MiB of one whole process."""
+def run(command: list[str], cwd: str) -> tuple[float, float, float]:
+    """Wall seconds, peak resident MiB and CPU seconds (its own and its children's) of one whole process."""
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) not in (0, 1):
         raise SystemExit(f"{' '.join(command)} failed")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -64,8 +64,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 checks.append(run([*python, "check", "--no-cache", target], folder))
                 memories.append(run([*python, "memory", target, *options], folder))
-            check_s, memory_s = (statistics.median(s for s, _ in runs) for runs in (checks, memories))
-            check_m, memory_m = (statistics.median(m for _, m in runs) for runs in (checks, memories))
+            check_s, memory_s = (statistics.median(s for s, _, _ in runs) for runs in (checks, memories))
+            check_m, memory_m = (statistics.median(m for _, m, _ in runs) for runs in (checks, memories))
             print(f"| {name} | {check_s:.2f} s | {memory_s:.2f} s | {memory_s / check_s:.2f} | {check_m:.0f} MiB | "
                   f"{memory_m:.0f} MiB |")
 
@@ -77,21 +77,23 @@ def scale(python: list[str], repeat: int) -> None:
         "memory (peak)": [*python, "memory", SCALE, *SCALE_MEMORY],
         "memory --device-memory 80GiB": [*python, "memory", SCALE, *SCALE_MEMORY, "--device-memory", "80GiB"],
     }
-    seconds: dict[str, list[float]] = {name: [] for name in commands}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
     with tempfile.TemporaryDirectory() as folder:
         for round_ in range(repeat):
             for name, command in commands.items():
-                seconds[name].append(run(command, folder)[0])
-                print(f"round {round_ + 1}: {name} {seconds[name][-1]:.1f} s (load {os.getloadavg()[0]:.1f})",
-                      file=sys.stderr, flush=True)
-    median = {name: statistics.median(values) for name, values in seconds.items()}
-    checks = list(commands)[:2]
-    print(f"| command | median of {repeat} | / {checks[0]} | / {checks[1]} |")
-    print("|---|---:|---:|---:|")
+                runs[name].append(run(command, folder))
+                print(f"round {round_ + 1}: {name} {runs[name][-1][0]:.1f} s (load average "
+                      f"{os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    # Wall time is what a user waits; CPU time (the command's processes, children included) is less swayed by
+    # other work on a shared machine.
+    wall = {name: statistics.median(s for s, _, _ in values) for name, values in runs.items()}
+    cpu = {name: statistics.median(c for _, _, c in values) for name, values in runs.items()}
+    first, second = list(commands)[:2]
+    print(f"| command | wall (median of {repeat}) | / {first} | / {second} | CPU | / {first} | / {second} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name in commands:
-        print(f"| {name} | {median[name]:.1f} s | {median[name] / median[checks[0]]:.2f} | "
-              f"{median[name] / median[checks[1]]:.2f} |")
-
+        print(f"| {name} | {wall[name]:.1f} s | {wall[name] / wall[first]:.2f} | {wall[name] / wall[second]:.2f} | "
+              f"{cpu[name]:.1f} s | {cpu[name] / cpu[first]:.2f} | {cpu[name] / cpu[second]:.2f} |")
 
 if __name__ == "__main__":
     main()
