@@ -495,3 +495,77 @@ def test_gl401_lists_what_fixing_the_other_findings_would_keep_less(tmp_path):
     assert f"fixing GL101 (1 finding) would keep about {format_bytes(attention.saves_bytes)} less" in budget.message
     alone = lint_file(path, memory_budget=2**20, select=("GL401",))
     assert "fixing GL101" not in alone.findings[0].message  # a rule left out saves nothing the report shows
+
+
+BATCH_SHAPED = """
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+    import graphlint
+
+
+    class Contrastive(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.images, self.texts = nn.Linear(64, 32), nn.Linear(64, 32)
+
+        def forward(self, images, texts):
+            return self.images(images) @ self.texts(texts).T  # every image against every text: batch x batch
+
+
+    def contrastive():
+        def loss(logits):
+            return F.cross_entropy(logits, torch.arange(logits.shape[0], device=logits.device))
+
+        return graphlint.Target(Contrastive(), (torch.randn(8, 64), torch.randn(8, 64)), loss=loss)
+
+
+    class OnePairAtLeast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+
+        def forward(self, x):
+            if x.shape[0] == 1:  # a batch of one takes another path
+                x = torch.cat([x, x])
+            return self.fc(x)
+
+
+    def one_pair_at_least():
+        return OnePairAtLeast(), (torch.randn(1, 64),)
+"""
+
+
+def _largest_by_running_each_batch(target, tmp_path, budget):
+    fits = [measure(target, tmp_path, Request(batch=b)).peak_bytes <= budget for b in range(1, 400)]
+    return fits.index(False)  # the batches that fit come first
+
+
+def test_a_step_whose_memory_is_not_a_line_in_the_batch_is_searched_by_running_it(tmp_path, monkeypatch):
+    from graphlint.memory import measure as measuring
+
+    path = write(tmp_path, "net.py", BATCH_SHAPED)
+    target = f"{path}:contrastive"
+    budget = measure(target, tmp_path, Request(batch=300)).peak_bytes
+    searched = []
+    search = measuring._search_trace
+    monkeypatch.setattr(measuring, "_search_trace", lambda *args: searched.append(args[3]["batch"]) or search(*args))
+    found = measure(target, tmp_path, Request(device_memory=budget))
+    assert "not linear in the batch" in " ".join(found.notes)
+    assert searched[:3] == [2, 3, 4] and len(searched) > 3  # the three steps disagree, then each size is run
+    assert found.largest_batch == _largest_by_running_each_batch(target, tmp_path, budget) == 300
+
+
+def test_a_targets_own_step_that_takes_another_path_is_not_one_of_the_three_batches(tmp_path, monkeypatch):
+    from graphlint.memory import measure as measuring
+
+    path = write(tmp_path, "net.py", BATCH_SHAPED)
+    target = f"{path}:one_pair_at_least"
+    budget = measure(target, tmp_path, Request(batch=200)).peak_bytes
+    searched = []
+    search = measuring._search_trace
+    monkeypatch.setattr(measuring, "_search_trace", lambda *args: searched.append(args[3]["batch"]) or search(*args))
+    found = measure(target, tmp_path, Request(device_memory=budget))
+    assert found.batch == 1 and not found.notes
+    assert searched == [2, 3, 4]  # batch 1's step differs from those at 2 and 3, so batch 4 is the third
+    assert found.largest_batch == _largest_by_running_each_batch(target, tmp_path, budget) == 200

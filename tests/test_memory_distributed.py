@@ -160,3 +160,57 @@ def test_ddp_says_when_parameters_get_no_gradient_as_gl402_does(tmp_path):
     assert any("GL402" in note and "second step" in note for note in result.notes)
     whole = measure(f"{path}:make", tmp_path, Request(distribution=Distribution("ddp", 2, bucket_cap_mb=25)))
     assert whole.distributed["bucket_bytes"] == 4 * (8 * 8 + 8 + 8 * 3 + 3)  # DDP buckets every trainable one
+
+
+def _blocks(trace):
+    """A trace as plain data: every block's fields and role, in order."""
+    return trace.events, trace.phase_starts, [
+        (b.nbytes, b.made, b.freed, b.phase, b.module, b.op, b.dtype, b.shape, b.kind, b.saved_by,
+         trace.roles.get(id(b), "")) for b in trace.blocks]
+
+
+@pytest.mark.parametrize("train_on, bf16", [("cuda", False), ("cpu", False), ("cuda", True)])
+def test_the_optimizer_stepping_the_local_shards_allocates_what_stepping_the_dtensors_does(monkeypatch, train_on,
+                                                                                           bf16):
+    from graphlint.memory import distributed
+    from graphlint.memory.measure import _trace
+    from graphlint.target import load_factory, TargetSpec
+
+    factory = load_factory(TargetSpec.parse(target_text(GPT, kwargs={"checkpoint": True}), BENCH), ()).factory
+    request = Request(train_on=train_on, distribution=Distribution("fsdp", 4, mixed_precision="bf16" if bf16 else None))
+    local = _blocks(_trace(factory, "meta", request, {})[0])
+    asked = []
+    monkeypatch.setattr(distributed, "local_shard", lambda tensor: asked.append(tensor) or tensor)  # the DTensors
+    whole = _blocks(_trace(factory, "meta", request, {})[0])
+    assert asked and all(type(tensor).__name__ == "DTensor" for tensor in asked)
+    assert local == whole
+    assert any(block[10] == "sharded optimizer state" for block in local[2])
+
+
+@pytest.mark.parametrize("distribution", [Distribution("fsdp", 2), Distribution("ddp", 2), None],
+                         ids=["fsdp", "ddp", "single"])
+def test_the_targets_own_step_reads_the_same_lines_as_the_step_at_batch_4(monkeypatch, distribution):
+    from graphlint.memory import measure as measuring
+    from graphlint.memory.measure import _linear_peak, _search_trace, _trace
+    from graphlint.target import load_factory, TargetSpec
+
+    vit = f"{memory_distributed.__file__}:vit"
+    factory = load_factory(TargetSpec.parse(vit, BENCH), ()).factory
+    request = Request(train_on="cpu", distribution=distribution)
+    own, sizes = _trace(factory, "meta", request, {})
+    assert sizes == {"batch": 8}  # images: no sequence
+    steps = {b: _search_trace(factory, "meta", request, {"batch": b}) for b in (2, 3, 4)}
+    with_own = _linear_peak({2: steps[2], 3: steps[3], sizes["batch"]: own})
+    with_4 = _linear_peak(steps)
+    assert with_own is not None and with_4 is not None
+    assert [with_own(b) for b in range(1, 200)] == [with_4(b) for b in range(1, 200)]
+    budget = with_4(37)
+    searched = []
+
+    def recorded(factory, device, request, sizes):
+        searched.append(sizes["batch"])
+        return _search_trace(factory, device, request, sizes)
+
+    monkeypatch.setattr(measuring, "_search_trace", recorded)
+    assert _estimate(vit, distribution=distribution, device_memory=budget).largest_batch == 37
+    assert searched == [2, 3]  # the target's own step at batch 8 was the third

@@ -1,10 +1,11 @@
 """A target's training step, measured: build it (on meta first, on CPU when the forward needs real values),
 resize its inputs when asked (`--batch`, `--seq`), run the step under the allocation tracker, and read the peak.
 
-The largest batch that fits a device comes from the step at batch sizes 2, 3 and 4 (batch 1 often takes other
-paths: squeezed dimensions, broadcasts): when the three runs make the same blocks in the same order and every
-block's size is linear in the batch, the peak at any larger batch is read from those lines without running the
-step again; otherwise the step runs at each batch the search tries.
+The largest batch that fits a device comes from the step at three batch sizes, 2, 3 and the target's own (its
+step, run for the report, is one of the three unless it is at 2 or 3, or makes other blocks than theirs: batch 1
+often takes other paths, squeezed dimensions, broadcasts; then 4): when the three runs make the same blocks in the
+same order and every block's size is linear in the batch, the peak at any larger batch is read from those lines
+without running the step again; otherwise the step runs at each batch the search tries.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         if request.device_memory is not None:
             result.device_memory = request.device_memory
             if "batch" in sizes:
-                result.largest_batch, how = largest_batch(loaded.factory, device, request, sizes)
+                result.largest_batch, how = largest_batch(loaded.factory, device, request, sizes, trace)
                 if how:
                     result.notes.append(how)
             else:
@@ -93,16 +94,28 @@ def step_estimate(made: Target, device: str, budget: int | None = None, optimize
     return result
 
 
-def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[int | None, str]:
-    """The largest batch whose step fits `request.device_memory`, and how it was found (a note, or "")."""
+def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[str, int],
+                  own: StepTrace | None = None) -> tuple[int | None, str]:
+    """The largest batch whose step fits `request.device_memory`, and how it was found (a note, or "").
+    `own`: the target's step at its own size (`sizes`), which serves as one of the three batches when its blocks
+    are those of the others."""
     budget = request.device_memory
     fixed = {"seq": sizes["seq"]} if sizes.get("seq") is not None else {}
-    traces = {b: _search_trace(factory, device, request, {**fixed, "batch": b}) for b in (2, 3, 4)}
-    line = _linear_peak(traces)
+    traces: dict[int, StepTrace] = {}
+
+    def search(batch: int) -> StepTrace:
+        if batch not in traces:
+            traces[batch] = _search_trace(factory, device, request, {**fixed, "batch": batch})
+        return traces[batch]
+
+    line = None
+    if own is not None and sizes["batch"] not in (2, 3):
+        line = _linear_peak({2: search(2), 3: search(3), sizes["batch"]: own})
+    if line is None:
+        line = _linear_peak({b: search(b) for b in (2, 3, 4)})
     if line is not None:
         if line(2) > budget:
-            return (1 if estimate(_search_trace(factory, device, request, {**fixed, "batch": 1})).peak_bytes <= budget
-                    else 0), ""
+            return (1 if estimate(search(1)).peak_bytes <= budget else 0), ""
         low, high = 2, 4
         while line(high) <= budget and high < 2**24:
             low, high = high, high * 2
@@ -112,7 +125,8 @@ def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[
         return low, ""
 
     def peak(batch: int) -> int:
-        return estimate(_search_trace(factory, device, request, {**fixed, "batch": batch})).peak_bytes
+        trace = traces.get(batch) or _search_trace(factory, device, request, {**fixed, "batch": batch})
+        return estimate(trace).peak_bytes
 
     if peak(1) > budget:
         return 0, ""
@@ -136,9 +150,10 @@ def _search_trace(factory: Callable, device: str, request: Request, sizes: dict[
 
 
 def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
-    """When the three traces allocate the same blocks at the same moments and each block's size is a line in
-    the batch: the peak at any batch, read from those lines; None otherwise."""
-    one, two, three = traces[2], traces[3], traces[4]
+    """When the three traces (batch 2, batch 3 and one other) allocate the same blocks at the same moments and
+    each block's size is a line in the batch: the peak at any batch, read from those lines; None otherwise."""
+    one, two = traces[2], traces[3]
+    [(other, three)] = [(batch, trace) for batch, trace in traces.items() if batch not in (2, 3)]
     if not (len(one.blocks) == len(two.blocks) == len(three.blocks) and one.events == two.events == three.events):
         return None
     lines = []
@@ -146,7 +161,7 @@ def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
         if (a.made, a.freed, a.kind) != (b.made, b.freed, b.kind) or (a.made, a.freed, a.kind) != (c.made, c.freed, c.kind):
             return None
         slope = b.nbytes - a.nbytes
-        if c.nbytes - b.nbytes != slope:
+        if c.nbytes - a.nbytes != slope * (other - 2):
             return None
         lines.append((a, a.nbytes - 2 * slope, slope))
 

@@ -91,20 +91,24 @@ def _cell_contents(cell):
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
              train_on: str = "cuda", autocast: torch.dtype | None = None,
-             release_output: bool = False, tracker_class: type | None = None) -> StepTrace:
+             release_output: bool = False, tracker_class: type | None = None,
+             stepped: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepTrace:
     """Run the steady-state step on the model's device and return what it allocated and freed, with the
     kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
     `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
     output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
-    calls it); `tracker_class`, a `_Tracker` subclass (graphlint.memory.distributed's, for sharded models)."""
+    calls it); `tracker_class`, a `_Tracker` subclass (graphlint.memory.distributed's, for sharded models);
+    `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
+    (graphlint.memory.distributed's: a sharded parameter's local shard), else the parameters themselves."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optim = make_optimizer(optimizer, trainable, foreach=train_on == "cuda")
+    updated = [stepped(p) for p in trainable] if stepped is not None else trainable
+    optim = make_optimizer(optimizer, updated, foreach=train_on == "cuda")
     if optim is not None and trainable:
         # The first step creates the state (Adam's two moments, SGD's momentum); the measured step is the next.
-        for p in trainable:
+        for p in updated:
             p.grad = torch.zeros_like(p)
         optim.step()
-    for p in trainable:
+    for p in (*trainable, *updated):
         p.grad = None  # zero_grad(set_to_none=True)
     device = trainable[0].device if trainable else next(
         (t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
@@ -138,10 +142,13 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
             loss.backward()
         if optim is not None:
             tracker.phase("optimizer step")
+            if stepped is not None:  # the gradients backward left on the parameters, as the optimizer reads them
+                for p, target in zip(trainable, updated, strict=True):
+                    target.grad = None if p.grad is None else stepped(p.grad)
             optim.step()
         del output, loss  # the end of the loop's body
     tracker.finish(trainable)
-    for p in trainable:
+    for p in (*trainable, *updated):
         p.grad = None
     return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
