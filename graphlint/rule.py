@@ -22,7 +22,7 @@ from graphlint.capture.frames import Frame
 from graphlint.results import Severity
 
 if TYPE_CHECKING:
-    from graphlint.fix.rewrite import Fixer, FixSite, Rewrite
+    from graphlint.rewrite.contract import Fixer, FixSite, Rewrite
 
 # The generated rule reference (docs/rules.md) as published; pyproject.toml's [project.urls] Documentation.
 RULES_REFERENCE_URL = "https://github.com/torch-graphlint/torch-graphlint/blob/main/docs/rules.md"
@@ -60,7 +60,7 @@ class Example:
 
 
 class FixerAt:
-    """A rule's fixer named by where it lives, `FixerAt("graphlint.fix.norm:library_norm", kind="rms")`, and
+    """A rule's fixer named by where it lives, `FixerAt("graphlint.rewrite.norms:library_norm", kind="rms")`, and
     imported on its first call: loading the rules imports no fixer, so a run with nothing to fix never imports
     libcst. The call is `function(site, **keywords)`, as `functools.partial(function, **keywords)` would make it."""
 
@@ -115,7 +115,7 @@ class Problem:
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.fix.rewrite), a `FixerAt`
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `FixerAt`
     so that nothing imports it before a finding needs it; `roles` are
     the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
     nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.

@@ -384,7 +384,7 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = _meta(before[-1])
-        fix = FixerAt("graphlint.fix.attention:rewrite_attention",
+        fix = FixerAt("graphlint.rewrite.attention:rewrite_attention",
                       rank=len(meta.shape) if meta is not None else None,
                       default_scale=_scaled_by_default(scores, before[1:]),
                       mask_cast=mask_cast)
@@ -395,7 +395,7 @@ class UnfusedAttention(Rule):
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
-            fix = FixerAt("graphlint.fix.attention:use_sdpa_in_transformers")
+            fix = FixerAt("graphlint.rewrite.attention:use_sdpa_in_transformers")
             # The model class that attn_implementation applies to: the outermost transformers model around it.
             built = next((m for m in facts(softmax).module_stack if m.supports_sdpa is not None), None)
             if built is not None and not built.supports_sdpa:

@@ -278,7 +278,7 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
                  "with bias=False."),
         related=((norm, f"the {norm_name} that cancels it"),),
         at_build_site=True,
-        fix=FixerAt("graphlint.fix.bias:without_bias"),
+        fix=FixerAt("graphlint.rewrite.bias:without_bias"),
     )
 
 

@@ -362,7 +362,7 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=FixerAt("graphlint.fix.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
+        fix=FixerAt("graphlint.rewrite.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
                     flat=_flat_parameters(step, shape)),
     )
 

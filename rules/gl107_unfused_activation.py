@@ -253,7 +253,7 @@ class UnfusedActivation(Rule):
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel"
                                  + (" and saves less for backward." if saves > 0 else ".")),
-                        fix=FixerAt("graphlint.fix.activations:activation_call", library=library),
+                        fix=FixerAt("graphlint.rewrite.activations:activation_call", library=library),
                         saves_bytes=saves,
                     )
 

@@ -306,7 +306,7 @@ def _problem(writer: fx.Node, victims: list[tuple[AutogradNode, SavedTensor]]) -
                 f"{{occurrences}}; {consequence}; {_advice(writer, silent)}.",
         related=related,
         at_build_site=True,
-        fix=FixerAt("graphlint.fix.out_of_place:out_of_place"),
+        fix=FixerAt("graphlint.rewrite.out_of_place:out_of_place"),
     )
 
 

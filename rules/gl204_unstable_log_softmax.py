@@ -249,5 +249,5 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:
         message=(f"{op(log)} of {what} in {{where}}{{occurrences}} is -inf, with NaN gradients, as soon as a "
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
-        fix=FixerAt("graphlint.fix.log_softmax:log_probabilities"),
+        fix=FixerAt("graphlint.rewrite.log_softmax:log_probabilities"),
     )

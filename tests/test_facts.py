@@ -15,7 +15,7 @@ from torch import nn
 import graphlint.flow as flow
 from conftest import REPO, line_of, write
 from graphlint.capture import capture_model, facts
-from graphlint.fix.rewrite import Rewrite
+from graphlint.rewrite.contract import Rewrite
 from graphlint.locate.place import Locator
 from graphlint.ops import op
 from graphlint.project import Project

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from conftest import findings_of, fix_plan, lint_file, run_graphlint, write
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 from graphlint.results import UNSAFE
 
 HEADER = '''

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import assert_same_in_plain_pytorch, forward_text, model_file, findings_of, fix_plan, lint_file, write
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 
 HEADER = '''
 import math

@@ -113,7 +113,7 @@ def test_an_upcast_softmax_with_a_mask_built_in_the_forward_is_fixed_right_in_ev
 
 
 def _model_run(mode, base, record, verdict=""):
-    done = subprocess.run([sys.executable, "-m", "graphlint.fix.model_run", mode, "model.py:make", str(base),
+    done = subprocess.run([sys.executable, "-m", "graphlint.run.proof", mode, "model.py:make", str(base),
                            str(record), str(verdict)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 

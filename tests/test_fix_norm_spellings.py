@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import findings_of, fix_plan, lint_file, write
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 
 HEADER = "import math\n\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
 

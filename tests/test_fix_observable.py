@@ -340,7 +340,7 @@ def test_the_judgement_reads_the_model_as_built_and_the_fixed_code():
     import libcst as cst
 
     from graphlint.capture.modules import ModuleInfo
-    from graphlint.fix.submodules import Dropped, judged
+    from graphlint.rewrite.submodules import Dropped, judged
 
     def modules(**changes):
         drop = ModuleInfo("blocks.0.drop", "torch.nn.modules.dropout.Dropout", True)

@@ -25,7 +25,7 @@ import test_fix_spellings
 import test_gl201_fix
 from conftest import write
 from graphlint.engine import load_rules
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 from graphlint.project import Project
 from graphlint.results import SAFE, UNSAFE
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import findings_of, fix_plan, lint_file, prove_fix, run_graphlint, write
-from graphlint.fix import edge_cases
-from graphlint.fix.edits import apply_edits
+from graphlint.run import edge_cases
+from graphlint.rewrite.edits import apply_edits
 from graphlint.results import SAFE, UNSAFE
 
 PYPROJECT = '[project]\nname = "user-project"\nversion = "0"\n'
@@ -281,7 +281,7 @@ WRONG_REWRITE = PERCEIVER.replace("FILL", "-1e9").replace(
 
 
 def _model_run(mode, base, record, verdict=""):
-    done = subprocess.run([sys.executable, "-m", "graphlint.fix.model_run", mode, "model.py:make", str(base),
+    done = subprocess.run([sys.executable, "-m", "graphlint.run.proof", mode, "model.py:make", str(base),
                            str(record), str(verdict)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 

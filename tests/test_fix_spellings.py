@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from conftest import findings_of, fix_plan, lint_file, prove_fix, write
-from graphlint.fix.edits import apply_edits, deleted_lines
+from graphlint.rewrite.edits import apply_edits, deleted_lines
 from graphlint.report.json import render_json
 from graphlint.report.text import render_text
 

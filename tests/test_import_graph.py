@@ -6,6 +6,12 @@ dependency is paid (torch, libcst), the layer still reaches back up, and the cyc
 `if TYPE_CHECKING:` never run and only name types for annotations, so they do not count. Importing a submodule
 also runs its package's `__init__`, but that implicit edge is left out: a package re-exporting its own parts is
 no layer reaching back up.
+
+Between folders the implicit edge counts: a module that imports `graphlint.run.parent` runs `graphlint/run/`'s
+`__init__` and so depends on the folder as a whole, and two folders that import each other are one layer under two
+names, whichever of their modules the imports name. A module directly in `graphlint/` or `rules/` is a layer of
+its own (`session.py`, `results.py`); a deeper one is collapsed to its folder (`graphlint/run/`,
+`graphlint/rewrite/attention/`).
 """
 
 from __future__ import annotations
@@ -179,3 +185,91 @@ def test_a_server_module_that_imports_the_scheduler_is_named():
     assert process_layer_imports(graph, "graphlint.server") == {
         "graphlint.server.linting": ["graphlint.run", "graphlint.run.scheduler"]}
     assert "graphlint.run" in imported("graphlint.server.linting", "def later():\n    from graphlint import run\n")
+
+
+def folder_of(name: str, packages: set[str]) -> str:
+    """The folder a module is collapsed to: its own package below a top one, else the module itself."""
+    folder = name if name in packages else name.rpartition(".")[0]
+    return folder if "." in folder else name
+
+
+def folder_graph(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """Folder → the folders its modules import, each import also running the `__init__` of every package above
+    the module it names."""
+    folders: dict[str, set[str]] = {}
+    for name, imports in graph.items():
+        reached = set(imports)
+        for other in imports:
+            parts = other.split(".")
+            reached.update(".".join(parts[:end]) for end in range(1, len(parts)) if ".".join(parts[:end]) in packages)
+        mine = folder_of(name, packages)
+        folders.setdefault(mine, set()).update(
+            folder_of(other, packages) for other in reached if folder_of(other, packages) != mine)
+    return folders
+
+
+def packages_of(root: Path = ROOT) -> set[str]:
+    return {name for name, path in module_files(root).items() if path.name == "__init__.py"}
+
+
+# The folders that still reach each other, left to break apart: capture/ and target.py (target loads a factory
+# under capture/debug.py's watch, and capture/'s __init__ imports what loads targets), and config → memory/ →
+# graph/ (whose __init__ imports locate/) → locate/ → project → config. Breaking one removes it here; a new cycle,
+# or one that grows a group, fails.
+KNOWN_FOLDER_CYCLES = [
+    ["graphlint.capture", "graphlint.target"],
+    ["graphlint.config", "graphlint.engine", "graphlint.graph", "graphlint.locate", "graphlint.memory",
+     "graphlint.project"],
+]
+
+
+def test_no_two_folders_import_each_other_beyond_the_known_ones():
+    folders = folder_graph(import_graph(), packages_of())
+    assert "graphlint.run" in folders and "graphlint.locate" in folders  # the graph was read
+    groups = sorted(sorted(group) for group in _strongly_connected(folders))
+    assert groups == KNOWN_FOLDER_CYCLES, [" → ".join(cycle) for cycle in cycles(folders)]
+
+
+def test_the_fix_workflow_and_the_process_layer_import_each_other_one_way():
+    folders = folder_graph(import_graph(), packages_of())
+    assert "graphlint.run" in folders["graphlint.fix"]  # the proof runs as jobs of the warm parent
+    assert "graphlint.fix" not in folders["graphlint.run"]
+
+
+def test_a_cycle_between_folders_is_found_through_a_package_init():
+    """`b.y` imports only `a.x`'s module, but that runs `a`'s `__init__`, which imports `b`: one cycle."""
+    graph = {"p.a": {"p.a.x"}, "p.a.x": {"p.b.y"}, "p.b": set(), "p.b.y": {"p.a.z"}, "p.a.z": set(), "p": set(),
+             "p.top": {"p.a.x"}}
+    packages = {"p", "p.a", "p.b"}
+    assert folder_of("p.a.x", packages) == "p.a" and folder_of("p.a", packages) == "p.a"
+    assert folder_of("p.top", packages) == "p.top" and folder_of("p", packages) == "p"
+    assert cycles(folder_graph(graph, packages)) == [["p.a", "p.b", "p.a"]]
+    assert folder_graph(graph, packages)["p.top"] == {"p.a", "p"}
+    assert cycles(folder_graph({"p.a.x": {"p.b.y"}, "p.b.y": set(), "p.a": set(), "p.b": set()}, packages)) == []
+
+
+REWRITE_LAYER = "graphlint.rewrite"
+# The layers above the rewrites: the rewrites are a toolkit they use, and may use nothing of theirs.
+ABOVE_THE_REWRITES = ("graphlint.run", "graphlint.locate", "graphlint.capture", "graphlint.session",
+                      "graphlint.pipeline", "graphlint.fix", "graphlint.server", "graphlint.cli")
+
+
+def reaching_up(graph: dict[str, set[str]], package: str, above: tuple[str, ...]) -> dict[str, list[str]]:
+    """The modules of `package` that import a module of one of the `above` layers themselves."""
+    found = {name: sorted(other for other in imports if any(other == up or other.startswith(up + ".")
+                                                                for up in above))
+             for name, imports in graph.items() if name == package or name.startswith(package + ".")}
+    return {name: others for name, others in found.items() if others}
+
+
+def test_the_rewrites_import_no_layer_above_them():
+    graph = import_graph()
+    assert "graphlint.rewrite.attention.chain" in graph and "graphlint.rewrite.edits" in graph  # the graph was read
+    assert reaching_up(graph, REWRITE_LAYER, ABOVE_THE_REWRITES) == {}
+
+
+def test_a_rewrite_that_imports_a_layer_above_is_named():
+    graph = {"graphlint.rewrite.norms": {"graphlint.results", "graphlint.capture.contract"},
+             "graphlint.rewrite.edits": {"graphlint.results"}, "graphlint.rewriter": {"graphlint.fix.apply"}}
+    assert reaching_up(graph, REWRITE_LAYER, ABOVE_THE_REWRITES) == {
+        "graphlint.rewrite.norms": ["graphlint.capture.contract"]}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import line_of, lint_file, run_graphlint, write
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 from graphlint.report.github import render_github
 from graphlint.report.markdown import render_markdown
 from graphlint.report.rdjson import diagnostics, suggestions

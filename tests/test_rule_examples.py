@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO, findings_of, lint_file, write
 from graphlint.engine import load_rules
-from graphlint.fix.edits import apply_edits
+from graphlint.rewrite.edits import apply_edits
 from graphlint.rule import anatomy_problems
 
 RULES = load_rules()

@@ -1,3 +1,3 @@
-"""Fixes: rules offer rewrites of the user's source (rewrite.py), locate turns them into text edits, and this
-package applies them to text (edits.py), proves them on the model in a separate process (prove.py,
-model_run.py), and writes the files that passed (apply.py)."""
+"""Fixes, the workflow: rules offer rewrites of the user's source (graphlint.rewrite), locate turns them into
+text edits, and this package proves them on the model in children of the run's warm parent (prove.py; what the
+children run is graphlint.run.proof), then applies and writes the ones that passed (apply.py)."""

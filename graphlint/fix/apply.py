@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graphlint.fix.edits import unified_diff
+from graphlint.rewrite.edits import unified_diff
 from graphlint.errors import UsageError, one_line
 from graphlint.fix.prove import Relint, Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project

@@ -3,7 +3,7 @@
 The target's first-party files are copied twice into a scratch folder, keeping their paths relative to the
 project root; one copy gets the edits. A child of the warm parent builds the original and saves its state
 dict, inputs, float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state
-dict strictly and compares (graphlint.fix.model_run). Then a third lints the rewritten copy, as `graphlint
+dict strictly and compares (graphlint.run.proof). Then a third lints the rewritten copy, as `graphlint
 check` would, and the fixed findings must be gone; that lint is the caller's (`relint`, the session's), handed in so that
 the fix layer never imports the session that runs it. The children are forked from the parent that linted the
 targets, so none of them imports torch again; nothing of either copy is ever imported into this process.
@@ -23,7 +23,7 @@ from pathlib import Path
 from graphlint.config import Config
 from graphlint.errors import GraphlintError, one_line, single_line
 from graphlint.files import is_graphlint_file
-from graphlint.fix.edits import EditConflict, apply_edits, compiles
+from graphlint.rewrite.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
 from graphlint.results import Edit, Finding, Report, TargetResult
 from graphlint.run.parent import WarmParent

@@ -24,7 +24,7 @@ import re
 from collections.abc import Collection, Mapping
 
 from graphlint.files import read_source, split_lines, writable
-from graphlint.fix.edits import EditConflict, apply_edits
+from graphlint.rewrite.edits import EditConflict, apply_edits
 from graphlint.report.columns import SourceColumns
 from graphlint.report.paths import relative_to, source_root
 from graphlint.report.sarif import INFORMATION_URI

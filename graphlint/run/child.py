@@ -97,7 +97,7 @@ def _prove(job: ProofJob) -> Proved:
     os.dup2(quiet, 2)
     warnings.simplefilter("ignore")
     try:
-        from graphlint.fix.model_run import main
+        from graphlint.run.proof import main
 
         main(job.arguments)
     except (Exception, SystemExit) as error:  # the tree cannot be built or run: the proof fails with why

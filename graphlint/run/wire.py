@@ -2,7 +2,7 @@
 
 A job is plain data (strings, numbers, tuples) so that a spawned child can receive it as well as a forked one.
 `LintJob` lints one target (graphlint.run.child); `ProofJob` runs one side of a fix's proof
-(graphlint.fix.model_run). A child sends `Stage` messages as it goes, then exactly one `Linted` or `Proved`;
+(graphlint.run.proof). A child sends `Stage` messages as it goes, then exactly one `Linted` or `Proved`;
 one that exits without it has died, and the scheduler says how, with the last stage it saw. A lint job that asks
 for it (`LintJob.partial`, the language server's) also sends one `Partial` before the torch.compile analysis.
 """
@@ -50,7 +50,7 @@ class LintJob:
 @dataclass(frozen=True)
 class ProofJob:
     """Build the target from one source tree and run it in float64: `save` what it computed to `record`, or
-    `compare` it with the record and write the verdict (graphlint.fix.model_run)."""
+    `compare` it with the record and write the verdict (graphlint.run.proof)."""
 
     mode: str  # "save" or "compare"
     target: str

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Walk, as_operand, definition, here
-from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, names_read
-from graphlint.fix.source import (assigned_names, inside, keeps_a_tensor, local_assignments, plain_name_assignment,
+from graphlint.rewrite.attention.chain import Walk, as_operand, definition, here
+from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, code_of, names_read
+from graphlint.rewrite.source import (assigned_names, inside, keeps_a_tensor, local_assignments, plain_name_assignment,
                                   presence_test, redefinition, root_name, self_assignments, substituted)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import atom, call_parts, code_of, names_read
+from graphlint.rewrite.contract import atom, call_parts, code_of, names_read
 
 
 def is_number(node: cst.BaseExpression, values: tuple[float, ...] = ()) -> bool:

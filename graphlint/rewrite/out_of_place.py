@@ -1,6 +1,6 @@
 """GL201's fix: an in-place write to a tensor autograd saved, made out-of-place where that computes the same.
 
-Two rewrites, both exact when nothing else reads the old tensor after the write (graphlint/fix/aliases.py):
+Two rewrites, both exact when nothing else reads the old tensor after the write (graphlint/rewrite/aliases.py):
 out-of-place (`y.mul_(2)` → `y = y.mul(2)`, `y *= 2` → `y = y * 2`, `inplace=True` dropped), and, where a
 write has no out-of-place twin (index assignment, a write through a view, `zero_`, `copy_`), a copy of its own
 made just before it (`y = y.clone()`), so that the tensor autograd saved keeps its value.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import libcst as cst
 import torch
 
-from graphlint.fix.aliases import is_attribute_path, is_read_after, lines_of, statement_of, unshared, viewed
-from graphlint.fix.rewrite import FixSite, Refused, Rewrite, atom, code_of, is_namespace
-from graphlint.fix.source import import_bindings, path_to, root_name
+from graphlint.rewrite.aliases import is_attribute_path, is_read_after, lines_of, statement_of, unshared, viewed
+from graphlint.rewrite.contract import FixSite, Refused, Rewrite, atom, code_of, is_namespace
+from graphlint.rewrite.source import import_bindings, path_to, root_name
 
 _AUGMENTED = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
               cst.DivideAssign: cst.Divide, cst.PowerAssign: cst.Power, cst.MatrixMultiplyAssign: cst.MatrixMultiply,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import Refused, call_parts, code_of, names_read
-from graphlint.fix.source import (all_nodes, calls_in, class_of, deletes, functions_in, path_to,
+from graphlint.rewrite.contract import Refused, call_parts, code_of, names_read
+from graphlint.rewrite.source import (all_nodes, calls_in, class_of, deletes, functions_in, path_to,
                                   plain_name_assignment)
 from graphlint.ops import CAST
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphlint.fix.rewrite import Refused, atom, call_parts, code_of, names_read
-from graphlint.fix.source import assigned_names, redefinition, statements_of
+from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, names_read
+from graphlint.rewrite.source import assigned_names, redefinition, statements_of
 
 _VIEWS = ("view", "reshape")
 

@@ -2,7 +2,7 @@
 factory's random inputs almost never hold. A boolean mask argument with one row all False, and one with it all
 True (which of the two masks every key depends on the model's polarity), and every input cut to a sequence of
 length one. A variant the original model cannot run is skipped with a note. Runs in the proof's child
-(graphlint.fix.model_run), which has torch imported already."""
+(graphlint.run.proof), which has torch imported already."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, ImportNames, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import all_nodes, is_number
+from graphlint.rewrite.contract import FixSite, ImportNames, call_parts, code_of, is_namespace, names_read
+from graphlint.rewrite.source import all_nodes, is_number
 
 
 def input_of(node: cst.CSTNode, names: tuple[str, ...], imports: ImportNames) -> cst.BaseExpression | None:

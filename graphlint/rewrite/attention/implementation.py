@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite
+from graphlint.rewrite.contract import FixSite, Rewrite
 
 
 def use_sdpa_in_transformers(site: FixSite) -> Rewrite | str:

@@ -1,6 +1,6 @@
 """The walk's state and what every part of it reads: `Walk` (where the fused call goes, the helpers the walk
 is inside, what it has read so far, as a `Chain`), the softmax and its input, the statement that last assigned
-a name, a part read inside a helper put in the caller's terms (graphlint.fix.inline), and the layouts of q, k
+a name, a part read inside a helper put in the caller's terms (graphlint.rewrite.inline), and the layouts of q, k
 and v (transposes, einsum letters)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from graphlint.fix import inline
-from graphlint.fix.attention.returned import module_call, returned_from, why_not_called
-from graphlint.fix.attention.views import added_to_a_view, filled_in_a_view, viewed_back
-from graphlint.fix.inline import Inlined
-from graphlint.fix.rewrite import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import (assigned_names, block_of, bound_arguments, calls_function, calls_in,
+from graphlint.rewrite import inline
+from graphlint.rewrite.attention.returned import module_call, returned_from, why_not_called
+from graphlint.rewrite.attention.views import added_to_a_view, filled_in_a_view, viewed_back
+from graphlint.rewrite.inline import Inlined
+from graphlint.rewrite.contract import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.rewrite.source import (assigned_names, block_of, bound_arguments, calls_function, calls_in,
                                   class_of, indent_of, mutated_in_place, redefinition, statements_of)
 from graphlint.ops import CAST, MATMUL_LIKE
 
@@ -99,7 +99,7 @@ def here(walk: Walk, node: cst.BaseExpression | None) -> cst.BaseExpression | No
 
 
 def helper_called(walk: Walk, call: cst.Call, statement: cst.BaseStatement) -> Inlined | None:
-    """The project's helper that `call` runs, read as if written at the call (graphlint.fix.inline.inlined)."""
+    """The project's helper that `call` runs, read as if written at the call (graphlint.rewrite.inline.inlined)."""
     return inline.inlined(call, statement, walk.scopes, walk.module, walk.classdef, walk.modules)
 
 
@@ -200,7 +200,7 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
 
 def _before_the_masking(body, name: str) -> tuple:
     """The statements of a guard before the one that masks the scores, or the two that add a mask to them
-    viewed in another shape and view them back (graphlint.fix.attention.views)."""
+    viewed in another shape and view them back (graphlint.rewrite.attention.views)."""
     if len(body) >= 2 and added_to_a_view(body[-2], name) and viewed_back(body[-1], name):
         return tuple(body[:-2])
     if filled_in_a_view(body, name):  # view, masked_fill, view back

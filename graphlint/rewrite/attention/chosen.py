@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Walk
-from graphlint.fix.rewrite import Refused, code_of, names_read
-from graphlint.fix.source import assigned_names, is_number, mutated_in_place, plain_assignment
+from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.contract import Refused, code_of, names_read
+from graphlint.rewrite.source import assigned_names, is_number, mutated_in_place, plain_assignment
 
 
 def chosen_bias(walk: Walk, bias: cst.BaseExpression, beta: cst.BaseExpression,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import CASTS, MATMULS, Walk, einsum_spec, to_layout, transposed, without_transpose
-from graphlint.fix.rewrite import Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import assigned_names, is_target, path_to, plain_assignment
+from graphlint.rewrite.attention.chain import CASTS, MATMULS, Walk, einsum_spec, to_layout, transposed, without_transpose
+from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.rewrite.source import assigned_names, is_target, path_to, plain_assignment
 
 
 def walk_to_values(walk: Walk, softmax: cst.CSTNode, statement: cst.SimpleStatementLine) -> None:

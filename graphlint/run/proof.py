@@ -2,11 +2,11 @@
 what it computed (the original tree) or compare with what the original computed (the rewritten tree). A model
 that cannot run in float64 (one that mixes dtypes on purpose: a float32 buffer it multiplies with) runs in its
 own dtypes, compared at the tolerance of the least precise, and the verdict says so. Both then run the edge
-cases of graphlint.fix.edge_cases (a fully masked row, a sequence of length one) that the original can run, and
+cases of graphlint.run.edge_cases (a fully masked row, a sequence of length one) that the original can run, and
 must agree there too, except where the original gives NaN.
 
-    python -m graphlint.fix.model_run save TARGET BASE RECORD "" [PYTHONPATH...]
-    python -m graphlint.fix.model_run compare TARGET BASE RECORD VERDICT [PYTHONPATH...]
+    python -m graphlint.run.proof save TARGET BASE RECORD "" [PYTHONPATH...]
+    python -m graphlint.run.proof compare TARGET BASE RECORD VERDICT [PYTHONPATH...]
 
 Each tree runs in its own process, so nothing of one tree's modules leaks into the other. The rewritten
 model loads the original's state dict with strict=True: a fix must not break existing checkpoints. The
@@ -29,7 +29,7 @@ from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
 from graphlint.capture.patches import compiled_code_eager
 from graphlint.errors import one_line
-from graphlint.fix import edge_cases
+from graphlint.run import edge_cases
 from graphlint.target import TargetSpec, load_factory, normalize_factory_result, search_path
 
 # float64 leaves room only for rounding differences between equivalent formulations.

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.formulas import (calls_any, factors_of, input_of, is_difference, unparenthesized, value_of,
+from graphlint.rewrite.formulas import (calls_any, factors_of, input_of, is_difference, unparenthesized, value_of,
                                     without_parentheses)
-from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, call_parts, code_of, dead_definitions, is_namespace,
+from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, call_parts, code_of, dead_definitions, is_namespace,
                                    one_line)
-from graphlint.fix.source import is_number
+from graphlint.rewrite.source import is_number
 
 
 def activation_call(site: FixSite, library: str) -> Rewrite | str:

@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from graphlint.fix.attention.branches import with_block
-from graphlint.fix.attention.chain import Walk, anchor_at_the_values, block_in
-from graphlint.fix.rewrite import Refused, Rewrite, code_of, names_read
-from graphlint.fix.source import assigned_names, calls_in, indent_of, inside, mutated_in_place, path_to
+from graphlint.rewrite.attention.branches import with_block
+from graphlint.rewrite.attention.chain import Walk, anchor_at_the_values, block_in
+from graphlint.rewrite.contract import Refused, Rewrite, code_of, names_read
+from graphlint.rewrite.source import assigned_names, calls_in, indent_of, inside, mutated_in_place, path_to
 from graphlint.results import SAFE
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Rewrite, call_parts, code_of
+from graphlint.rewrite.contract import FixSite, Rewrite, call_parts, code_of
 from graphlint.results import UNSAFE
 
 

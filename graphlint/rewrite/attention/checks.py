@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Walk
-from graphlint.fix.rewrite import Refused, atom, call_parts, code_of, names_read, one_line
-from graphlint.fix.source import assigned_names, binding_names, inside, mutated_in_place, path_to, plain_assignment
+from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, names_read, one_line
+from graphlint.rewrite.source import assigned_names, binding_names, inside, mutated_in_place, path_to, plain_assignment
 
 
 def check_matches_the_graph(walk: Walk) -> None:

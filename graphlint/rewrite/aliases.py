@@ -1,14 +1,14 @@
 """Who else holds a tensor that an in-place write reaches: other names bound to it or to a view of it, the tensor
 it is itself a view of, the caller (an argument), the module (a registered buffer or parameter). GL201's fix
-(graphlint/fix/out_of_place.py) may only make a write out-of-place, or give it a copy of its own, where nothing
+(graphlint/rewrite/out_of_place.py) may only make a write out-of-place, or give it a copy of its own, where nothing
 reads the old tensor after the write."""
 
 from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.rewrite import FixSite, Refused, code_of, names_read
-from graphlint.fix.source import all_parameters, binds, path_to
+from graphlint.rewrite.contract import FixSite, Refused, code_of, names_read
+from graphlint.rewrite.source import all_parameters, binds, path_to
 
 # Methods whose result shares the receiver's memory: a write into the result reaches the receiver.
 VIEWS = frozenset({"view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "narrow", "select",

@@ -27,7 +27,7 @@ mistake here is refused, never written.
 The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
 scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
 checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
-`transformers` models. Helpers the chain passes through are read with graphlint.fix.inline. Spellings copied
+`transformers` models. Helpers the chain passes through are read with graphlint.rewrite.inline. Spellings copied
 across model files have their own readers: views.py (a mask added to a view of the scores), chosen.py (a
 `baddbmm` bias chosen in an `if`/`else`), loops.py (biases summed in a loop), branches.py (the same softmax
 ending both branches of an `if`/`else`, read as one softmax after the `if`). Where the chain is refused
@@ -39,17 +39,17 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.branches import softmax_in_both_branches
-from graphlint.fix.attention.chain import Walk, anchor_at_the_values, softmax_input
-from graphlint.fix.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
-from graphlint.fix.attention.emit import fused_call
-from graphlint.fix.attention.fallback import guarded_fallback
-from graphlint.fix.attention.implementation import use_sdpa_in_transformers
-from graphlint.fix.attention.masks import FILL_REASON, dtype_extreme, inline_setup
-from graphlint.fix.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
-from graphlint.fix.attention.values import walk_to_values
-from graphlint.fix.rewrite import FixSite, Refused, Rewrite, code_of, dead_definitions
-from graphlint.fix.source import inside
+from graphlint.rewrite.attention.branches import softmax_in_both_branches
+from graphlint.rewrite.attention.chain import Walk, anchor_at_the_values, softmax_input
+from graphlint.rewrite.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
+from graphlint.rewrite.attention.emit import fused_call
+from graphlint.rewrite.attention.fallback import guarded_fallback
+from graphlint.rewrite.attention.implementation import use_sdpa_in_transformers
+from graphlint.rewrite.attention.masks import FILL_REASON, dtype_extreme, inline_setup
+from graphlint.rewrite.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
+from graphlint.rewrite.attention.values import walk_to_values
+from graphlint.rewrite.contract import FixSite, Refused, Rewrite, code_of, dead_definitions
+from graphlint.rewrite.source import inside
 from graphlint.results import UNSAFE
 
 __all__ = ["rewrite_attention", "use_sdpa_in_transformers"]

@@ -6,10 +6,10 @@ import re
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Chain, Walk, as_operand, compact, to_layout
-from graphlint.fix.attention.masks import dtype_extreme, is_causal
-from graphlint.fix.rewrite import Refused, atom, code_of, laid_out, names_read
-from graphlint.fix.source import all_nodes, local_assignments, self_assignments
+from graphlint.rewrite.attention.chain import Chain, Walk, as_operand, compact, to_layout
+from graphlint.rewrite.attention.masks import dtype_extreme, is_causal
+from graphlint.rewrite.contract import Refused, atom, code_of, laid_out, names_read
+from graphlint.rewrite.source import all_nodes, local_assignments, self_assignments
 
 
 def fused_call(walk: Walk, callee: str) -> cst.Call:

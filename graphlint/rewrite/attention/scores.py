@@ -1,18 +1,18 @@
 """Backwards from the softmax's input to the `q · kᵀ` product: the scales (into `scale=`), casts, helpers the
-scores pass through, and the masks met on the way (graphlint.fix.attention.masks)."""
+scores pass through, and the masks met on the way (graphlint.rewrite.attention.masks)."""
 
 from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
+from graphlint.rewrite.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
                                            is_parameter, to_layout, transposed, without_transpose)
-from graphlint.fix.attention.chosen import chosen_bias
-from graphlint.fix.attention.loops import list_statement, summed, summed_in_a_loop
-from graphlint.fix.attention.masks import fill_of, set_mask, very_negative
-from graphlint.fix.attention.views import ViewedMask, adds_to, viewed_fill, viewed_mask
-from graphlint.fix.rewrite import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
-from graphlint.fix.source import inside, is_number, plain_name_assignment, redefinition, substituted
+from graphlint.rewrite.attention.chosen import chosen_bias
+from graphlint.rewrite.attention.loops import list_statement, summed, summed_in_a_loop
+from graphlint.rewrite.attention.masks import fill_of, set_mask, very_negative
+from graphlint.rewrite.attention.views import ViewedMask, adds_to, viewed_fill, viewed_mask
+from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
+from graphlint.rewrite.source import inside, is_number, plain_name_assignment, redefinition, substituted
 
 
 def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.formulas import assigned_once, input_of, unparenthesized, without_parentheses
-from graphlint.fix.rewrite import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
+from graphlint.rewrite.formulas import assigned_once, input_of, unparenthesized, without_parentheses
+from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
                                    is_namespace, names_read, one_line)
-from graphlint.fix.source import all_nodes, inside, is_number
+from graphlint.rewrite.source import all_nodes, inside, is_number
 
 
 # Calls through which a log may be taken instead: each only picks, arranges or casts the values, so the log of

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from graphlint.fix.rewrite import code_of
-from graphlint.fix.source import functions_in, self_assignments
+from graphlint.rewrite.contract import code_of
+from graphlint.rewrite.source import functions_in, self_assignments
 
 if TYPE_CHECKING:
     from graphlint.capture.modules import ModuleInfo

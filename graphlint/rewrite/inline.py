@@ -1,7 +1,7 @@
 """Reading a helper of the project as if its body were written at its call: `s = self.scores(q, k)` or
 `s = apply_mask(s, m)` followed into the helper, and what is read there put back in the caller's terms.
 
-A fixer that walks a chain of statements (graphlint.fix.attention) keeps the helpers it is inside as a stack of
+A fixer that walks a chain of statements (graphlint.rewrite.attention) keeps the helpers it is inside as a stack of
 `Inlined` scopes, innermost last; any other fixer can do the same. Whatever cannot be read exactly raises
 `Refused` with the reason.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from graphlint.fix.rewrite import ImportNames, Refused, call_parts, code_of, names_read
-from graphlint.fix.source import (all_nodes, all_parameters, assigned_names, bound_arguments, class_of, functions_in,
+from graphlint.rewrite.contract import ImportNames, Refused, call_parts, code_of, names_read
+from graphlint.rewrite.source import (all_nodes, all_parameters, assigned_names, bound_arguments, class_of, functions_in,
                                   import_bindings, statements_of, substituted)
 
 _BUILTINS = frozenset(dir(builtins))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Walk
-from graphlint.fix.rewrite import Refused, atom, code_of, names_read
-from graphlint.fix.source import assigned_names, inside, mutated_in_place, plain_assignment, redefinition
+from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.contract import Refused, atom, code_of, names_read
+from graphlint.rewrite.source import assigned_names, inside, mutated_in_place, plain_assignment, redefinition
 
 
 def summed_in_a_loop(walk: Walk, name: str, before: cst.BaseStatement) -> tuple[cst.For, list] | None:

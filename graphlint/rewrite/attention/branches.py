@@ -18,9 +18,9 @@ import dataclasses
 
 import libcst as cst
 
-from graphlint.fix.attention.chain import Walk, block_in
-from graphlint.fix.rewrite import Refused, Rewrite, code_of
-from graphlint.fix.source import indent_of, inside, path_to, plain_name_assignment
+from graphlint.rewrite.attention.chain import Walk, block_in
+from graphlint.rewrite.contract import Refused, Rewrite, code_of
+from graphlint.rewrite.source import indent_of, inside, path_to, plain_name_assignment
 
 
 @dataclasses.dataclass(frozen=True)
