@@ -8,6 +8,10 @@
 
 from __future__ import annotations
 
+# Two op families (graphlint.ops has the others) that the source rewrites read too, kept here below torch.
+MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
+CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
+
 # The name a call is recorded under (graphlint.capture.forward.op_name: a function's __name__, an operator
 # dunder without its underscores) -> the canonical name: every alias torch documents ("Alias for ...") in
 # torch, Tensor, torch.special and torch.linalg, and `//`. tests/test_op_names.py checks the table against torch.

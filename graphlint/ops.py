@@ -14,6 +14,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture.contract import facts
 from graphlint.files import is_installed_file
+from graphlint.opnames import CAST, MATMUL_LIKE  # kept there: the rewrites read them without torch
 
 # How far a rule walks from one op of a pattern to the next (a longer path is other code, and the bound keeps
 # every walk short): across the ops inside one pattern (attention's scale, mask and dropout; the work between
@@ -21,13 +22,11 @@ from graphlint.files import is_installed_file
 MAX_PATTERN_STEPS = 12
 MAX_PASS_THROUGH_STEPS = 8
 
-MATMUL_LIKE = frozenset({"matmul", "rmatmul", "bmm", "baddbmm", "mm", "einsum"})
 SOFTMAX = frozenset({"softmax", "_softmax", "_safe_softmax"})
 MUL = frozenset({"mul"})  # a product of two values, as a hand-written formula spells it (`*`, torch.multiply)
 DIV = frozenset({"div"})  # a quotient (`/`, torch.divide, torch.true_divide)
 SCALE = MUL | DIV | frozenset({"mul_", "rmul", "div_", "rdiv"})
 MASK = frozenset({"add", "add_", "radd", "sub", "sub_", "rsub", "masked_fill", "masked_fill_", "where"})
-CAST = frozenset({"to", "float", "half", "bfloat16", "double", "type", "type_as"})
 DROPOUT = frozenset({"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"})
 MATMUL_CLASS = MATMUL_LIKE | frozenset({
     "linear", "addmm", "addbmm", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",

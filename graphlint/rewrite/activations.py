@@ -7,9 +7,9 @@ from __future__ import annotations
 import libcst as cst
 
 from graphlint.rewrite.formulas import (calls_any, factors_of, input_of, is_difference, unparenthesized, value_of,
-                                    without_parentheses)
+                                        without_parentheses)
 from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, call_parts, code_of, dead_definitions, is_namespace,
-                                   one_line)
+                                        one_line)
 from graphlint.rewrite.source import is_number
 
 

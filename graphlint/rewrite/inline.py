@@ -15,7 +15,7 @@ import libcst as cst
 
 from graphlint.rewrite.contract import ImportNames, Refused, call_parts, code_of, names_read
 from graphlint.rewrite.source import (all_nodes, all_parameters, assigned_names, bound_arguments, class_of, functions_in,
-                                  import_bindings, statements_of, substituted)
+                                      import_bindings, statements_of, substituted)
 
 _BUILTINS = frozenset(dir(builtins))
 

@@ -7,7 +7,7 @@ import libcst as cst
 
 from graphlint.rewrite.formulas import assigned_once, input_of, unparenthesized, without_parentheses
 from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
-                                   is_namespace, names_read, one_line)
+                                        is_namespace, names_read, one_line)
 from graphlint.rewrite.source import all_nodes, inside, is_number
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import libcst as cst
 
 from graphlint.rewrite.formulas import (assigned_once, factors_of, input_of, is_difference, is_self_attribute,
-                                    unparenthesized, value_of)
+                                        unparenthesized, value_of)
 from graphlint.rewrite.contract import (FixSite, ImportNames, LINE_LENGTH, Rewrite, atom, call_parts, code_of,
-                                   dead_definitions, is_namespace, laid_out, names_read, one_line)
+                                        dead_definitions, is_namespace, laid_out, names_read, one_line)
 from graphlint.rewrite.source import all_nodes, is_number
 
 

@@ -16,10 +16,10 @@ from graphlint.rewrite.attention.views import added_to_a_view, filled_in_a_view,
 from graphlint.rewrite.inline import Inlined
 from graphlint.rewrite.contract import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.rewrite.source import (assigned_names, block_of, bound_arguments, calls_function, calls_in,
-                                  class_of, indent_of, mutated_in_place, redefinition, statements_of)
-from graphlint.ops import CAST, MATMUL_LIKE
+                                      class_of, indent_of, mutated_in_place, redefinition, statements_of)
+from graphlint.opnames import CAST, MATMUL_LIKE
 
-# The rule's op vocabulary (graphlint.ops), as the calls appear in the source: a cast, or `contiguous`, which
+# The rule's op vocabulary (graphlint.opnames), as the calls appear in the source: a cast, or `contiguous`, which
 # changes only the layout; the two-operand products (`baddbmm`, `addmm` and `einsum` are read on their own).
 CASTS = CAST | {"contiguous"}
 MATMULS = MATMUL_LIKE - {"baddbmm", "einsum", "rmatmul"}

@@ -8,7 +8,7 @@ import libcst as cst
 from graphlint.rewrite.attention.chain import Walk, as_operand, definition, here
 from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, code_of, names_read
 from graphlint.rewrite.source import (assigned_names, inside, keeps_a_tensor, local_assignments, plain_name_assignment,
-                                  presence_test, redefinition, root_name, self_assignments, substituted)
+                                      presence_test, redefinition, root_name, self_assignments, substituted)
 
 
 def fill_of(walk: Walk, node: cst.BaseExpression) -> cst.BaseExpression:

@@ -8,8 +8,8 @@ import libcst as cst
 
 from graphlint.rewrite.contract import Refused, call_parts, code_of, names_read
 from graphlint.rewrite.source import (all_nodes, calls_in, class_of, deletes, functions_in, path_to,
-                                  plain_name_assignment)
-from graphlint.ops import CAST
+                                      plain_name_assignment)
+from graphlint.opnames import CAST
 
 _CASTS = CAST | {"contiguous"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphlint.rewrite.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
-                                           is_parameter, to_layout, transposed, without_transpose)
+                                               is_parameter, to_layout, transposed, without_transpose)
 from graphlint.rewrite.attention.chosen import chosen_bias
 from graphlint.rewrite.attention.loops import list_statement, summed, summed_in_a_loop
 from graphlint.rewrite.attention.masks import fill_of, set_mask, very_negative
