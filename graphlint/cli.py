@@ -492,7 +492,7 @@ def _memory(args: argparse.Namespace) -> int:
     import traceback
 
     from graphlint.errors import GraphlintError
-    from graphlint.memory.sizes import parse_bytes
+    from graphlint.sizes import parse_bytes
     from graphlint.memory.step import OPTIMIZERS
 
     if args.optimizer not in OPTIMIZERS:

@@ -142,7 +142,7 @@ def _seconds(value, where: str) -> float:
 
 def memory_budget(value, where: str) -> int:
     """A budget (`"24GiB"`, `"80GB"`, a number of bytes), checked."""
-    from graphlint.memory.sizes import parse_bytes
+    from graphlint.sizes import parse_bytes
 
     budget = parse_bytes(value) if isinstance(value, (str, int)) else None
     if budget is None:

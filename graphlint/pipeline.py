@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from graphlint.capture import Capture, capture_target
+from graphlint.capture import Capture, capture_target, load_target
 from graphlint.capture.isolation import seed_everything, torch_defaults
 from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, failure_where, one_line
@@ -24,7 +24,7 @@ from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.stages import last as last_stage, reached
 from graphlint.tags import BUDGET_TAG, COMPILE_TAG, LONGER_TAG, RECOMPILE_TAG
-from graphlint.target import TargetSpec, add_target_folders, importable, load_factory
+from graphlint.target import TargetSpec, add_target_folders, importable
 
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
@@ -145,7 +145,7 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
         # The target's folders stay importable through the capture: forwards may import lazily.
         # The user's prints go to stderr so that stdout carries only graphlint's report.
         with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
-            capture = capture_target(load_factory(spec, pythonpath), device, vary_inputs, after, captured)
+            capture = capture_target(load_target(spec, pythonpath), device, vary_inputs, after, captured)
     except GraphlintError as error:
         path, line = failure_where(error)
         result.errors.append(TargetError(text, str(error), path, line, last_stage()))

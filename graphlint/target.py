@@ -226,16 +226,18 @@ class LoadedTarget:
 _IMPORT_SWITCHES: dict[str, tuple] = {}
 
 
-def load_factory(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = ()) -> LoadedTarget:
+def load_factory(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = (),
+                 watch: Callable[[], contextlib.AbstractContextManager] | None = None) -> LoadedTarget:
     """Import the target's module (inside `importable(spec, pythonpath)`) and fetch the factory; `pythonpath`
-    only shapes the one-line error of an import that fails."""
-    from graphlint.capture.debug import watched_import  # imports torch: only a capture loads a factory
-
+    only shapes the one-line error of an import that fails. `watch`, when given, is entered around the import,
+    and the `switches` of what it yields are kept as the debugging switches the import turned on (the capture
+    passes graphlint.capture.debug.watched_import: this layer below it knows nothing of torch's switches)."""
     key = str(spec.file) if spec.file is not None else spec.module
-    with watched_import() as watch:
+    with watch() if watch is not None else contextlib.nullcontext() as watching:
         module = (_import_file(spec, tuple(pythonpath)) if spec.file is not None
                   else _import_module(spec, tuple(pythonpath)))
-    _IMPORT_SWITCHES.setdefault(key, tuple(watch.switches))
+    if watching is not None:
+        _IMPORT_SWITCHES.setdefault(key, tuple(watching.switches))
     found = getattr(module, spec.name, None)
     if found is None:
         raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns "
@@ -243,7 +245,7 @@ def load_factory(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = (
     if not callable(found):
         raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {_describe(found)}, not a function; "
                             "make it a function that returns (model, args), or a model class")
-    return LoadedTarget(spec, _Builder(spec, found), _IMPORT_SWITCHES[key])
+    return LoadedTarget(spec, _Builder(spec, found), _IMPORT_SWITCHES.get(key, ()))
 
 
 def package_of(file: Path) -> tuple[Path, str] | None:

@@ -10,9 +10,9 @@ import torch
 from torch import fx, nn
 
 from conftest import line_of, lint_file, write
-from graphlint.capture import capture_model, capture_target
+from graphlint.capture import capture_model, capture_target, load_target
 from graphlint.errors import TargetFailure
-from graphlint.target import TargetSpec, load_factory
+from graphlint.target import TargetSpec
 
 SMALL = '''
 import torch
@@ -45,7 +45,7 @@ def make():
 def capture_file(path: Path, name: str = "make", device: str = "auto"):
     sys.path.insert(0, str(path.parent))
     try:
-        return capture_target(load_factory(TargetSpec.parse(f"{path}:{name}", path.parent)), device)
+        return capture_target(load_target(TargetSpec.parse(f"{path}:{name}", path.parent)), device)
     finally:
         sys.path.remove(str(path.parent))
 

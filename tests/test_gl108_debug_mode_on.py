@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import findings_of, line_of, lint_file, write
-from graphlint.capture import capture_target
+from graphlint.capture import capture_target, load_target
 from graphlint.capture.debug import ANOMALY, PROFILER
-from graphlint.target import TargetSpec, load_factory
+from graphlint.target import TargetSpec
 
 AT_IMPORT = '''
 import torch
@@ -103,7 +103,7 @@ def test_anomaly_detection_in_the_forward_is_one_finding_with_its_count(tmp_path
 def test_the_capture_records_each_switch_as_data(tmp_path):
     path = write(tmp_path, "in_forward.py", IN_FORWARD.replace(
         "        return x\n", "        with torch.autograd.profiler.profile():\n            return x * 2\n"))
-    capture = capture_target(load_factory(TargetSpec.parse(f"{path}:make", tmp_path)))
+    capture = capture_target(load_target(TargetSpec.parse(f"{path}:make", tmp_path)))
     assert [s.kind for s in capture.debug_switches] == [ANOMALY, ANOMALY, PROFILER]
     assert [s.switched_on_at[-1].line for s in capture.debug_switches] == [
         line_of(path, "# switched on")] * 2 + [line_of(path, "profiler.profile()")]

@@ -12,7 +12,7 @@ from torch import nn
 
 from graphlint.memory.estimate import estimate
 from graphlint.memory.measure import Request, measure
-from graphlint.memory.sizes import format_bytes, parse_bytes
+from graphlint.sizes import format_bytes, parse_bytes
 from graphlint.memory.step import run_step
 from conftest import run_graphlint, write
 

@@ -10,8 +10,8 @@
 """
 
 from graphlint.capture.contract import Capture, NodeFacts, ParameterInfo, facts
-from graphlint.capture.device import capture_target, inputs_to_meta
+from graphlint.capture.device import capture_target, inputs_to_meta, load_target
 from graphlint.capture.session import ForwardFailure, capture_model
 
 __all__ = ["Capture", "ForwardFailure", "NodeFacts", "ParameterInfo", "capture_model", "capture_target", "facts",
-           "inputs_to_meta"]
+           "inputs_to_meta", "load_target"]

@@ -8,12 +8,13 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from graphlint.capture.contract import Capture
-from graphlint.capture.debug import DebugSwitchWatch
+from graphlint.capture.debug import DebugSwitchWatch, watched_import
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.capture.modules import BuildSiteRecorder
@@ -21,7 +22,12 @@ from graphlint.capture.session import ForwardFailure, capture_model, model_tenso
 from graphlint.errors import MetaCannotRun, TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.files import display_path
 from graphlint.stages import reached
-from graphlint.target import LoadedTarget, Target, normalize_factory_result
+from graphlint.target import LoadedTarget, Target, TargetSpec, load_factory, normalize_factory_result
+
+
+def load_target(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = ()) -> LoadedTarget:
+    """The target's factory, with the debugging switches its module's import turned on (GL108 reads them)."""
+    return load_factory(spec, pythonpath, watch=watched_import)
 
 
 def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None,

@@ -276,7 +276,7 @@ LARGE_SAVING = 256 * 2**20
 
 
 def _price(saves: int) -> str:
-    from graphlint.memory.sizes import format_bytes
+    from graphlint.sizes import format_bytes
 
     if saves < LARGE_SAVING:
         return ""

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from graphlint.capture.device import inputs_to_meta
+from graphlint.capture.device import inputs_to_meta, load_target
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.session import model_tensors
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
 from graphlint.memory.estimate import MemoryEstimate, estimate
 from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
-from graphlint.target import Target, TargetSpec, importable, load_factory, normalize_factory_result
+from graphlint.target import Target, TargetSpec, importable, normalize_factory_result
 
 DIMENSIONS = {"batch": 0, "seq": 1}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,7 +50,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
     the project's import folders (graphlint.project)."""
     spec = TargetSpec.parse(text, base)
     with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
-        loaded = load_factory(spec, pythonpath)
+        loaded = load_target(spec, pythonpath)
         notes: list[str] = []
         device = request.device
         if device == "auto":

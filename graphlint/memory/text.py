@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphlint.memory.estimate import MemoryEstimate
-from graphlint.memory.sizes import format_bytes
+from graphlint.sizes import format_bytes
 
 BAR = 30
 MODULE_LINES = 25

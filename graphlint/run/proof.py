@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 
+from graphlint.capture.device import load_target
 from graphlint.capture.isolation import seed_everything
 from graphlint.capture.loss import choose_loss, floating_tensors
 from graphlint.capture.patches import compiled_code_eager
 from graphlint.errors import one_line
 from graphlint.run import edge_cases
-from graphlint.target import TargetSpec, load_factory, normalize_factory_result, search_path
+from graphlint.target import TargetSpec, normalize_factory_result, search_path
 
 # float64 leaves room only for rounding differences between equivalent formulations.
 RTOL, ATOL = 1e-7, 1e-9
@@ -79,7 +80,7 @@ def _run(target: str, base: Path, record: dict | None, in_double: bool = True,
     sys.path[:0] = [str(folder) for folder in first]
     sys.path.extend(str(folder) for folder in last)
     seed_everything(0)  # both sides build, and draw in Python, alike
-    made = normalize_factory_result(load_factory(spec, pythonpath).factory())
+    made = normalize_factory_result(load_target(spec, pythonpath).factory())
     model = made.model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     args, kwargs = made.args, dict(made.kwargs or {})
