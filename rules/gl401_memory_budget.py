@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graphlint.memory.sizes import format_bytes
+from graphlint.sizes import format_bytes
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
