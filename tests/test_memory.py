@@ -541,15 +541,21 @@ def _largest_by_running_each_batch(target, tmp_path, budget):
     return fits.index(False)  # the batches that fit come first
 
 
-def test_a_step_whose_memory_is_not_a_line_in_the_batch_is_searched_by_running_it(tmp_path, monkeypatch):
+def _search_recorded(monkeypatch) -> list[int]:
+    """The batches the largest-batch search steps at, in order, as it runs them."""
     from graphlint.memory import measure as measuring
 
+    searched: list[int] = []
+    search = measuring._search_trace
+    monkeypatch.setattr(measuring, "_search_trace", lambda *args: searched.append(args[3]["batch"]) or search(*args))
+    return searched
+
+
+def test_a_step_whose_memory_is_not_a_line_in_the_batch_is_searched_by_running_it(tmp_path, monkeypatch):
     path = write(tmp_path, "net.py", BATCH_SHAPED)
     target = f"{path}:contrastive"
     budget = measure(target, tmp_path, Request(batch=300)).peak_bytes
-    searched = []
-    search = measuring._search_trace
-    monkeypatch.setattr(measuring, "_search_trace", lambda *args: searched.append(args[3]["batch"]) or search(*args))
+    searched = _search_recorded(monkeypatch)
     found = measure(target, tmp_path, Request(device_memory=budget))
     assert "not linear in the batch" in " ".join(found.notes)
     assert searched[:3] == [2, 3, 4] and len(searched) > 3  # the three steps disagree, then each size is run
@@ -557,14 +563,10 @@ def test_a_step_whose_memory_is_not_a_line_in_the_batch_is_searched_by_running_i
 
 
 def test_a_targets_own_step_that_takes_another_path_is_not_one_of_the_three_batches(tmp_path, monkeypatch):
-    from graphlint.memory import measure as measuring
-
     path = write(tmp_path, "net.py", BATCH_SHAPED)
     target = f"{path}:one_pair_at_least"
     budget = measure(target, tmp_path, Request(batch=200)).peak_bytes
-    searched = []
-    search = measuring._search_trace
-    monkeypatch.setattr(measuring, "_search_trace", lambda *args: searched.append(args[3]["batch"]) or search(*args))
+    searched = _search_recorded(monkeypatch)
     found = measure(target, tmp_path, Request(device_memory=budget))
     assert found.batch == 1 and not found.notes
     assert searched == [2, 3, 4]  # batch 1's step differs from those at 2 and 3, so batch 4 is the third
