@@ -101,7 +101,8 @@ def largest_batch(factory: Callable, device: str, request: Request, sizes: dict[
     are those of the others."""
     budget = request.device_memory
     fixed = {"seq": sizes["seq"]} if sizes.get("seq") is not None else {}
-    traces: dict[int, StepTrace] = {}
+    # The target's own step is the search's step at its batch: it is not run again (batch 1 below, say).
+    traces: dict[int, StepTrace] = {sizes["batch"]: own} if own is not None else {}
 
     def search(batch: int) -> StepTrace:
         if batch not in traces:
