@@ -52,9 +52,8 @@ def models() -> dict[str, str]:
 def measure() -> list[tuple[str, str, str]]:
     """(file:line, the written line, "fixed" or the reason there is none) for every GL201 finding."""
     from graphlint.config import Config
-    from graphlint.fix.apply import plan_fixes
     from graphlint.project import Project
-    from graphlint.session import check, relint
+    from graphlint.session import Session
 
     with tempfile.TemporaryDirectory(prefix="graphlint-gl201-share-") as scratch:
         root = Path(scratch)
@@ -63,8 +62,9 @@ def measure() -> list[tuple[str, str, str]]:
             (root / name).write_text(source, encoding="utf-8")
         project = Project(root=root, first_party_folders=[root])
         targets = [f"{p}:make" for p in sorted(root.glob("*.py"))]
-        report = check(targets, project, Config(select=("GL201",)))
-        plan = plan_fixes(report, project, root, False, relint)
+        session = Session(targets, project, Config(select=("GL201",)))
+        report = session.report(session.results(targets))
+        plan = session.fixes(report, unsafe=False)
         refused = dict(plan.refused)
         rows = []
         for finding in report.findings:

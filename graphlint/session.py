@@ -39,7 +39,7 @@ from graphlint.target import TargetSpec, add_target_folders, target_vary
 if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing and the fix stage are not free
     from graphlint.fix.apply import FixPlan
     from graphlint.run.parent import WarmParent
-    from graphlint.run.wire import LintJob
+    from graphlint.run.wire import Job, LintJob, ProofJob, Proved
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,6 @@ def check(
     return session.report(session.results(targets))
 
 
-def relint(target: str, project: Project, config: Config, base: Path, parent: WarmParent,
-           timeout: float) -> Report:
-    """What linting one target from `base` reports, suppressed findings included and no cache read: a fix's
-    proof lints the rewritten copy with it, handed in by the session so the fix layer never imports it back."""
-    return check([target], project, config, Options(show_suppressed=True, timeout=timeout), base, parent)
-
-
 class Session:
     """Linting targets of one project: the rules that run, the result cache, the baseline, the warm parent
     (made when a target first has to be captured); the results, the report the policy stage makes of them,
@@ -100,7 +93,8 @@ class Session:
             if spec.file is not None:
                 add_target_folders(project, spec)
         self.cache = ResultCache(options.cache) if options.cache is not None else None
-        self.rules = select(self.config, _rule_infos(self.cache))
+        self.rule_infos = _rule_infos(self.cache)  # every rule known, selected or not
+        self.rules = select(self.config, self.rule_infos)
         self.rule_ids = tuple(rule.id for rule in self.rules)
         self.rule_tags = frozenset(tag for rule in self.rules for tag in rule.tags)  # which settings matter
         self.baseline = read_baseline(options.baseline) if options.baseline is not None else None
@@ -216,7 +210,29 @@ class Session:
         those that failed their proof."""
         from graphlint.fix.apply import plan_fixes
 
-        return plan_fixes(report, self.project, self.base, unsafe, relint, self.warm_parent)
+        return plan_fixes(report, self.project, self.base, unsafe, self)
+
+    # -- what a fix's proof asks of the session (graphlint.fix.prove.Prover) ----------------------------------
+
+    def run_proof(self, job: ProofJob, timeout: float) -> str | None:
+        """One side of a fix's proof in a child of this session's runner: None, or why the model did not run."""
+        return self.runner.run(job, timeout).failure
+
+    def relint(self, target: str, project: Project, config: Config, base: Path, timeout: float) -> Report:
+        """What linting one target of another project (a fix's rewritten copy) from `base` reports, as `graphlint
+        check --no-cache --show-suppressed` would: one lint job in a child of this session's runner."""
+        from graphlint.run.wire import LintJob
+
+        try:
+            spec = TargetSpec.parse(target, base)
+        except GraphlintError:
+            spec = None  # the child reports it as the target's error
+        if spec is not None and spec.file is not None:
+            add_target_folders(project, spec)
+        rules = select(config, self.rule_infos)
+        job = LintJob.of(target, base, project, config.device, tuple(rule.id for rule in rules), self.options.debug,
+                         target_vary(target, config.vary), config.memory_budget)
+        return finish([self.runner.run(job, timeout)], project, config, rules, show_suppressed=True)
 
     @staticmethod
     def without(report: Report, fixed: list[Finding]) -> Report:
@@ -338,6 +354,13 @@ class Runner:
 
             self.parent = scheduler.WarmParent(close_in_children=self.close_in_children)
         return self.parent
+
+    def run(self, job: Job, timeout: float | None) -> TargetResult | Proved:
+        """Run one job (a fix's proof, or the lint of its rewritten copy) in a child of the warm parent and wait
+        for its answer: a lint job's result, a proof job's `Proved`."""
+        from graphlint.run.scheduler import run_job
+
+        return run_job(self.warm_parent(), job, timeout)
 
     def close(self) -> None:
         """Kill every child (the server is shutting down)."""

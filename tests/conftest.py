@@ -93,23 +93,25 @@ def check_targets(folder: Path, targets: list[str], **settings):
 def fix_plan(report, folder: Path, unsafe: bool = False, parent=None):
     """What `--fix` (`--unsafe-fixes` when `unsafe`) does with a report of files in `folder`, the project root,
     proving each fix as the session does; `parent()` gives the warm parent (default: a new one)."""
-    from graphlint.fix.apply import plan_fixes
-    from graphlint.session import relint
-
     project = Project(root=folder, first_party_folders=[folder])
-    return plan_fixes(report, project, folder, unsafe, relint, parent)
+    return proving_session(project, folder, parent() if parent is not None else None).fixes(report, unsafe)
+
+
+def proving_session(project: Project, folder: Path, parent=None):
+    """A session of `project` that runs fixes' proofs, in children of `parent` (default: a new warm parent)."""
+    from graphlint.session import Runner, Session
+
+    return Session([], project, Config(), base=folder, runner=Runner(parent))
 
 
 def prove_fix(report, folder: Path, finding):
     """The proof's verdict on one finding's fix, whatever its declared applicability (`--fix` never proves an
     unsafe one): what the fix computes on the factory's inputs and the edge cases."""
     from graphlint.fix.prove import prove
-    from graphlint.run.parent import WarmParent
-    from graphlint.session import relint
 
     project = Project(root=folder, first_party_folders=[folder])
     [result] = [r for r in report.results if r.target in finding.targets]
-    return prove(result, [finding], project, folder, report.all_findings, WarmParent(), relint)
+    return prove(result, [finding], project, folder, report.all_findings, proving_session(project, folder))
 
 
 def backward_in_plain_pytorch(path: Path, name: str = "make"):

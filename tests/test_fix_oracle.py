@@ -23,7 +23,7 @@ import test_fix_observable
 import test_fix_safety
 import test_fix_spellings
 import test_gl201_fix
-from conftest import write
+from conftest import proving_session, write
 from graphlint.engine import load_rules
 from graphlint.rewrite.edits import apply_edits
 from graphlint.project import Project
@@ -215,7 +215,7 @@ def test_the_proof_agrees_with_a_plain_pytorch_oracle_on_every_fix_of_the_suite(
     from graphlint.fix.prove import prove
     from graphlint.pipeline import COMPILE_TAG
     from graphlint.run.parent import WarmParent
-    from graphlint.session import check, relint
+    from graphlint.session import check
     from graphlint.config import Config
 
     write(tmp_path, "pyproject.toml", '[project]\nname = "user-project"\nversion = "0"\n')
@@ -231,10 +231,11 @@ def test_the_proof_agrees_with_a_plain_pytorch_oracle_on_every_fix_of_the_suite(
     assert not report.errors, report.errors[:3]
     fixes = [f for f in report.all_findings if f.fix is not None and f.fix.applicability in (SAFE, UNSAFE)]
     assert len(fixes) >= len(models)  # each model has at least one fix
+    prover = proving_session(project, tmp_path, parent)
     disagreements, verdicts = [], {}
     for finding in fixes:
         [result] = [r for r in report.results if r.target in finding.targets]
-        verdict = prove(result, [finding], project, tmp_path, report.all_findings, parent, relint)
+        verdict = prove(result, [finding], project, tmp_path, report.all_findings, prover)
         path = Path(finding.location.path)
         fixed = write(tmp_path / "fixed" / f"{path.stem}_{finding.rule_id}_{finding.location.line}", path.name,
                       apply_edits(path.read_text(encoding="utf-8"), finding.fix.edits))

@@ -11,19 +11,13 @@ written, `--unsafe-fixes` or not: such a fix is known to be wrong.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from graphlint.rewrite.edits import unified_diff
 from graphlint.errors import UsageError, one_line
-from graphlint.fix.prove import Relint, Verdict, prove, read_text, rewritten_files
+from graphlint.fix.prove import Prover, Verdict, prove, read_text, rewritten_files
 from graphlint.project import Project
 from graphlint.results import SAFE, UNSAFE, Finding, Report
-
-if TYPE_CHECKING:
-    from graphlint.run.parent import WarmParent
 
 
 @dataclass
@@ -56,9 +50,9 @@ class FixPlan:
         return written
 
 
-def _prove(result, fixes, project, base, original, parent, relint: Relint, failures: list[str]) -> Verdict:
+def _prove(result, fixes, project, base, original, prover: Prover, failures: list[str]) -> Verdict:
     try:
-        return prove(result, fixes, project, base, original, parent, relint)
+        return prove(result, fixes, project, base, original, prover)
     except Exception as error:  # a bug in graphlint: the fix is refused, the finding stays, the run goes on
         failures.append(f"proving a fix for {result.target}: {one_line(error)}")
         return Verdict(False, f"graphlint could not prove this fix: {one_line(error)}; please report it with --debug")
@@ -70,25 +64,14 @@ def fixable(report: Report) -> list[Finding]:
             and not f.suppressed and not f.baselined and f.location.first_party]
 
 
-def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, relint: Relint,
-               parent: Callable[[], WarmParent] | None = None) -> FixPlan:
-    """Prove each target's fixes (all together, else one by one, then the ones that passed together again), in
-    children of the warm parent that `parent()` gives (asked for only when there is something to prove; by
-    default a new one); `relint` is the session's lint of one target (graphlint.session.relint), the proof's
-    last step."""
+def plan_fixes(report: Report, project: Project, base: Path, unsafe: bool, prover: Prover) -> FixPlan:
+    """Prove each target's fixes (all together, else one by one, then the ones that passed together again), each
+    proof's jobs run by `prover` (the session's runner: graphlint.session.Session)."""
     candidates = fixable(report)
-    made: list[WarmParent] = []
     failures: list[str] = []
 
-    def warm() -> WarmParent:
-        if not made:
-            from graphlint.run.parent import WarmParent
-
-            made.append(WarmParent())
-        return made[0]
-
     def proved(result, fixes, original) -> Verdict:
-        return _prove(result, fixes, project, base, original, (parent or warm)(), relint, failures)
+        return _prove(result, fixes, project, base, original, prover, failures)
 
     declared = [f for f in candidates if f.fix.applicability == UNSAFE]
     failed: dict[Finding, str] = {}

@@ -4,9 +4,10 @@ The target's first-party files are copied twice into a scratch folder, keeping t
 project root; one copy gets the edits. A child of the warm parent builds the original and saves its state
 dict, inputs, float64 outputs and parameter gradients; a second builds the rewritten copy, loads that state
 dict strictly and compares (graphlint.run.proof). Then a third lints the rewritten copy, as `graphlint
-check` would, and the fixed findings must be gone; that lint is the caller's (`relint`, the session's), handed in so that
-the fix layer never imports the session that runs it. The children are forked from the parent that linted the
-targets, so none of them imports torch again; nothing of either copy is ever imported into this process.
+check` would, and the fixed findings must be gone. The three are jobs of the session that asks for the proof
+(a `Prover`: graphlint.session.Session), run by its runner as it runs its lint jobs, so the fix layer never
+imports the session or starts a process; they are forked from the parent that linted the targets, so none of
+them imports torch again; nothing of either copy is ever imported into this process.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from graphlint.config import Config
 from graphlint.errors import GraphlintError, one_line, single_line
@@ -26,16 +27,21 @@ from graphlint.files import is_graphlint_file
 from graphlint.rewrite.edits import EditConflict, apply_edits, compiles
 from graphlint.project import Project
 from graphlint.results import Edit, Finding, Report, TargetResult
-from graphlint.run.parent import WarmParent
-from graphlint.run.scheduler import run_job
 from graphlint.run.wire import ProofJob
 from graphlint.target import TargetSpec
 
 CHILD_TIMEOUT = 600.0
 
-# relint(target, project, config, base, parent, timeout): the report of linting one target in `base` as
-# `graphlint check --no-cache --show-suppressed` would, its children started from `parent`
-Relint = Callable[[str, Project, Config, Path, WarmParent, float], Report]
+
+
+class Prover(Protocol):
+    """What a proof asks of the session that runs it: its jobs, each in a child of the session's runner."""
+
+    def run_proof(self, job: ProofJob, timeout: float) -> str | None:
+        """Run one side of the proof: None, or why the model could not be run."""
+
+    def relint(self, target: str, project: Project, config: Config, base: Path, timeout: float) -> Report:
+        """The report of linting one target in `base` as `graphlint check --no-cache --show-suppressed` would."""
 
 
 @dataclass(frozen=True)
@@ -85,10 +91,10 @@ def rewritten_files(edits: list[Edit]) -> dict[str, str] | str:
 
 
 def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Path, original: list[Finding],
-          parent: WarmParent, relint: Relint) -> Verdict:
+          prover: Prover) -> Verdict:
     """Whether applying every fix of `fixed` to the target `result` keeps its outputs and gradients and removes
-    those findings; `original` are the target's findings before (to count what is left). The proof's
-    processes are children of `parent`; `relint` lints the rewritten copy."""
+    those findings; `original` are the target's findings before (to count what is left). `prover` runs the
+    proof's jobs."""
     texts = rewritten_files([e for f in fixed for e in f.fix.edits])
     if isinstance(texts, str):
         return Verdict(False, texts)
@@ -122,19 +128,19 @@ def prove(result: TargetResult, fixed: list[Finding], project: Project, base: Pa
         for mode, tree, answer_to in (("save", "original", None), ("compare", "rewritten", str(verdict))):
             job = ProofJob(mode, target, str(trees[tree] / mapped_base), str(record), answer_to,
                            tuple(str(folder) for folder in _moved(project.pythonpath, root, trees[tree])))
-            failed = run_job(parent, job, CHILD_TIMEOUT).failure
+            failed = prover.run_proof(job, CHILD_TIMEOUT)
             if failed:
                 return Verdict(False, f"the {tree} model could not be run ({failed})")
         answer = json.loads(verdict.read_text(encoding="utf-8"))
         if not answer["ok"]:
             return Verdict(False, answer["reason"], runs=answer.get("runs", False), differs=answer.get("differs", False))
-        gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, parent,
-                     _moved(project.pythonpath, root, trees["rewritten"]), relint)
+        gone = _gone(trees["rewritten"], mapped_base, target, fixed, original, project, prover,
+                     _moved(project.pythonpath, root, trees["rewritten"]))
         return Verdict(gone.ok, gone.reason, answer.get("note", ""), runs=gone.runs)
 
 
 def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], original: list[Finding], project: Project,
-          parent: WarmParent, pythonpath: list[Path], relint: Relint) -> Verdict:
+          prover: Prover, pythonpath: list[Path]) -> Verdict:
     """Whether linting the rewritten tree finds fewer of each fixed rule in each file, by the number fixed."""
     where = rewritten / base
     rules = sorted({f.rule_id for f in fixed})
@@ -143,7 +149,7 @@ def _gone(rewritten: Path, base: Path, target: str, fixed: list[Finding], origin
         tree.add_pythonpath(pythonpath)  # the command line's --pythonpath, moved into the tree as well
         tree.add_first_party(project.root)  # so that an original file the copy imports shows among its inputs
         config = tree.config.overridden(select=tuple(rules), fail_on="never")
-        report = relint(target, tree, config, where, parent, CHILD_TIMEOUT)
+        report = prover.relint(target, tree, config, where, CHILD_TIMEOUT)
     except GraphlintError as error:
         return Verdict(False, f"the rewritten target could not be linted (graphlint: error: {error})")
     if report.errors:
