@@ -312,7 +312,7 @@ def _floor_of(target: str) -> list[float]:
 
     from graphlint.capture.compile import _grown, _real_meta_tensors_accepted, varied_size, warm_up
     from graphlint.capture.compile_regions import repeated_blocks
-    from graphlint.capture.device import _move_to_meta
+    from graphlint.capture.build import move_to_meta
     from graphlint.target import TargetSpec, importable, load_factory, normalize_factory_result
 
     warm_up()
@@ -321,7 +321,7 @@ def _floor_of(target: str) -> list[float]:
         loaded = load_factory(spec)
     with torch.device("meta"):
         made = normalize_factory_result(loaded.factory())
-    _move_to_meta(made)
+    move_to_meta(made)
     model = made.model
     block = model.get_submodule(repeated_blocks(model)[0])
     seen = []

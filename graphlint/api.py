@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from graphlint.capture import Capture, capture_model, inputs_to_meta
+from graphlint.capture.build import NeedsRealValues, meta_then_cpu
 from graphlint.capture.frames import Frame
 from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.engine import load_rules, run_rules
@@ -47,19 +48,25 @@ def lint(model: torch.nn.Module, args=(), kwargs: dict | None = None, loss: Call
     notes = []
     inputs = (tuple(args), dict(kwargs or {}), loss, target, factory)
     if device == "auto":
-        try:
-            capture = _capture_meta_copy(model, *inputs)
-        except (TargetFailure, RuntimeError, TypeError, NotImplementedError, copy.Error) as error:
+        def attempt(on: str) -> Capture | None:
+            if on == "meta":
+                try:
+                    return _capture_meta_copy(model, *inputs)
+                except (TargetFailure, RuntimeError, TypeError, NotImplementedError, copy.Error) as error:
+                    raise NeedsRealValues(f"{type(error).__name__} on the meta device") from error
             try:
                 copied = copy.deepcopy(model)
             except (TypeError, RuntimeError, copy.Error, AttributeError):
                 notes.append("captured on the model itself: it cannot be copied")
-            else:
-                notes.append(f"captured on a full copy of the model: the forward needs real values "
-                             f"({type(error).__name__} on the meta device)")
-                with preserved_global_state():
-                    seed_everything()  # the same draws as a factory target's capture
-                    capture = capture_model(copied, *inputs[:3], target=target, factory=factory)
+                return None
+            with preserved_global_state():
+                seed_everything()  # the same draws as a factory target's capture
+                return capture_model(copied, *inputs[:3], target=target, factory=factory)
+
+        # The build policy of every target (graphlint.capture.build): a meta copy, else a full copy on CPU.
+        capture, _, meta_failure = meta_then_cpu(attempt, "auto", TargetFailure)
+        if capture is not None and meta_failure is not None:
+            notes.append(f"captured on a full copy of the model: the forward needs real values ({meta_failure})")
     if capture is None:
         capture = _capture_in_place(model, *inputs)
     locator = Locator(project)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphlint.errors import TargetFailure
 from graphlint.memory.estimate import estimate
 from graphlint.memory.measure import Request, measure
 from graphlint.sizes import format_bytes, parse_bytes
@@ -165,6 +166,36 @@ def test_the_largest_batch_that_fits_is_the_largest_whose_step_fits(tmp_path):
     found = measure(f"{path}:make", tmp_path, Request(device_memory=budget))
     assert found.largest_batch == 40
     assert measure(f"{path}:make", tmp_path, Request(batch=41)).peak_bytes > budget
+
+
+BRANCHY = """
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.a(x) if x.sum() > 0 else -self.a(x)
+
+
+def make():
+    return Branchy(), (torch.randn(2, 8),)
+"""
+
+
+def test_the_step_follows_the_build_policy_of_the_capture(tmp_path):
+    # Meta cannot branch on a value: on its own the step runs on CPU and says why; forced onto meta, the
+    # failure is the target's, said as the capture says it, never graphlint's internal error.
+    path = write(tmp_path, "branchy.py", BRANCHY)
+    result = measure(f"{path}:make", tmp_path, Request())
+    assert result.peak_bytes > 0
+    assert result.notes and result.notes[0].startswith("measured on CPU because the step failed on the meta device")
+    with pytest.raises(TargetFailure, match=r"cannot measure on the meta device: .*; use --device auto"):
+        measure(f"{path}:make", tmp_path, Request(device="meta"))
 
 
 def test_batch_and_seq_resize_the_inputs(tmp_path):

@@ -5,12 +5,14 @@
   (`forward.py` the forward graph, `autograd.py` the autograd graph and saved tensors, `modules.py` the
   running modules and where they were built, `debug.py` debugging modes switched on; `patches.py` the one
   way they patch torch and undo it);
-- `device.py`: `capture_target`, the device policy, meta first and a CPU rebuild when the forward needs real
-  values; `isolation.py` restores torch's global state after each target.
+- `build.py`: the build policy that the capture, the memory step and the API share, meta first and a CPU
+  rebuild when meta cannot run the target; `device.py`: `capture_target`, a factory's target captured under
+  it; `isolation.py` restores torch's global state after each target.
 """
 
 from graphlint.capture.contract import Capture, NodeFacts, ParameterInfo, facts
-from graphlint.capture.device import capture_target, inputs_to_meta, load_target
+from graphlint.capture.build import inputs_to_meta
+from graphlint.capture.device import capture_target, load_target
 from graphlint.capture.session import ForwardFailure, capture_model
 
 __all__ = ["Capture", "ForwardFailure", "NodeFacts", "ParameterInfo", "capture_model", "capture_target", "facts",

@@ -1,5 +1,5 @@
-"""The device policy: build a target on the meta device first (no parameter memory, a cost independent of
-tensor sizes) and rebuild it on CPU when the forward needs real values, saying why in a note.
+"""The capture of a factory's target under the build policy (graphlint.capture.build): on the meta device first,
+rebuilt on CPU when the forward needs real values, saying why in a note.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from typing import Any
 
 import torch
 
+from graphlint.capture.build import NeedsRealValues, build, meta_then_cpu
 from graphlint.capture.contract import Capture
 from graphlint.capture.debug import DebugSwitchWatch, watched_import
 from graphlint.capture.frames import Frame, StackRecorder
 from graphlint.capture.isolation import preserved_global_state, seed_everything
 from graphlint.capture.modules import BuildSiteRecorder
-from graphlint.capture.session import ForwardFailure, capture_model, model_tensors
-from graphlint.errors import MetaCannotRun, TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
+from graphlint.capture.session import ForwardFailure, capture_model
+from graphlint.errors import TargetFailure
 from graphlint.files import display_path
 from graphlint.stages import reached
-from graphlint.target import LoadedTarget, Target, TargetSpec, load_factory, normalize_factory_result
+from graphlint.target import LoadedTarget, Target, TargetSpec, load_factory
 
 
 def load_target(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = ()) -> LoadedTarget:
@@ -33,30 +34,18 @@ def load_target(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = ()
 def capture_target(loaded: LoadedTarget, device: str = "auto", vary_inputs: Callable | None = None,
                    after: Callable[[Target, str], Any] | None = None,
                    captured: Callable[[Capture], None] | None = None) -> Capture:
-    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it.
-    `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the graph report's --vary).
-    `after(target, device)`, when given, runs once the capture has succeeded (the recorders have exited), on the
-    same model and device; what it returns becomes `Capture.compiled`. `captured(capture)`, when given, is told
-    the capture just before `after` runs."""
-    if device != "auto":
-        try:
-            return _capture_on(loaded, device, vary_inputs, after, captured)
-        except _NeedsRealValues as meta_failure:
-            raise TargetFailure(f"cannot capture on the meta device: {meta_failure}; "
-                                "use --device auto (the default) or --device cpu") from meta_failure
-    try:
-        return _capture_on(loaded, "meta", vary_inputs, after, captured)
-    except _NeedsRealValues as failure:
-        meta_failure = failure
-    # The rebuild runs after the handler: an exception raised while another is handled is normalized at once,
-    # and Python 3.11 then reports `f(x=1, **{"x": 2})` as KeyError: 'x' instead of its TypeError.
-    capture = _capture_on(loaded, "cpu", vary_inputs, after, captured)
-    capture.notes.insert(0, f"captured on CPU because {meta_failure}")
+    """Build the target and capture it; with `auto`, on meta first and on CPU when meta cannot run it (the build
+    policy, graphlint.capture.build). `vary_inputs` rewrites the factory's (args, kwargs) before the forward (the
+    graph report's --vary). `after(target, device)`, when given, runs once the capture has succeeded (the
+    recorders have exited), on the same model and device; what it returns becomes `Capture.compiled`.
+    `captured(capture)`, when given, is told the capture just before `after` runs."""
+    capture, _, meta_failure = meta_then_cpu(
+        lambda on: _capture_on(loaded, on, vary_inputs, after, captured), device,
+        lambda failure: TargetFailure(f"cannot capture on the meta device: {failure}; "
+                                      "use --device auto (the default) or --device cpu"))
+    if meta_failure is not None:
+        capture.notes.insert(0, f"captured on CPU because {meta_failure}")
     return capture
-
-
-class _NeedsRealValues(Exception):
-    """The meta-device attempt failed; its message says why, for the note shown after the CPU rebuild."""
 
 
 _REAL_VALUE_OPS = {
@@ -86,23 +75,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
         stacks.boundary = sys._getframe()
         reached("factory")
         debug = DebugSwitchWatch(loaded.import_switches)
-        try:
-            with torch.device(device), build_sites, debug:
-                made = normalize_factory_result(call_user_code(loaded.factory))
-        except TargetFailure:
-            raise
-        except MetaCannotRun as error:
-            if device == "meta":
-                raise _NeedsRealValues(str(error)) from error
-            raise TargetFailure(str(error)) from error
-        except Exception as error:
-            if raised_by_graphlint(error):
-                raise  # no CPU retry for graphlint's own bug
-            if device == "meta":
-                raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
-            raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
-        if device == "meta":
-            _move_to_meta(made)
+        made = build(loaded.factory, device, within=(build_sites, debug))
         if vary_inputs is not None:
             made.args, made.kwargs = vary_inputs(made.args, made.kwargs)
         try:
@@ -115,7 +88,7 @@ def _capture_on(loaded: LoadedTarget, device: str, vary_inputs: Callable | None 
         except ForwardFailure as failure:
             if device != "meta":
                 raise
-            raise _NeedsRealValues(_why_meta_failed(failure)) from failure
+            raise NeedsRealValues(_why_meta_failed(failure)) from failure
         if captured is not None:
             captured(capture)
         if after is not None:
@@ -129,26 +102,6 @@ def _why_meta_failed(failure: ForwardFailure) -> str:
         where = f" at {display_path(stack[-1].file)}:{stack[-1].line}" if stack else ""
         return f"the forward needs real values ({_REAL_VALUE_OPS[op]}{where})"
     return f"the forward failed on the meta device ({failure})"
-
-
-def _move_to_meta(made: Target) -> None:
-    """Tensors the factory pinned to another device (loaded data, `device="cpu"`) join the meta model."""
-    model = made.model
-    if any(t.device.type != "meta" for t in model_tensors(model)):
-        model.to("meta")
-    made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
-
-
-def inputs_to_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A forward's inputs with every tensor in them (nested in lists, dicts...) moved to the meta device."""
-    return (tuple(torch.utils._pytree.tree_map(_to_meta, list(args))),
-            torch.utils._pytree.tree_map(_to_meta, kwargs))
-
-
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type != "meta":
-        return value.to("meta")
-    return value
 
 
 def _definition(loaded: LoadedTarget) -> Frame:

@@ -1,4 +1,5 @@
-"""A target's training step, measured: build it (on meta first, on CPU when the forward needs real values),
+"""A target's training step, measured: build it under the build policy (graphlint.capture.build: on meta first,
+on CPU when the step needs real values),
 resize its inputs when asked (`--batch`, `--seq`), run the step under the allocation tracker, and read the peak.
 
 The largest batch that fits a device comes from the step at three batch sizes, 2, 3 and the target's own (its
@@ -18,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from graphlint.capture.device import inputs_to_meta, load_target
+from graphlint.capture.build import NeedsRealValues, build, meta_then_cpu
+from graphlint.capture.device import load_target
 from graphlint.capture.isolation import preserved_global_state
-from graphlint.capture.session import model_tensors
-from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at, raised_by_graphlint
+from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at
 from graphlint.memory.estimate import MemoryEstimate, estimate
 from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
-from graphlint.target import Target, TargetSpec, importable, normalize_factory_result
+from graphlint.target import Target, TargetSpec, importable
 
 DIMENSIONS = {"batch": 0, "seq": 1}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,19 +52,11 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
     spec = TargetSpec.parse(text, base)
     with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
         loaded = load_target(spec, pythonpath)
-        notes: list[str] = []
-        device = request.device
-        if device == "auto":
-            try:
-                trace, sizes = _trace(loaded.factory, "meta", request, {})
-                device = "meta"
-            except _NeedsRealValues as failure:
-                notes.append(f"measured on CPU because {failure}")
-                device = "cpu"
-            if device == "cpu":  # after the handler, as graphlint.capture.device's rebuild, for the same reason
-                trace, sizes = _trace(loaded.factory, "cpu", request, {})
-        else:
-            trace, sizes = _trace(loaded.factory, device, request, {})
+        (trace, sizes), device, meta_failure = meta_then_cpu(
+            lambda on: _trace(loaded.factory, on, request, {}), request.device,
+            lambda failure: TargetFailure(f"cannot measure on the meta device: {failure}; "
+                                          "use --device auto (the default) or --device cpu"))
+        notes = [f"measured on CPU because {meta_failure}"] if meta_failure is not None else []
         result = estimate(trace, text)
         result.output_held = not request.release_output
         result.notes = notes
@@ -146,7 +139,7 @@ def _search_trace(factory: Callable, device: str, request: Request, sizes: dict[
     target's at that batch (its step ran at its own size), never a reason to change device."""
     try:
         return _trace(factory, device, request, sizes)[0]
-    except _NeedsRealValues as failure:
+    except NeedsRealValues as failure:
         raise TargetFailure(failure.at_size) from failure
 
 
@@ -186,35 +179,12 @@ def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
     return peak
 
 
-class _NeedsRealValues(Exception):
-    """The step failed on the meta device; its message says why, for the note after the CPU run. `at_size`: the
-    failure as the target's, for a step run at sizes other than the factory's."""
-
-    def __init__(self, message: str, at_size: str = "") -> None:
-        super().__init__(message)
-        self.at_size = at_size or message
-
-
 def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[StepTrace, dict[str, int]]:
     """Build the target on `device` and run its step, inputs resized to `sizes` (else to the request's)."""
     with preserved_global_state():
         if device != "meta":
             torch.manual_seed(0)
-        try:
-            with torch.device(device):
-                made = normalize_factory_result(call_user_code(factory))
-        except TargetFailure:
-            raise
-        except Exception as error:
-            if raised_by_graphlint(error):
-                raise
-            if device == "meta":
-                raise _NeedsRealValues(f"the factory failed on the meta device ({one_line(error)})") from error
-            raise TargetFailure(f"the factory raised {one_line(error)}{raised_at(error)}") from error
-        if device == "meta":
-            if any(t.device.type != "meta" for t in model_tensors(made.model)):
-                made.model.to("meta")
-            made.args, made.kwargs = inputs_to_meta(made.args, made.kwargs)
+        made = build(factory, device)
         wanted = sizes or {name: value for name in DIMENSIONS if (value := getattr(request, name)) is not None}
         old = resize_inputs(made, {})
         used = resize_inputs(made, wanted)
@@ -242,7 +212,7 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
                             "kept elsewhere (a global, an object's attribute, or flattened) keep their size: make "
                             "them in the loss from the output's shape, or pass them among the factory's inputs")
             if device == "meta":
-                raise _NeedsRealValues(f"the step failed on the meta device ({one_line(error)})", failure) from error
+                raise NeedsRealValues(f"the step failed on the meta device ({one_line(error)})", failure) from error
             raise TargetFailure(failure) from error
     return trace, used
 
