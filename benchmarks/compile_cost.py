@@ -310,7 +310,8 @@ def _floor_of(target: str) -> list[float]:
     import torch
     import torch._dynamo as dynamo
 
-    from graphlint.capture.compile import _grown, _real_meta_tensors_accepted, varied_size, warm_up
+    from graphlint.capture import dimensions
+    from graphlint.capture.compile import _real_meta_tensors_accepted, grown, warm_up
     from graphlint.capture.compile_regions import repeated_blocks
     from graphlint.capture.build import move_to_meta
     from graphlint.target import TargetSpec, importable, load_factory, normalize_factory_result
@@ -333,8 +334,9 @@ def _floor_of(target: str) -> list[float]:
     handle.remove()
 
     def timed(module, args, kwargs) -> list[float]:
-        size = varied_size(args, kwargs, 0)
-        calls = [copy.deepcopy((args, kwargs))] + ([_grown(args, kwargs, 0, size, extra) for extra in (1, 2)] if size else [])
+        size = dimensions.sizes(args, kwargs).get("batch")
+        calls = [copy.deepcopy((args, kwargs))] + ([grown(args, kwargs, "batch", size, extra) for extra in (1, 2)]
+                                                   if size else [])
         dynamo.reset()
         compiled = dynamo.optimize(lambda gm, example_inputs: gm.forward)(module)
         with torch.enable_grad(), _real_meta_tensors_accepted(True):  # as a training step; meta needs the second

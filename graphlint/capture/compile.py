@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from graphlint.capture import dimensions
 from graphlint.capture.frames import Frame
 from graphlint.errors import one_line
 from graphlint.files import is_hidden_file
@@ -397,7 +398,6 @@ def _guarded_line(code, guard: str) -> Frame | None:
     return None
 
 
-VARY_DIMENSIONS = {"batch": 0, "seq": 1}
 DEFAULT_VARY = ("batch",)
 
 
@@ -490,7 +490,7 @@ def _shortcut(model, calls: list[tuple[str, tuple, dict]], device: str) -> Compi
     if found is None:
         return None
     copied, groups = found
-    grown = {label for label, _, _ in calls if label.split()[0] in VARY_DIMENSIONS}  # `batch 3`, `seq 129`
+    grown = {label for label, _, _ in calls if label.split()[0] in dimensions.DIMENSIONS}  # `batch 3`, `seq 129`
     before = module_state(copied)
     with globals_kept(model) as kept:
         try:
@@ -525,12 +525,13 @@ def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, t
         return [("the factory's inputs", args, kwargs)]
     calls = [("the factory's inputs", args, kwargs), ("the same inputs again", args, kwargs),
              ("the same inputs a third time", args, kwargs)]
+    found = dimensions.sizes(args, kwargs)
     for kind in vary:
-        size = varied_size(args, kwargs, VARY_DIMENSIONS[kind])
-        if size is None:
+        if kind not in found:
             continue
+        size = found[kind]
         for extra in (1, 2):
-            calls.append((f"{kind} {size + extra}", *_grown(args, kwargs, VARY_DIMENSIONS[kind], size, extra)))
+            calls.append((f"{kind} {size + extra}", *grown(args, kwargs, kind, size, extra)))
     for index, (call_args, call_kwargs) in enumerate(made.calls):
         if device == "meta":
             call_args, call_kwargs = inputs_to_meta(call_args, call_kwargs)
@@ -538,36 +539,10 @@ def _calls(made, device: str, vary: tuple[str, ...] | None) -> list[tuple[str, t
     return calls
 
 
-def _tensors(args, kwargs):
-    return [t for t in torch.utils._pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
-
-
-def varied_size(args, kwargs, dim: int) -> int | None:
-    """The size of the batch (`dim` 0) or sequence (`dim` 1) dimension: that dimension of the leading input,
-    the first tensor (positional arguments first, in order, then keyword arguments) that has it. None when no
-    input has it, or when it is empty."""
-    size = next((t.shape[dim] for t in _tensors(args, kwargs) if t.dim() > dim), None)
-    return size if size else None
-
-
-def _grown(args, kwargs, dim: int, size: int, extra: int):
-    """The inputs with their batch or sequence dimension `dim` made `extra` longer, by repeating its first slice
-    (ids stay valid ids, masks stay masks). A tensor carries that dimension when its `dim` has the leading
-    input's `size`; any other (a rotary table `(seq, dim/2)` beside `(batch, seq, dim)`, a graph's `edge_index`
-    `(2, edges)`, a broadcast 1 beside a batch of 4) is left as it is."""
-
-    grown: dict[int, torch.Tensor] = {}
-
-    def grow(value):
-        if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] == size:
-            # One tensor given twice (`model(ids, labels=ids)`) stays one tensor: dynamo guards on the inputs'
-            # aliasing, and two copies would compile the grown size as a constant, then recompile at the next.
-            if id(value) not in grown:
-                grown[id(value)] = torch.cat([value] + [value.narrow(dim, 0, 1)] * extra, dim=dim)
-            return grown[id(value)]
-        return value
-
-    return (tuple(torch.utils._pytree.tree_map(grow, list(args))), torch.utils._pytree.tree_map(grow, kwargs))
+def grown(args, kwargs, kind: str, size: int, extra: int):
+    """The inputs with the batch or sequence (`kind`, of this `size`) made `extra` longer, in the tensors that carry
+    it (graphlint.capture.dimensions), by repeating its first slice (ids stay valid ids, masks stay masks)."""
+    return dimensions.resized(args, kwargs, {kind: size}, {kind: size + extra}, dimensions.repeat_first_row)
 
 
 def warm_up() -> None:

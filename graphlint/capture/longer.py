@@ -2,7 +2,8 @@
 (a layer a chunked model uses from its second chunk on): a finding that they get none then holds for the
 recorded length only (GL203 says both lengths).
 
-The inputs grow as the torch.compile analysis grows them (graphlint.capture.compile), along dimension 1. The
+The inputs grow as the torch.compile analysis grows them (graphlint.capture.compile), along the sequence
+(graphlint.capture.dimensions). The
 step runs on a copy of the model under preserved global state, with its prints and warnings kept from the user:
 nothing it does reaches the model, the capture or the user's state. Any failure leaves the question unanswered.
 """
@@ -16,7 +17,8 @@ import warnings
 
 import torch
 
-from graphlint.capture.compile import _grown, varied_size
+from graphlint.capture import dimensions
+from graphlint.capture.compile import grown
 from graphlint.capture.debug import debug_modes_off
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.capture.loss import choose_loss
@@ -29,8 +31,8 @@ _LONGEST = 4096  # longer steps cost more than the answer is worth
 
 def gradients_at_longer_sequence(made: Target) -> tuple[int, int, frozenset[str]] | None:
     """(recorded sequence, grown sequence, the trainable parameters that get a gradient at the grown one); None
-    when the inputs have no dimension 1, the grown length is too long, or the step cannot run at it."""
-    size = varied_size(made.args, made.kwargs or {}, 1)
+    when the inputs have no sequence, the grown length is too long, or the step cannot run at it."""
+    size = dimensions.sizes(made.args, made.kwargs or {}).get("seq")
     if size is None or size * GROWTH > _LONGEST:
         return None
     try:
@@ -40,7 +42,7 @@ def gradients_at_longer_sequence(made: Target) -> tuple[int, int, frozenset[str]
                 contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             twin = copy.deepcopy(made.model)
-            args, kwargs = _grown(made.args, made.kwargs or {}, 1, size, size * (GROWTH - 1))
+            args, kwargs = grown(made.args, made.kwargs or {}, "seq", size, size * (GROWTH - 1))
             loss = choose_loss(twin(*args, **kwargs), made.loss)
             trainable = [(name, p) for name, p in twin.named_parameters() if p.requires_grad]
             if loss is None or loss.grad_fn is None or not trainable:

@@ -210,29 +210,28 @@ def _device_note(capture: Capture) -> str:
 
 
 def vary_inputs(kind: str):
-    """An input transform for --vary: double dimension 0 (`batch`) or 1 (`seq`) of every input tensor, by
-    repeating the tensor along it (so ids stay valid ids and masks stay masks)."""
-    import torch
-
-    dim = {"batch": 0, "seq": 1}[kind]
-
-    def double(value):
-        if isinstance(value, torch.Tensor) and value.dim() > dim:
-            return torch.cat([value, value], dim=dim)
-        return value
+    """An input transform for --vary: double the batch or the sequence (`kind`) in the input tensors that carry it
+    (graphlint.capture.dimensions), by repeating their rows (so ids stay valid ids and masks stay masks)."""
+    from graphlint.capture import dimensions
+    from graphlint.errors import TargetFailure
 
     def transform(args, kwargs):
-        return (tuple(torch.utils._pytree.tree_map(double, list(args))),
-                torch.utils._pytree.tree_map(double, kwargs))
+        found = dimensions.sizes(args, kwargs)
+        if kind not in found:
+            what = ("a batch dimension (dimension 0)" if kind == "batch"
+                    else "a sequence dimension (dimension 1 of token ids or of (batch, seq, features) inputs)")
+            raise TargetFailure(f"--vary {kind} does not apply: no input tensor of the target has {what}")
+        return dimensions.resized(args, kwargs, found, {kind: 2 * found[kind]})
 
     return transform
 
 
 def input_size(capture: Capture, kind: str) -> int | None:
-    """The batch (or sequence) size the capture ran with: the first input tensor's dimension 0 (or 1)."""
-    dim = {"batch": 0, "seq": 1}[kind]
-    for node in capture.forward.nodes:
-        meta = tensor_meta(node)
-        if node.op == "placeholder" and meta is not None and len(meta.shape) > dim:
-            return meta.shape[dim]
-    return None
+    """The batch (or sequence) size the capture ran with, read from its inputs' shapes and dtypes."""
+    import torch
+
+    from graphlint.capture import dimensions
+
+    inputs = [torch.empty(meta.shape, dtype=meta.dtype, device="meta") for node in capture.forward.nodes
+              if node.op == "placeholder" and (meta := tensor_meta(node)) is not None]
+    return dimensions.sizes(tuple(inputs), {}).get(kind)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from graphlint.capture import dimensions
 from graphlint.capture.build import NeedsRealValues, build, meta_then_cpu
 from graphlint.capture.device import load_target
 from graphlint.capture.isolation import preserved_global_state
@@ -27,7 +28,6 @@ from graphlint.memory.estimate import MemoryEstimate, estimate
 from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
 from graphlint.target import Target, TargetSpec, importable
 
-DIMENSIONS = {"batch": 0, "seq": 1}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -185,7 +185,8 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
         if device != "meta":
             torch.manual_seed(0)
         made = build(factory, device)
-        wanted = sizes or {name: value for name in DIMENSIONS if (value := getattr(request, name)) is not None}
+        wanted = sizes or {name: value for name in dimensions.DIMENSIONS
+                           if (value := getattr(request, name)) is not None}
         old = resize_inputs(made, {})
         used = resize_inputs(made, wanted)
         try:
@@ -218,52 +219,27 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
 
 
 def input_tensors(made: Target) -> list[torch.Tensor]:
-    return [t for t in torch.utils._pytree.tree_leaves((list(made.args), made.kwargs)) if isinstance(t, torch.Tensor)]
+    return dimensions.input_tensors(made.args, made.kwargs)
 
 
 def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
-    """Give the inputs the batch and sequence sizes asked for; the sizes in use (asked for or found).
-
-    The batch is dimension 0 of the first input tensor, and every input whose dimension 0 has that size changes
-    with it; the sequence is its dimension 1, and every dimension past 0 of that size changes with it."""
-    tensors = input_tensors(made)
-    found = {}
-    for name, dim in DIMENSIONS.items():
-        first = next((t for t in tensors if t.dim() > dim and (name == "batch" or _has_sequence(t))), None)
-        if first is not None:
-            found[name] = first.shape[dim]
-        elif name in sizes:
+    """Give the inputs the batch and sequence sizes asked for (graphlint.capture.dimensions says which inputs
+    carry them); the sizes in use (asked for or found)."""
+    found = dimensions.sizes(made.args, made.kwargs)
+    for name in sizes:
+        if name not in found:
             what = ("a batch dimension (dimension 0)" if name == "batch"
                     else "a sequence dimension (dimension 1 of token ids or of (batch, seq, features) inputs)")
             raise TargetFailure(f"--{name} does not apply: no input tensor of the target has {what}")
     if not sizes:
         return found
-    made.args = tuple(torch.utils._pytree.tree_map(lambda value: _resized(value, found, sizes), list(made.args)))
-    made.kwargs = torch.utils._pytree.tree_map(lambda value: _resized(value, found, sizes), made.kwargs)
+    made.args = tuple(torch.utils._pytree.tree_map(lambda value: dimensions.resized_tensor(value, found, sizes), list(made.args)))
+    made.kwargs = torch.utils._pytree.tree_map(lambda value: dimensions.resized_tensor(value, found, sizes), made.kwargs)
     return {**found, **sizes}
-
-
-def _resized(value, old: dict[str, int], sizes: dict[str, int]):
-    """`value` with its batch dimension (0) and sequence dimensions (past 0) of the old sizes given the new ones,
-    repeating its rows as needed; anything else as it is."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    for name, size in sizes.items():
-        if name not in old:
-            continue
-        for dim in range(value.dim()):
-            if value.shape[dim] == old[name] and (dim == 0) == (name == "batch"):
-                value = value.index_select(dim, torch.arange(size, device=value.device) % old[name])
-    return value
 
 
 def _closure_resized(loss, old: dict[str, int], sizes: dict[str, int]):
     """The tensors the loss function closes over (its labels) resized as the inputs are, for the step."""
     if not sizes:
         return contextlib.nullcontext()
-    return closure_tensors_replaced(loss, lambda tensor: _resized(tensor, old, sizes))
-
-
-def _has_sequence(tensor: torch.Tensor) -> bool:
-    """Token ids (B, T) and embeddings (B, T, C) have a sequence dimension; images (B, C, H, W) have none."""
-    return (tensor.dim() == 2 and not tensor.is_floating_point()) or (tensor.dim() == 3 and tensor.is_floating_point())
+    return closure_tensors_replaced(loss, lambda tensor: dimensions.resized_tensor(tensor, old, sizes))
