@@ -112,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     graph.add_argument("--device", choices=DEVICES, default=None, help="as for check")
     graph.add_argument("--vary", choices=("batch", "seq"),
-                       help="capture again with dimension 0 (batch) or 1 (seq) of every input doubled, and compare")
+                       help="capture again with the batch or the sequence doubled in the inputs that carry it, "
+                            "and compare")
     graph.add_argument("--depth", type=int, metavar="N", help="picture: one box per module path cut at depth N")
     graph.add_argument("--no-collapse", action="store_true",
                        help="picture: draw every layer, not identical sibling layers once")
