@@ -3,17 +3,21 @@
     <cache dir>/.gitignore                 "*", so the folder is never committed
     <cache dir>/v2/rules-<code>.json       the rules' metadata, for reports that need no rule classes
     <cache dir>/v2/targets/<key>.json      one target's result and the files it depends on
+    <cache dir>/v2/reports/<key>.json      one target's `graphlint graph` report or `graphlint memory` estimate, alike
     <cache dir>/v2/compile-<code>/          torch.compile analyses kept across runs (graphlint.capture.compile_memo)
 
 A target's key covers graphlint's version and code (and the rule plugins': graphlint.plugins), torch's version,
 Python's version, the project root, the target, and the settings that change what a capture finds: the device,
 the rules that run and, for the torch.compile rules, the input dimensions they vary. Settings applied after the
 capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it: changing them
-re-reports the cached findings. The entry is used only when every file the capture ran or
-imported from the project (or from a library installed from a local path) still has the content hash recorded
-in it, and every installed distribution it loaded is still installed at the recorded version
-(graphlint.libraries). Unreadable or corrupt cache files are ignored; writing the cache never fails a run.
-Files the model reads with open() are not tracked: use --no-cache after changing them.
+re-reports the cached findings. A graph or memory report's key covers the same versions, the project root and
+folders, the target and the options of its job that change the answer (graphlint.run.wire); the picture's
+and the output's options are not in it (reading the report back is free of torch, rendering it is not). The
+entry is used only when every file the capture ran or imported from the project (or from a library installed
+from a local path) still has the content hash recorded in it, and every installed distribution it loaded is
+still installed at the recorded version (graphlint.libraries). Unreadable or corrupt cache files are ignored;
+writing the cache never fails a run. Files the model reads with open() are not tracked: use --no-cache after
+changing them.
 """
 
 from __future__ import annotations
@@ -111,6 +115,13 @@ class ResultCache:
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 
+    def job_key(self, kind: str, job: dict) -> str:
+        """The key of a graph or memory job's entry (`graphlint graph`, `graphlint memory`): graphlint's, torch's
+        and Python's versions, the kind of job and the fields of it that the session names: the project's root,
+        base and import folders, the target and every option that changes the answer."""
+        fields = {"graphlint": self._code, "torch": _torch_version(), "python": sys.version, "job": kind, **job}
+        return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
+
     def compile_folder(self) -> str:
         """Where the children keep torch.compile analyses across runs: a target whose file changed outside its
         model is captured again but not compiled again."""
@@ -119,22 +130,46 @@ class ResultCache:
     # -- targets --------------------------------------------------------------------------------------------
 
     def load(self, key: str) -> TargetResult | None:
-        entry = self._read(self.folder / f"v{VERSION}" / "targets" / f"{key}.json")
+        entry = self._entry("targets", key)
+        try:
+            return None if entry is None else from_wire(entry["result"])
+        except (KeyError, TypeError, ValueError):
+            return None  # a corrupt entry is a miss
+
+    def store(self, key: str, result: TargetResult) -> None:
+        self._store_entry("targets", key, result, {})
+
+    # -- graph and memory reports ---------------------------------------------------------------------------
+
+    def load_report(self, key: str) -> tuple[TargetResult, dict] | None:
+        """A job's result and its report as plain data, when nothing they depend on changed."""
+        entry = self._entry("reports", key)
+        try:
+            return None if entry is None else (from_wire(entry["result"]), dict(entry["report"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def store_report(self, key: str, result: TargetResult, report: dict) -> None:
+        self._store_entry("reports", key, result, {"report": report})
+
+    def _entry(self, kind: str, key: str) -> dict | None:
+        """The entry, when every file and library it depends on is as it was recorded."""
+        entry = self._read(self.folder / f"v{VERSION}" / kind / f"{key}.json")
         try:
             if entry is None or any(file_digest(path) != digest for path, digest in entry["inputs"].items()):
                 return None
             if any(installed_version(name) != version for name, version in entry["libraries"].items()):
                 return None  # a library was upgraded, downgraded or removed since
-            return from_wire(entry["result"])
-        except (KeyError, TypeError, ValueError):
+            return entry
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a corrupt entry is a miss
 
-    def store(self, key: str, result: TargetResult) -> None:
+    def _store_entry(self, kind: str, key: str, result: TargetResult, extra: dict) -> None:
         inputs = {path: file_digest(path) for path in result.inputs}
         if any(digest is None for digest in inputs.values()):
             return  # an input vanished: nothing reliable to store
-        self._write(self.folder / f"v{VERSION}" / "targets" / f"{key}.json",
-                    {"inputs": inputs, "libraries": result.libraries, "result": to_wire(result)})
+        self._write(self.folder / f"v{VERSION}" / kind / f"{key}.json",
+                    {"inputs": inputs, "libraries": result.libraries, "result": to_wire(result), **extra})
 
     # -- rules ----------------------------------------------------------------------------------------------
 

@@ -72,15 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="report only findings that are not in this baseline file")
     check.add_argument("--write-baseline", metavar="FILE", type=Path,
                        help="write today's findings to FILE as the baseline, and exit 0")
-    check.add_argument("--no-cache", action="store_true", help="capture every target again, ignoring the result cache")
-    check.add_argument("--cache-dir", metavar="DIR",
-                       help="the result cache's folder (default: $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the "
-                            "project root)")
-    check.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                       help="lint N targets at once (default: 1); every target runs in its own process either way")
-    check.add_argument("--timeout", type=float, metavar="SECONDS",
-                       help="stop a target's process after SECONDS, even inside native code (default: 600, or "
-                            "timeout in [tool.graphlint]; 0: no limit)")
+    _process_options(check, jobs="lint")
     check.add_argument("--fix", action="store_true",
                        help="apply the fixes that graphlint proved on the model (same outputs and gradients in "
                             "float64, the finding gone), then report what is left")
@@ -117,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("--depth", type=int, metavar="N", help="picture: one box per module path cut at depth N")
     graph.add_argument("--no-collapse", action="store_true",
                        help="picture: draw every layer, not identical sibling layers once")
+    _process_options(graph)
     graph.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     memory = commands.add_parser(
@@ -165,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     memory.add_argument("--device", choices=("auto", "meta", "cpu"), default=None,
                         help="where to run the step; auto (default) uses meta, and CPU when the forward needs "
                              "real values")
+    _process_options(memory, jobs="measure")
     memory.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
@@ -212,6 +206,69 @@ def _model_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _process_options(command: argparse.ArgumentParser, jobs: str | None = None) -> None:
+    """The result cache and the children, as check has them; `jobs` is the verb of --jobs, for a command of
+    several targets."""
+    command.add_argument("--no-cache", action="store_true",
+                         help="capture every target again, ignoring the result cache")
+    command.add_argument("--cache-dir", metavar="DIR",
+                         help="the result cache's folder (default: $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the "
+                              "project root)")
+    if jobs is not None:
+        command.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                             help=f"{jobs} N targets at once (default: 1); every target runs in its own process "
+                                  "either way")
+    command.add_argument("--timeout", type=float, metavar="SECONDS",
+                         help="stop a target's process after SECONDS, even inside native code (default: 600, or "
+                              "timeout in [tool.graphlint]; 0: no limit)")
+
+
+def _run_options(args: argparse.Namespace, project: Project, config, **more):
+    """The session's options from --no-cache, --cache-dir, --jobs, --timeout and --debug, checked; `more` are
+    the command's own."""
+    from graphlint.cache import default_folder
+    from graphlint.session import Options
+
+    jobs = getattr(args, "jobs", 1)  # graph takes one target
+    if jobs < 1:
+        raise UsageError("--jobs must be 1 or more")
+    if args.timeout is not None and args.timeout < 0:
+        raise UsageError("--timeout must be a number of seconds (0 for no limit)")
+    return Options(debug=args.debug, cache=None if args.no_cache else default_folder(project, args.cache_dir),
+                   jobs=jobs, timeout=config.timeout or None, **more)
+
+
+def _picked(args: argparse.Namespace, project: Project, config, named: list[str],
+            one: str | None = None) -> tuple[list[str], Path]:
+    """The targets to run and the folder their paths are read from: the TARGET arguments (`named`) with the
+    --input specs and --init arguments, from the working directory; else [tool.graphlint] targets, from the
+    project root. `one`: the command takes one target, and this is its usage error when there is not one."""
+    if named or args.input or args.init:
+        return _with_model_options(named, args), Path.cwd()
+    if config.targets and (one is None or len(config.targets) == 1):
+        return list(config.targets), project.root
+    if one is not None:
+        raise UsageError(one + (f"; [tool.graphlint] lists {len(config.targets)}" if config.targets else ""))
+    raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
+                     "of pyproject.toml")
+
+
+def _write(rendered: str | bytes, output: str | None) -> None:
+    """The rendered report to --output FILE (text as UTF-8, bytes as they are), else to stdout."""
+    if output:
+        try:
+            if isinstance(rendered, bytes):
+                Path(output).write_bytes(rendered)
+            else:
+                Path(output).write_text(rendered, encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"cannot write {output}: {error.strerror or error}") from error
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(rendered.encode("utf-8") if isinstance(rendered, str) else rendered)  # UTF-8 whatever
+        sys.stdout.flush()  # the terminal's locale says
+
+
 def _discover(args: argparse.Namespace) -> Project:
     """The project of the working directory, with the command line's --pythonpath folders first."""
     project = Project.discover()
@@ -254,11 +311,10 @@ def main(argv: list[str] | None = None) -> int:
 def _check(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be captured: a cached run never does.
     from graphlint.baseline import write_baseline
-    from graphlint.cache import default_folder
     from graphlint.report import SUGGESTING
     from graphlint.report.rdjson import keep_fixes
     from graphlint.report.text import diagnostics, summary
-    from graphlint.session import Options, Session
+    from graphlint.session import Session
 
     project = _discover(args)
     config = project.config.overridden(
@@ -272,23 +328,10 @@ def _check(args: argparse.Namespace) -> int:
         memory_budget=None if args.memory_budget is None else memory_budget(args.memory_budget, "--memory-budget"),
         distributed=None if args.ddp is None else ("ddp" if world_size(args.ddp, "--ddp") else None),
     )
-    if args.targets or args.input or args.init:
-        targets, base = _with_model_options(list(args.targets), args), Path.cwd()
-    elif config.targets:
-        targets, base = list(config.targets), project.root
-    else:
-        raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
-                         "of pyproject.toml")
-    if args.jobs < 1:
-        raise UsageError("--jobs must be 1 or more")
-    if args.timeout is not None and args.timeout < 0:
-        raise UsageError("--timeout must be a number of seconds (0 for no limit)")
+    targets, base = _picked(args, project, config, list(args.targets))
     show_progress = args.format == "text" and sys.stderr.isatty()
-    options = Options(
-        debug=args.debug, show_suppressed=args.show_suppressed, baseline=args.baseline,
-        cache=None if args.no_cache else default_folder(project, args.cache_dir),
-        jobs=args.jobs, timeout=config.timeout or None, progress=_Progress(sys.stderr) if show_progress else None,
-    )
+    options = _run_options(args, project, config, show_suppressed=args.show_suppressed, baseline=args.baseline,
+                           progress=_Progress(sys.stderr) if show_progress else None)
     outputs = [(args.format, args.output), *args.report]
     suggesting = any(name in SUGGESTING for name, _ in outputs)
     if args.unsafe_fixes and not (args.fix or args.diff or suggesting):
@@ -313,16 +356,7 @@ def _check(args: argparse.Namespace) -> int:
     proven = keep_fixes(report, [] if args.fix else _proven(session, report, args.unsafe_fixes)) \
         if suggesting else report
     for name, output in outputs:
-        rendered = FORMATS[name](proven if name in SUGGESTING else report)
-        if output:
-            try:
-                Path(output).write_text(rendered, encoding="utf-8")
-            except OSError as error:
-                raise UsageError(f"cannot write {output}: {error.strerror or error}") from error
-        else:
-            sys.stdout.flush()
-            sys.stdout.buffer.write(rendered.encode("utf-8"))  # UTF-8 whatever the terminal's locale says
-            sys.stdout.flush()
+        _write(FORMATS[name](proven if name in SUGGESTING else report), output)
     if args.output and args.format != "text":
         print(summary(report), file=sys.stderr)
     if report.errors:
@@ -432,43 +466,24 @@ class _Progress:
 def _graph(args: argparse.Namespace) -> int:
     import json
 
-    from graphlint.graph import describe, input_size, saved_activations, vary_inputs
     from graphlint.graph.dot import render_dot, render_svg
     from graphlint.graph.text import render_graph_text
-    from graphlint.locate.place import Locator
-    from graphlint.pipeline import capture_one
+    from graphlint.session import Session
 
     project = _discover(args)
-    config = project.config.overridden(device=args.device)
-    if args.target or args.input or args.init:
-        target, base = _with_model_options([args.target] if args.target else [], args)[0], Path.cwd()
-    elif len(config.targets) == 1:
-        target, base = config.targets[0], project.root
-    else:
-        raise UsageError("graphlint graph takes one TARGET (path/to/file.py:NAME)"
-                         + (f"; [tool.graphlint] lists {len(config.targets)}" if config.targets else ""))
+    config = project.config.overridden(device=args.device, timeout=args.timeout)
+    [target], base = _picked(args, project, config, [args.target] if args.target else [],
+                             one="graphlint graph takes one TARGET (path/to/file.py:NAME)")
     if args.depth is not None and args.depth < 1:
         raise UsageError("--depth must be 1 or more")
-    locator = Locator(project)
-    result, capture = capture_one(target, base, locator, config.device, args.debug)
+    session = Session([target], project, config, _run_options(args, project, config), base, lints=False)
+    result, report = session.graph(target, args.vary)
     for note in result.notes:
         print(single_line(f"graphlint: note: {target}: {note}"), file=sys.stderr)
-    if capture is None:
-        for error in result.errors:
+    if report is None:
+        for error in result.errors:  # a failure of the capture with a larger input names that input
             print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
         return EXIT_ERROR
-    report = describe(capture, locator)
-    if args.vary:
-        # The same device as the first capture, so that only the input size differs.
-        varied, bigger = capture_one(target, base, locator, capture.device, args.debug, vary_inputs(args.vary))
-        if bigger is None:
-            for error in varied.errors:
-                print(single_line(f"graphlint: error: {error.target} with a larger {args.vary}: {error.message}"),
-                      file=sys.stderr)
-            return EXIT_ERROR
-        bigger_saved = sum(saved.storage_nbytes for _, saved in saved_activations(bigger))
-        report.sizes = [(f"{args.vary} {input_size(capture, args.vary)}", report.total, report.saved_bytes),
-                        (f"{args.vary} {input_size(bigger, args.vary)}", len(bigger.autograd.nodes), bigger_saved)]
     if args.format == "svg":
         rendered = render_svg(render_dot(report, collapse=not args.no_collapse, depth=args.depth))
     elif args.format == "dot":
@@ -477,24 +492,17 @@ def _graph(args: argparse.Namespace) -> int:
         rendered = (json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
     else:
         rendered = render_graph_text(report).encode()
-    if args.output:
-        try:
-            Path(args.output).write_bytes(rendered)
-        except OSError as error:
-            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
-    else:
-        sys.stdout.buffer.write(rendered)
-        sys.stdout.flush()
+    _write(rendered, args.output)
     return EXIT_CLEAN
 
 
 def _memory(args: argparse.Namespace) -> int:
     import json
-    import traceback
 
-    from graphlint.errors import GraphlintError
-    from graphlint.sizes import parse_bytes
     from graphlint.memory.step import OPTIMIZERS
+    from graphlint.memory.text import render_memory_text
+    from graphlint.session import Session
+    from graphlint.sizes import parse_bytes
 
     if args.optimizer not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
@@ -513,48 +521,26 @@ def _memory(args: argparse.Namespace) -> int:
                              "a number of bytes")
     distribution = _distribution(args)
     project = _discover(args)
-    config = project.config.overridden(device=args.device)
-    if args.targets or args.input or args.init:
-        targets, base = _with_model_options(list(args.targets), args), Path.cwd()
-    elif config.targets:
-        targets, base = list(config.targets), project.root
-    else:
-        raise UsageError("no targets: pass TARGET (path/to/file.py:NAME) or set targets in [tool.graphlint] "
-                         "of pyproject.toml")
-    from graphlint.memory.measure import Request, measure
-    from graphlint.memory.text import render_memory_text
-
+    config = project.config.overridden(device=args.device, timeout=args.timeout)
+    targets, base = _picked(args, project, config, list(args.targets))
+    session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
-    request = Request(optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast, device=device,
-                      device_memory=device_memory, release_output=args.release_output,
-                      distribution=distribution, **sizes)
+    answers = session.memory(targets, optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast,
+                             device=device, device_memory=device_memory, release_output=args.release_output,
+                             distribution=distribution, **sizes)
     results, failed = [], False
-    for target in targets:
-        try:
-            results.append(measure(target, base, request, project.pythonpath))
-        except GraphlintError as error:
-            print(single_line(f"graphlint: error: {target}: {error}"), file=sys.stderr)
+    for result, estimate in answers:
+        for error in result.errors:
+            print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
+        if estimate is None:
             failed = True
-        except Exception as error:  # a bug in graphlint: one line, and the other targets go on
-            if args.debug:
-                traceback.print_exc()
-            print(single_line(f"graphlint: error: {target}: internal error in graphlint while measuring "
-                              f"({type(error).__name__}: {error}); please report it with the output of --debug"),
-                  file=sys.stderr)
-            failed = True
+        else:
+            results.append(estimate)
     if args.format == "json":
         rendered = json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
     else:
         rendered = "\n".join(render_memory_text(r) for r in results)
-    if args.output:
-        try:
-            Path(args.output).write_text(rendered, encoding="utf-8")
-        except OSError as error:
-            raise UsageError(f"cannot write {args.output}: {error.strerror or error}") from error
-    else:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(rendered.encode("utf-8"))
-        sys.stdout.flush()
+    _write(rendered, args.output)
     if failed:
         return EXIT_ERROR
     if device_memory is not None and any(not r.fits for r in results):
@@ -562,8 +548,9 @@ def _memory(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _distribution(args: argparse.Namespace):
-    """--fsdp N or --ddp N and their options, checked; None for the step of one device."""
+def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
+    """--fsdp N or --ddp N and their options, checked, as the (field, value) pairs of a
+    graphlint.memory.distributed.Distribution; () for the step of one device."""
     if args.fsdp is not None and args.ddp is not None:
         raise UsageError("--fsdp and --ddp are two ways to train on N devices; pass one of them")
     fsdp_only = [name for name, value in (("--fsdp-wrap", args.fsdp_wrap),
@@ -574,8 +561,8 @@ def _distribution(args: argparse.Namespace):
     if args.bucket_cap_mb is not None and args.ddp is None:
         raise UsageError("--bucket-cap-mb applies only with --ddp N")
     if args.fsdp is None and args.ddp is None:
-        return None
-    from graphlint.memory.distributed import DDP_BUCKET_MB, Distribution
+        return ()
+    from graphlint.memory.distributed import DDP_BUCKET_MB
 
     if args.ddp is not None:
         cap = DDP_BUCKET_MB
@@ -586,14 +573,14 @@ def _distribution(args: argparse.Namespace):
                 cap = 0
             if not cap > 0:
                 raise UsageError(f"--bucket-cap-mb must be a number of MiB above 0, not {args.bucket_cap_mb!r}")
-        return Distribution("ddp", world_size(args.ddp, "--ddp"), bucket_cap_mb=cap)
+        return ("kind", "ddp"), ("world", world_size(args.ddp, "--ddp")), ("bucket_cap_mb", cap)
     wrap = tuple(part.strip() for part in (args.fsdp_wrap or "").split(",") if part.strip())
     if args.fsdp_wrap is not None and not wrap:
         raise UsageError("--fsdp-wrap takes module class names, comma-separated (LlamaDecoderLayer)")
-    return Distribution("fsdp", world_size(args.fsdp, "--fsdp"), wrap=wrap,
-                        reshard_after_forward=None if args.reshard_after_forward is None
-                        else args.reshard_after_forward == "true",
-                        mixed_precision=args.mixed_precision)
+    return (("kind", "fsdp"), ("world", world_size(args.fsdp, "--fsdp")), ("wrap", wrap),
+            ("reshard_after_forward", None if args.reshard_after_forward is None
+             else args.reshard_after_forward == "true"),
+            ("mixed_precision", args.mixed_precision))
 
 
 def _rules(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """The pipeline for one target, top to bottom: target → capture → rules → locate.
 
-The run (graphlint.run) calls it in a child process per target; `graphlint graph` and tests call it directly.
+The run (graphlint.run) calls it in a child process per target, for `graphlint check` and `graphlint graph`;
+tests call it directly.
 A target that fails becomes one error line in its result, never an exception, except for the user's code
 leaving the process (`SystemExit`, `KeyboardInterrupt`), which the caller decides about.
 """
@@ -162,16 +163,24 @@ def capture_one(text: str, base: Path, locator: Locator, device: str, debug: boo
     if capture.compiled is not None:
         result.notes.extend(compile_notes(capture.compiled, project))
     result.files = tuple(sorted(f for f in capture.source_files if project.is_first_party(f)))
+    result.inputs, result.libraries = depends_on(project, spec, result.files)
+    return result, capture
+
+
+def depends_on(project, spec: TargetSpec, ran: tuple[str, ...] = ()) -> tuple[tuple[str, ...], dict[str, str]]:
+    """What a target's result depends on, once this process has run it, for the result cache: the files (the
+    project's files it ran or imported, the target's file, those of libraries installed from a local path) and
+    the installed distributions it loaded, with their versions."""
     # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
     # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
     imported = {m.__file__ for name, m in list(sys.modules.items())
                 if name not in ("__main__", "__mp_main__") and isinstance(getattr(m, "__file__", None), str)
                 and os.path.isabs(m.__file__) and os.path.isfile(m.__file__)}
     extra = {str(spec.file)} if spec.file is not None else set()
-    result.libraries, local_library_files = loaded_libraries()
-    result.inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(result.files) | extra
-                                 | set(local_library_files)))
-    return result, capture
+    libraries, local_library_files = loaded_libraries()
+    inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(ran) | extra
+                          | set(local_library_files)))
+    return inputs, libraries
 
 
 def compile_notes(compiled, project) -> list[str]:

@@ -237,7 +237,7 @@ def from_wire(data: dict) -> TargetResult:
     """The `TargetResult` that `to_wire` made; KeyError, TypeError or ValueError when `data` is not one."""
     return TargetResult(**{
         **data,
-        "findings": [_finding(f) for f in data["findings"]],
+        "findings": [finding_from_wire(f) for f in data["findings"]],
         "errors": [TargetError(**e) for e in data["errors"]],
         "notes": list(data["notes"]),
         "failures": list(data.get("failures", ())),
@@ -251,7 +251,8 @@ def _location(data: dict) -> Location:
     return Location(**data)
 
 
-def _finding(data: dict) -> Finding:
+def finding_from_wire(data: dict) -> Finding:
+    """One finding of `to_wire`'s data."""
     return Finding(**{
         **data,
         "severity": Severity(data["severity"]),

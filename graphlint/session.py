@@ -7,8 +7,10 @@ delivers results as they come, a newer `lint(..., supersede=True)` of a target b
 projects' sessions share one runner) lint, cache and schedule through one path; `Session.report` applies the
 policy stage across targets (severities, per-file ignores, suppressions, the baseline) and is the only place a
 Report is finished; `Session.fixes` proves the report's fixes in children of the same warm parent
-(graphlint.fix), and `Session.without` is the report of what they leave. The command line, the Python API (graphlint.api) and the
-language server (graphlint.server) are shells over it.
+(graphlint.fix), and `Session.without` is the report of what they leave. `Session.graph` and `Session.memory` make
+`graphlint graph`'s report and `graphlint memory`'s estimates as jobs of the same runner, answered from the same
+cache. The command line, the Python API (graphlint.api) and the language server (graphlint.server) are shells over
+it.
 
 Nothing on the cached path imports torch, so a session that the cache answers in full never does; the warm
 parent imports torch (and warms up) only when a target has to be captured, and stays for the fixes' proofs.
@@ -16,11 +18,13 @@ parent imports torch (and warms up) only when a target has to be captured, and s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,8 +42,13 @@ from graphlint.target import TargetSpec, add_target_folders, target_vary
 
 if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing and the fix stage are not free
     from graphlint.fix.apply import FixPlan
+    from graphlint.graph import GraphReport
+    from graphlint.memory.estimate import MemoryEstimate
     from graphlint.run.parent import WarmParent
-    from graphlint.run.wire import Job, LintJob, ProofJob, Proved
+    from graphlint.run.wire import GraphJob, Job, MemoryJob, ProofJob, Proved, Reported
+
+    # What a session is asked for: a target to lint (its text), or a graph or memory job of one target.
+    Item = str | GraphJob | MemoryJob
 
 
 @dataclass(frozen=True)
@@ -76,11 +85,14 @@ def check(
 class Session:
     """Linting targets of one project: the rules that run, the result cache, the baseline, the warm parent
     (made when a target first has to be captured); the results, the report the policy stage makes of them,
-    and the fixes."""
+    and the fixes; and the graph and memory reports of its targets.
+
+    `lints`: the session lints, so its rules are read at once (a configuration that selects unknown rules is an
+    error here); a session that only makes graph and memory reports never reads them."""
 
     def __init__(self, targets: list[str], project: Project, config: Config | None = None,
                  options: Options = Options(), base: Path | None = None, parent: WarmParent | None = None,
-                 runner: Runner | None = None) -> None:
+                 runner: Runner | None = None, lints: bool = True) -> None:
         self.project = project
         self.config = config if config is not None else project.config
         self.options = options
@@ -93,15 +105,31 @@ class Session:
             if spec.file is not None:
                 add_target_folders(project, spec)
         self.cache = ResultCache(options.cache) if options.cache is not None else None
-        self.rule_infos = _rule_infos(self.cache)  # every rule known, selected or not
-        self.rules = select(self.config, self.rule_infos)
-        self.rule_ids = tuple(rule.id for rule in self.rules)
-        self.rule_tags = frozenset(tag for rule in self.rules for tag in rule.tags)  # which settings matter
+        if lints:
+            self.rules  # noqa: B018 - read now, so that a wrong selection fails the session's making
         self.baseline = read_baseline(options.baseline) if options.baseline is not None else None
         self.runner = runner if runner is not None else Runner(parent)
         self.runner.jobs = max(self.runner.jobs, options.jobs)
-        self._keys: dict[str, str] = {}
-        self._starts: dict[str, float] = {}
+        self._keys: dict[Item, str] = {}
+        self._starts: dict[Item, float] = {}
+
+    @functools.cached_property
+    def rule_infos(self) -> tuple[RuleInfo, ...]:
+        """Every rule known, selected or not."""
+        return _rule_infos(self.cache)
+
+    @functools.cached_property
+    def rules(self) -> tuple[RuleInfo, ...]:
+        """The rules that run, as the configuration selects them."""
+        return select(self.config, self.rule_infos)
+
+    @functools.cached_property
+    def rule_ids(self) -> tuple[str, ...]:
+        return tuple(rule.id for rule in self.rules)
+
+    @functools.cached_property
+    def rule_tags(self) -> frozenset[str]:
+        return frozenset(tag for rule in self.rules for tag in rule.tags)  # which settings matter
 
     # -- targets → results -------------------------------------------------------------------------------------
 
@@ -110,7 +138,7 @@ class Session:
         found = dict(self.stream(targets))
         return [found[t] for t in dict.fromkeys(targets)]
 
-    def stream(self, targets: list[str]) -> Iterator[tuple[str, TargetResult]]:
+    def stream(self, targets: Sequence[Item]) -> Iterator[tuple[Item, TargetResult | Reported]]:
         """Lint the targets and yield (target, result) as each is answered: the cache's answers at once, the
         others as their children finish. For a session that has its runner to itself: the results of other
         sessions sharing it are not this stream's (the language server reads `Runner.finished` instead)."""
@@ -123,12 +151,13 @@ class Session:
         finally:
             self.cancel()  # interrupted (Ctrl-C) or abandoned: no child outlives the stream
 
-    def lint(self, targets: list[str], first: bool = False, supersede: bool = False) -> None:
+    def lint(self, targets: Sequence[Item], first: bool = False, supersede: bool = False) -> None:
         """Start linting the targets; their results are delivered by `Runner.finished` (or `stream`). A target
         whose inputs did not change is answered from the cache, the others wait for a child of the runner, in the
         order given, ahead of those already waiting when `first` (the file the user just touched). A target
         already waiting moves; one being linted is left to finish, unless `supersede` (a newer save of its file):
-        then its child is killed and only the newer result is delivered."""
+        then its child is killed and only the newer result is delivered. A graph or memory job in place of a
+        target's text is run alike, and answered with its `Reported`."""
         misses = []
         for text in dict.fromkeys(targets):
             if not supersede and self.runner.running(self, text):
@@ -158,30 +187,57 @@ class Session:
     def parent(self) -> WarmParent | None:
         return self.runner.parent
 
-    def _cached(self, text: str) -> TargetResult | None:
-        """The target's result from the cache, when nothing it depends on changed."""
+    def _cached(self, text: Item) -> TargetResult | Reported | None:
+        """The target's result (a job's answer) from the cache, when nothing it depends on changed."""
         if self.cache is None:
             return None
         self._keys[text] = self._key(text)
-        return self.cache.load(self._keys[text])
+        if isinstance(text, str):
+            return self.cache.load(self._keys[text])
+        from graphlint.run.wire import Reported
 
-    def _key(self, text: str) -> str:
+        found = self.cache.load_report(self._keys[text])
+        return None if found is None else Reported(*found)
+
+    def _key(self, text: Item) -> str:
+        if not isinstance(text, str):
+            # Every field of the job changes the answer but --debug, and the first-party folders, which as in a
+            # lint's key follow from the root and the targets (a run of several targets adds each one's folder).
+            fields = {k: v for k, v in dataclasses.asdict(text).items() if k not in ("debug", "first_party_folders")}
+            return self.cache.job_key(type(text).__name__, fields)
         return self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
                               target_vary(text, self.config.vary), self.config.memory_budget, self.rule_tags)
 
-    def _store(self, text: str, result: TargetResult) -> None:
+    def _store(self, text: Item, result: TargetResult | Reported) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again). A cache hit is not
         written back: it is there already."""
-        if self.cache is not None and not result.errors:
-            self.cache.store(self._keys.get(text) or self._key(text), result)
+        if self.cache is None:
+            return
+        if isinstance(result, TargetResult):
+            if not result.errors:
+                self.cache.store(self._keys.get(text) or self._key(text), result)
+        elif result.report is not None and not result.result.errors:
+            self.cache.store_report(self._keys.get(text) or self._key(text), result.result, result.report)
 
-    def _job(self, text: str) -> LintJob:
-        """What a child needs to lint the target."""
+    def _job(self, text: Item) -> Job:
+        """What a child needs to lint the target (a graph or memory job is its own)."""
+        if not isinstance(text, str):
+            return text
         from graphlint.run.wire import LintJob
 
         memo = self.cache.compile_folder() if self.cache is not None else ""
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
                           target_vary(text, self.config.vary), self.config.memory_budget, memo, self.options.partial)
+
+    def _failure(self, text: Item, message: str) -> TargetResult | Reported:
+        """The answer of a target, or a job, that no child could run: the reason as its error."""
+        target = text if isinstance(text, str) else text.target
+        result = TargetResult(target=target, errors=[TargetError(target, message)])
+        if isinstance(text, str):
+            return result
+        from graphlint.run.wire import Reported
+
+        return Reported(result)
 
     def _started(self, text: str) -> None:
         self._starts[text] = time.monotonic()
@@ -192,9 +248,44 @@ class Session:
         self._store(text, result)
         self._tell(text, "done", result=result, seconds=time.monotonic() - self._starts.pop(text, time.monotonic()))
 
-    def _tell(self, text: str, event: str, **details) -> None:
-        if self.options.progress is not None:
+    def _tell(self, text: Item, event: str, **details) -> None:
+        if self.options.progress is not None and isinstance(text, str):  # the command line's progress is check's
             self.options.progress(text, event, **details)
+
+    # -- targets → graph and memory reports --------------------------------------------------------------------
+
+    def graph(self, target: str, vary: str | None = None) -> tuple[TargetResult, GraphReport | None]:
+        """`graphlint graph`'s report of one target (with `vary`, "batch" or "seq", compared with a capture at that
+        input dimension doubled), and the target's result (its notes; its errors, and no report, when it
+        failed): from the cache, else made in a child of the runner."""
+        from graphlint.graph import GraphReport
+        from graphlint.run.wire import GraphJob
+
+        job = GraphJob.of(target, self.base, self.project, self.config.device, vary, self.options.debug)
+        [(result, report)] = self.reports([job])
+        return result, None if report is None else GraphReport.from_wire(report)
+
+    def memory(self, targets: list[str], **measurement) -> list[tuple[TargetResult, MemoryEstimate | None]]:
+        """`graphlint memory`'s estimate of each target's training step, in the order given: from the cache, else
+        measured in children of the runner, at most `Options.jobs` at once. `measurement` are the fields of
+        graphlint.run.wire.MemoryJob (the optimizer, the device, the input sizes, the distribution...)."""
+        import torch
+
+        from graphlint.run.graph_and_memory import estimate_from_wire
+        from graphlint.run.wire import MemoryJob
+
+        # The threads CPU kernels are measured with are this process's, as a step run here would use.
+        threads = torch.get_num_threads()
+        jobs = [MemoryJob.of(target, self.base, self.project, threads=threads, debug=self.options.debug,
+                             **measurement) for target in targets]
+        return [(result, None if data is None else estimate_from_wire(data)) for result, data in self.reports(jobs)]
+
+    def reports(self, jobs: list[GraphJob | MemoryJob]) -> list[tuple[TargetResult, dict | None]]:
+        """Each job's result and report (plain data; None when the target failed), in the order given: from the
+        cache, else run in children of the runner, within `Options.timeout` each (a child that dies or runs out
+        of time is the target's error, with the stage it reached)."""
+        found = dict(self.stream(jobs))
+        return [(found[job].result, found[job].report) for job in jobs]
 
     # -- results → report --------------------------------------------------------------------------------------
 
@@ -381,13 +472,12 @@ class Runner:
                                         started=lambda key: key[0]._started(key[1]))
         return self._scheduler
 
-    def _job(self, key: tuple[Session, str], session: Session) -> LintJob | None:
+    def _job(self, key: tuple[Session, Item], session: Session) -> Job | None:
         """The job of a target about to start, or None when no warm parent can start (then that is its answer)."""
         try:
             self.warm_parent()
         except GraphlintError as error:
-            self._answered.append((session, key[1], TargetResult(target=key[1],
-                                                                 errors=[TargetError(key[1], str(error))])))
+            self._answered.append((session, key[1], session._failure(key[1], str(error))))
             return None
         return session._job(key[1])
 

@@ -18,7 +18,7 @@ from graphlint.graph.categories import CATEGORIES, categorize, is_fused
 from graphlint.locate.place import Locator, describe_where
 from graphlint.locate.sites import node_sites
 from graphlint.ops import op, tensor_meta
-from graphlint.results import Finding, Location
+from graphlint.results import Finding, Location, finding_from_wire, json_ready
 
 TOP_LINES = 10
 
@@ -80,6 +80,22 @@ class GraphReport:
         ]
         data["sizes"] = [{"label": label, "nodes": nodes, "saved_bytes": saved} for label, nodes, saved in self.sizes]
         return data
+
+    def to_wire(self) -> dict:
+        """The report as JSON-ready data that `from_wire` rebuilds as it was, findings whole (a child's answer, the
+        result cache); `to_dict` is the documented JSON shape."""
+        return json_ready(asdict(self))
+
+    @classmethod
+    def from_wire(cls, data: dict) -> GraphReport:
+        """The report that `to_wire` made; KeyError, TypeError or ValueError when `data` is not one."""
+        return cls(**{
+            **data,
+            "nodes": [NodeView(**{**node, "next": tuple(node["next"])}) for node in data["nodes"]],
+            "could_fuse": [finding_from_wire(finding) for finding in data["could_fuse"]],
+            "saved_by_line": [SavedLine(**line) for line in data["saved_by_line"]],
+            "sizes": [tuple(size) for size in data["sizes"]],
+        })
 
 
 def describe(capture: Capture, locator: Locator) -> GraphReport:

@@ -1,19 +1,22 @@
 """The child process that runs one job of the warm parent (graphlint.run.wire): lint a target (the per-target
-pipeline, with its stages), or run one side of a fix's proof; its messages go to the parent over a one-way pipe.
+pipeline, with its stages), make a target's graph report or memory estimate (graphlint.run.graph_and_memory), or
+run one side of a fix's proof; its messages go to the parent over a one-way pipe.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Callable
 
 from graphlint import stages
 from graphlint.errors import one_line
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
-from graphlint.run.wire import Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Stage
+from graphlint.run.wire import GraphJob, Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Reported, Stage
 from graphlint.target import script_name
 
 
@@ -32,15 +35,26 @@ def child_main(job: Job, launch: Launch, connection) -> None:
         torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork (see graphlint.run.parent)
     if isinstance(job, ProofJob):
         connection.send(_prove(job))
+    elif isinstance(job, LintJob):
+        result, imported = _target_job(job.target, connection, lambda: _lint(job, connection))
+        connection.send(Linted(result, imported))
     else:
-        connection.send(_lint_job(job, connection))
+        from graphlint.run.graph_and_memory import graph_report, memory_estimate
+
+        run = graph_report if isinstance(job, GraphJob) else memory_estimate
+        answer, imported = _target_job(job.target, connection, lambda: run(job))
+        answer = answer if isinstance(answer, Reported) else Reported(answer)
+        connection.send(dataclasses.replace(answer, imported=imported))
     connection.close()
 
 
-def _lint_job(job: LintJob, connection) -> Linted:
+def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[object, tuple[str, ...]]:
+    """Run a job of one target of the user's (`run()`'s answer, or the target's result with its error when the
+    user's code called sys.exit), telling the parent each stage it reaches; and the installed libraries it
+    imported, for the parent to preload."""
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
-    sys.argv = [script_name(job.target)]
+    sys.argv = [script_name(target)]
     before = set(sys.modules)
     last = ["import"]
 
@@ -50,11 +64,10 @@ def _lint_job(job: LintJob, connection) -> Linted:
 
     stages.listen(tell)
     try:
-        result = _lint(job, connection)
+        answer = run()
     except SystemExit as leaving:  # sys.exit() in the user's code (argparse at module level, often)
-        result = TargetResult(target=job.target, errors=[TargetError(job.target, _exited(leaving, last[0]),
-                                                                     stage=last[0])])
-    return Linted(result, tuple(_installed_libraries(set(sys.modules) - before)))
+        answer = TargetResult(target=target, errors=[TargetError(target, _exited(leaving, last[0]), stage=last[0])])
+    return answer, tuple(_installed_libraries(set(sys.modules) - before))
 
 
 def _lint(job: LintJob, connection) -> TargetResult:

@@ -1,7 +1,7 @@
 """Runs jobs in child processes of the warm parent, each within its time limit, and turns every way a child
-can end into the job's answer: a lint job's own result, or one error line that says what happened and the last
-stage it reached; a proof job's verdict, or why it has none. A lint job's `Partial`, sent while its child still
-runs, is handed on as it comes.
+can end into the job's answer: a lint job's own result (a graph or memory job's report), or one error line that
+says what happened and the last stage it reached; a proof job's verdict, or why it has none. A lint job's
+`Partial`, sent while its child still runs, is handed on as it comes.
 
 `Children` keeps the running children of one warm parent; a `Scheduler` starts at most `jobs` of them at a time
 and kills the child of a job that a newer one superseded. The session's `Runner` (graphlint.session) keeps one
@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.parent import WarmParent
-from graphlint.run.wire import Job, Linted, LintJob, Partial, Proved, Stage
+from graphlint.run.wire import GraphJob, Job, Linted, LintJob, MemoryJob, Partial, Proved, Reported, Stage
 
 
 @dataclass
@@ -31,7 +31,7 @@ class _Child:
     started: float
     timeout: float | None = None  # seconds; None or 0: no limit
     stage: str = "import"
-    result: TargetResult | Proved | None = None
+    result: TargetResult | Reported | Proved | None = None
     imported: tuple[str, ...] = ()
     partial: Partial | None = None  # received and not yet handed on
 
@@ -59,12 +59,12 @@ class Children:
                                    self.timeout if timeout is None else timeout))
 
     def wait(self, also: list | None = None,
-             limit: float | None = None) -> list[tuple[object, TargetResult | Proved | Partial]]:
+             limit: float | None = None) -> list[tuple[object, TargetResult | Reported | Proved | Partial]]:
         """Wait until a child finishes or sends a `Partial`, its time runs out, one of the `also` handles is
         ready, or `limit` seconds pass; the keys of the children that finished, with their answers (a lint job's
-        TargetResult, a proof job's Proved), and of those still running that sent a `Partial`, with it, in the
-        order they were started. A child that finished is never handed on with its `Partial`: its answer says
-        more."""
+        TargetResult, a graph or memory job's Reported, a proof job's Proved), and of those still running that
+        sent a `Partial`, with it, in the order they were started. A child that finished is never handed on with
+        its `Partial`: its answer says more."""
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
@@ -176,7 +176,7 @@ class Scheduler:
             self.running[key] = item
             self._started(key)
 
-    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Proved | Partial]]:
+    def wait(self, also: list | None = None) -> list[tuple[object, object, TargetResult | Reported | Proved | Partial]]:
         """Start what may start, then wait until a child finishes or sends a `Partial`, or one of the `also`
         handles is ready; (key, item, answer) of the jobs that finished, and (key, item, Partial) of those still
         running that sent one."""
@@ -194,7 +194,7 @@ class Scheduler:
         self.running.clear()
 
 
-def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Proved:
+def run_job(parent: WarmParent, job: Job, timeout: float | None) -> TargetResult | Reported | Proved:
     """Run one job in a child of `parent` and wait for its answer."""
     children = Children(parent, timeout)
     children.start(job)
@@ -218,6 +218,8 @@ def _read(child: _Child) -> None:
                 child.partial = message
             elif isinstance(message, Linted):
                 child.result, child.imported = message.result, message.imported
+            elif isinstance(message, Reported):
+                child.result, child.imported = message, message.imported
             elif isinstance(message, Proved):
                 child.result = message
     except (EOFError, OSError, TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
@@ -246,7 +248,8 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _failed(child: _Child, message: str) -> TargetResult | Proved:
-    if not isinstance(child.job, LintJob):
+def _failed(child: _Child, message: str) -> TargetResult | Reported | Proved:
+    if not isinstance(child.job, (LintJob, GraphJob, MemoryJob)):
         return Proved(message)
-    return TargetResult(target=child.target, errors=[TargetError(child.target, message, stage=child.stage)])
+    result = TargetResult(target=child.target, errors=[TargetError(child.target, message, stage=child.stage)])
+    return result if isinstance(child.job, LintJob) else Reported(result)

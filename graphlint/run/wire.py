@@ -2,9 +2,11 @@
 
 A job is plain data (strings, numbers, tuples) so that a spawned child can receive it as well as a forked one.
 `LintJob` lints one target (graphlint.run.child); `ProofJob` runs one side of a fix's proof
-(graphlint.run.proof). A child sends `Stage` messages as it goes, then exactly one `Linted` or `Proved`;
-one that exits without it has died, and the scheduler says how, with the last stage it saw. A lint job that asks
-for it (`LintJob.partial`, the language server's) also sends one `Partial` before the torch.compile analysis.
+(graphlint.run.proof); `GraphJob` and `MemoryJob` make `graphlint graph`'s report and `graphlint memory`'s
+estimate of one target (graphlint.run.graph_and_memory). A child sends `Stage` messages as it goes, then exactly
+one `Linted`, `Proved` or `Reported`; one that exits without it has died, and the scheduler says how, with the
+last stage it saw. A lint job that asks for it (`LintJob.partial`, the language server's) also sends one
+`Partial` before the torch.compile analysis.
 """
 
 from __future__ import annotations
@@ -42,9 +44,19 @@ class LintJob:
                    compile_memo, partial)
 
     def project(self) -> Project:
-        """The project as the run knows it (its configuration is not read again: only the folders matter)."""
-        return Project(root=Path(self.root), first_party_folders=[Path(f) for f in self.first_party_folders],
-                       pythonpath=[Path(f) for f in self.pythonpath])
+        return _project(self)
+
+
+def _folders(project: Project) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """The project as a job carries it: its root, first-party folders and import folders."""
+    return (str(project.root), tuple(str(f) for f in project.first_party_folders),
+            tuple(str(f) for f in project.pythonpath))
+
+
+def _project(job) -> Project:
+    """The project as the run knows it (its configuration is not read again: only the folders matter)."""
+    return Project(root=Path(job.root), first_party_folders=[Path(f) for f in job.first_party_folders],
+                   pythonpath=[Path(f) for f in job.pythonpath])
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,65 @@ class ProofJob:
         return [self.mode, self.target, self.base, self.record, self.verdict or "", *self.pythonpath]
 
 
-Job = LintJob | ProofJob
+@dataclass(frozen=True)
+class GraphJob:
+    """Capture one target and describe its autograd graph (`graphlint graph`); with `vary`, capture it again with
+    that input dimension doubled and compare."""
+
+    target: str
+    base: str  # the folder relative target paths are read from
+    root: str  # the project's root
+    first_party_folders: tuple[str, ...]
+    pythonpath: tuple[str, ...]
+    device: str
+    vary: str | None = None  # "batch" or "seq"
+    debug: bool = False
+
+    @classmethod
+    def of(cls, target: str, base: Path, project: Project, device: str, vary: str | None = None,
+           debug: bool = False) -> GraphJob:
+        return cls(target, str(base), *_folders(project), device, vary, debug)
+
+    def project(self) -> Project:
+        return _project(self)
+
+
+@dataclass(frozen=True)
+class MemoryJob:
+    """Measure one training step of one target (`graphlint memory`): the fields of
+    graphlint.memory.measure.Request, as plain data."""
+
+    target: str
+    base: str
+    root: str
+    first_party_folders: tuple[str, ...]
+    pythonpath: tuple[str, ...]
+    optimizer: str = "adamw"
+    train_on: str = "cuda"
+    autocast: str | None = None
+    release_output: bool = False
+    device: str = "auto"
+    batch: int | None = None
+    seq: int | None = None
+    device_memory: int | None = None
+    # the (field, value) pairs of a graphlint.memory.distributed.Distribution: the step of one rank of N under
+    # FSDP or DDP; (): the step of one device
+    distribution: tuple[tuple[str, object], ...] = ()
+    # The threads CPU kernels are measured with (graphlint.memory.kernels.probe_threads): the command's own, not
+    # the forked child's one (see graphlint.run.parent).
+    threads: int | None = None
+    debug: bool = False
+
+    @classmethod
+    def of(cls, target: str, base: Path, project: Project, **measurement) -> MemoryJob:
+        """The job of one target; `measurement` are the other fields."""
+        return cls(target, str(base), *_folders(project), **measurement)
+
+    def project(self) -> Project:
+        return _project(self)
+
+
+Job = LintJob | ProofJob | GraphJob | MemoryJob
 
 
 @dataclass(frozen=True)
@@ -96,6 +166,16 @@ class Partial:
     analysis starts; the job's `Linted` follows and replaces it (only it is ever kept in the result cache)."""
 
     result: TargetResult
+
+
+@dataclass(frozen=True)
+class Reported:
+    """A graph or memory job's answer: the target's result (its errors, notes and the files it depends on, for the
+    result cache) and the report as plain data (graphlint.run.graph_and_memory), None when the target failed."""
+
+    result: TargetResult
+    report: dict | None = None
+    imported: tuple[str, ...] = ()  # installed libraries it imported, for the parent to preload
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,153 @@
+"""`graphlint graph` and `graphlint memory` run as jobs of the session, as `check` does: the model in a child of
+the command, within --timeout, answered from the result cache while nothing it depends on changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_graphlint, write
+
+pytestmark = pytest.mark.cli  # CI runs these against the installed wheel too
+
+# Every factory call appends a line to calls.txt beside the model: a run answered from the cache adds none.
+MODEL = '''
+import os
+import time
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _called():
+    with open(os.path.join(HERE, "calls.txt"), "a") as calls:
+        calls.write(f"{os.getpid()} {os.getppid()}\\n")
+
+
+def make():
+    _called()
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)), (torch.randn(4, 8),)
+
+
+def leaves():
+    os._exit(3)
+
+
+def sleeps():
+    time.sleep(60)
+    return make()
+'''
+
+
+@pytest.fixture
+def model(project_dir):
+    write(project_dir, "model.py", MODEL)
+    return project_dir
+
+
+def calls(folder) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every call of the factory so far."""
+    path = folder / "calls.txt"
+    lines = path.read_text().split("\n") if path.exists() else []
+    return [tuple(int(n) for n in line.split()) for line in lines if line]
+
+
+@pytest.mark.command
+@pytest.mark.parametrize("command", ["graph", "memory"])
+def test_the_model_runs_in_a_child_of_the_command_not_in_it(model, command):
+    process = subprocess.Popen([sys.executable, "-m", "graphlint", command, "model.py:make"], cwd=model,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    assert calls(model) and all(pid != process.pid and parent == process.pid for pid, parent in calls(model))
+
+
+@pytest.mark.parametrize("command", ["graph", "memory"])
+def test_a_model_that_leaves_the_process_is_one_line_and_exit_2(model, command):
+    result = run_graphlint(command, "model.py:leaves", cwd=model)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("graphlint: error: model.py:leaves: its process exited with code 3 (os._exit")
+    assert "Traceback" not in result.stderr
+
+
+def test_memory_reports_the_other_targets_when_one_leaves_the_process(model):
+    result = run_graphlint("memory", "model.py:leaves", "model.py:make", "--format", "json", cwd=model)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "model.py:leaves: its process exited with code 3" in line and "during the measurement" in line
+    [measured] = json.loads(result.stdout)
+    assert measured["target"] == "model.py:make" and measured["peak_bytes"] > 0
+
+
+@pytest.mark.parametrize("command", ["graph", "memory"])
+def test_timeout_stops_a_model_that_does_not_return(model, command):
+    result = run_graphlint(command, "model.py:sleeps", "--timeout", "3", cwd=model)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("graphlint: error: model.py:sleeps: did not finish within 3 s (--timeout)")
+    assert not calls(model)  # stopped in its sleep, before the model was made
+
+
+@pytest.mark.parametrize("command, format_", [("graph", "json"), ("memory", "json")])
+def test_a_second_run_is_answered_from_the_cache_and_no_cache_runs_the_model_again(model, command, format_):
+    first = run_graphlint(command, "model.py:make", "--format", format_, cwd=model)
+    assert first.returncode == 0, first.stderr
+    made = len(calls(model))
+    assert made > 0
+    second = run_graphlint(command, "model.py:make", "--format", format_, cwd=model)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout and len(calls(model)) == made
+    again = run_graphlint(command, "model.py:make", "--format", format_, "--no-cache", cwd=model)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout and len(calls(model)) > made
+
+
+def test_an_option_that_changes_the_answer_is_not_answered_from_another_options_entry(model):
+    first = run_graphlint("memory", "model.py:make", "--format", "json", cwd=model)
+    assert first.returncode == 0, first.stderr
+    made = len(calls(model))
+    bigger = run_graphlint("memory", "model.py:make", "--format", "json", "--batch", "16", cwd=model)
+    assert bigger.returncode == 0, bigger.stderr
+    assert len(calls(model)) > made
+    assert (json.loads(first.stdout)[0]["batch"], json.loads(bigger.stdout)[0]["batch"]) == (4, 16)
+    made = len(calls(model))
+    other = run_graphlint("memory", "model.py:make", "--format", "json", "--optimizer", "sgd", cwd=model)
+    assert len(calls(model)) > made and json.loads(other.stdout)[0]["optimizer"] == "sgd"
+
+
+def test_graph_formats_are_rendered_from_one_cache_entry_and_vary_is_another(model):
+    text = run_graphlint("graph", "model.py:make", cwd=model)
+    assert text.returncode == 0, text.stderr
+    made = len(calls(model))
+    dot = run_graphlint("graph", "model.py:make", "--format", "dot", "--depth", "1", cwd=model)
+    assert dot.returncode == 0 and dot.stdout.startswith("digraph"), dot.stderr
+    assert len(calls(model)) == made  # the picture's options are not the capture's
+    varied = run_graphlint("graph", "model.py:make", "--vary", "batch", cwd=model)
+    assert varied.returncode == 0, varied.stderr
+    assert len(calls(model)) > made and "batch 8:" in varied.stdout
+
+
+def test_editing_the_model_measures_it_again(model):
+    assert run_graphlint("memory", "model.py:make", cwd=model).returncode == 0
+    made = len(calls(model))
+    write(model, "model.py", MODEL.replace("nn.Linear(16, 2)", "nn.Linear(16, 3)"))
+    assert run_graphlint("memory", "model.py:make", cwd=model).returncode == 0
+    assert len(calls(model)) > made
+
+
+@pytest.mark.parametrize("command", ["check", "graph", "memory"])
+def test_the_commands_pick_targets_and_write_outputs_alike(model, command):
+    unwritable = run_graphlint(command, "model.py:make", "--output", "no/such/folder/out", cwd=model)
+    assert unwritable.returncode == 2
+    assert unwritable.stderr.strip().splitlines()[-1] == ("graphlint: error: cannot write no/such/folder/out: "
+                                                          "No such file or directory")
+    none = run_graphlint(command, cwd=model)  # no TARGET, and no [tool.graphlint] targets
+    assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1
+    wanted = "takes one TARGET" if command == "graph" else "no targets: pass TARGET"
+    assert wanted in none.stderr
