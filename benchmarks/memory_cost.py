@@ -6,7 +6,7 @@
 
 For each target the two commands are interleaved (check, memory, check, memory, ...) so that drift in the
 machine's speed hits both alike; the medians of wall time and of peak resident memory (from wait4) are printed
-with the ratio memory/check. `check` runs without its cache. The Llama-7B shape (benchmarks/models.py:llama_7b,
+with the ratio memory/check. Both run without the result cache. The Llama-7B shape (benchmarks/models.py:llama_7b,
 6.7B parameters) is measured by `memory` at sequence 4096 (`--seq 4096`), on the meta device like the check.
 
 `--scale` times the command of docs/memory.md's distributed example, the Llama-2-70B shape
@@ -63,7 +63,7 @@ def main() -> None:
             checks, memories = [], []
             for _ in range(args.repeat):
                 checks.append(run([*python, "check", "--no-cache", target], folder))
-                memories.append(run([*python, "memory", target, *options], folder))
+                memories.append(run([*python, "memory", "--no-cache", target, *options], folder))
             check_s, memory_s = (statistics.median(s for s, _, _ in runs) for runs in (checks, memories))
             check_m, memory_m = (statistics.median(m for _, m, _ in runs) for runs in (checks, memories))
             print(f"| {name} | {check_s:.2f} s | {memory_s:.2f} s | {memory_s / check_s:.2f} | {check_m:.0f} MiB | "
@@ -74,8 +74,9 @@ def scale(python: list[str], repeat: int) -> None:
     commands = {
         "check --no-cache": [*python, "check", "--no-cache", SCALE],
         "check --no-cache --ignore GL301,GL302": [*python, "check", "--no-cache", "--ignore", "GL301,GL302", SCALE],
-        "memory (peak)": [*python, "memory", SCALE, *SCALE_MEMORY],
-        "memory --device-memory 80GiB": [*python, "memory", SCALE, *SCALE_MEMORY, "--device-memory", "80GiB"],
+        "memory (peak)": [*python, "memory", "--no-cache", SCALE, *SCALE_MEMORY],
+        "memory --device-memory 80GiB": [*python, "memory", "--no-cache", SCALE, *SCALE_MEMORY, "--device-memory",
+                                         "80GiB"],
     }
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
     with tempfile.TemporaryDirectory() as folder:

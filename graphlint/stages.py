@@ -2,7 +2,8 @@
 
 The capture and the pipeline call `reached(stage)`; the child process that lints a target forwards each stage
 to the run, so that a child that dies (`os._exit`, a crash in native code, a timeout) is reported with the
-last stage it reached. Without a listener (the Python API, `graphlint graph`) it does nothing.
+last stage it reached (`graphlint graph`'s child too; `graphlint memory`'s reports one stage, the
+measurement). Without a listener (the Python API, tests) it does nothing.
 """
 
 from __future__ import annotations
