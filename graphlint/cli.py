@@ -265,8 +265,9 @@ def _write(rendered: str | bytes, output: str | None) -> None:
             raise UsageError(f"cannot write {output}: {error.strerror or error}") from error
     else:
         sys.stdout.flush()
-        sys.stdout.buffer.write(rendered.encode("utf-8") if isinstance(rendered, str) else rendered)  # UTF-8 whatever
-        sys.stdout.flush()  # the terminal's locale says
+        # UTF-8 whatever the terminal's locale says
+        sys.stdout.buffer.write(rendered.encode("utf-8") if isinstance(rendered, str) else rendered)
+        sys.stdout.flush()
 
 
 def _discover(args: argparse.Namespace) -> Project:

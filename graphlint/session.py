@@ -239,11 +239,11 @@ class Session:
 
         return Reported(result)
 
-    def _started(self, text: str) -> None:
+    def _started(self, text: Item) -> None:
         self._starts[text] = time.monotonic()
         self._tell(text, "started")
 
-    def _linted(self, text: str, result: TargetResult) -> None:
+    def _linted(self, text: Item, result: TargetResult | Reported) -> None:
         """A child's result, before it is delivered: kept in the cache, and told."""
         self._store(text, result)
         self._tell(text, "done", result=result, seconds=time.monotonic() - self._starts.pop(text, time.monotonic()))

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import run_graphlint, write
+from test_cache_and_jobs import run_without_torch
 
 pytestmark = pytest.mark.cli  # CI runs these against the installed wheel too
 
@@ -106,6 +107,13 @@ def test_a_second_run_is_answered_from_the_cache_and_no_cache_runs_the_model_aga
     again = run_graphlint(command, "model.py:make", "--format", format_, "--no-cache", cwd=model)
     assert again.returncode == 0, again.stderr
     assert again.stdout == first.stdout and len(calls(model)) > made
+
+
+def test_a_graph_report_from_the_cache_is_drawn_without_importing_torch(model):
+    first = run_graphlint("graph", "model.py:make", "--format", "dot", cwd=model)
+    second = run_without_torch("graph", "model.py:make", "--format", "dot", cwd=model)
+    assert second.returncode == first.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
 
 
 def test_an_option_that_changes_the_answer_is_not_answered_from_another_options_entry(model):

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from graphlint.capture import Capture, facts
-from graphlint.engine import rule_by_id
 from graphlint.files import display_path
 from graphlint.graph.categories import CATEGORIES, categorize, is_fused
-from graphlint.locate.place import Locator, describe_where
-from graphlint.locate.sites import node_sites
-from graphlint.ops import op, tensor_meta
 from graphlint.results import Finding, Location, finding_from_wire, json_ready
+
+# The report and its pictures need no torch: a report from the result cache is drawn without importing it. What
+# reads a capture (describe and the functions below it) imports the capture's layers when it is called.
+if TYPE_CHECKING:
+    from graphlint.capture import Capture
+    from graphlint.locate.place import Locator
 
 TOP_LINES = 10
 
@@ -100,6 +102,9 @@ class GraphReport:
 
 def describe(capture: Capture, locator: Locator) -> GraphReport:
     """The graph report of one capture."""
+    from graphlint.capture import facts
+    from graphlint.ops import op
+
     autograd = capture.autograd
     source_of: dict = {}
     nodes = []
@@ -158,6 +163,8 @@ def _source(forward, capture: Capture, locator: Locator, cache: dict) -> str:
     if forward is None:
         return ""
     if forward not in cache:
+        from graphlint.locate.sites import node_sites
+
         primary, _ = node_sites(forward, locator.project, capture.factory)
         cache[forward] = _show(locator.location(primary)) if primary is not None else ""
     return cache[forward]
@@ -182,6 +189,9 @@ def saved_activations(capture: Capture):
 
 def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[int, int, list[SavedLine]]:
     """Activation bytes kept for backward, in total and by the line of the op that saved them."""
+    from graphlint.capture import facts
+    from graphlint.locate.place import describe_where
+
     lines: dict[str, SavedLine] = {}
     paths: dict[str, list[str]] = {}
     total = count = 0
@@ -204,11 +214,15 @@ def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[
 
 
 def _hand_written_attention(capture: Capture, locator: Locator) -> list[Finding]:
+    from graphlint.engine import rule_by_id
+
     rule = rule_by_id("GL101")
     return locator.place(rule, rule().check(capture), capture) if rule is not None else []
 
 
 def _device_note(capture: Capture) -> str:
+    from graphlint.ops import op
+
     calls = sum(1 for n in capture.ops if op(n) in ("scaled_dot_product_attention", "multi_head_attention_forward"))
     if capture.device == "meta":
         note = ("Captured on the meta device: nothing was allocated and sizes come from shapes, so the graph "
@@ -247,6 +261,7 @@ def input_size(capture: Capture, kind: str) -> int | None:
     import torch
 
     from graphlint.capture import dimensions
+    from graphlint.ops import tensor_meta
 
     inputs = [torch.empty(meta.shape, dtype=meta.dtype, device="meta") for node in capture.forward.nodes
               if node.op == "placeholder" and (meta := tensor_meta(node)) is not None]

@@ -26,7 +26,7 @@ def graph_report(job: GraphJob) -> Reported:
     from graphlint.locate.place import Locator
     from graphlint.pipeline import capture_one
 
-    locator = Locator(job.project(), job.debug)
+    locator = Locator(job.project())
     result, capture = capture_one(job.target, Path(job.base), locator, job.device, job.debug)
     if capture is None:
         return Reported(result)
