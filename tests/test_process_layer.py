@@ -10,7 +10,7 @@ from graphlint.project import Project
 from graphlint.results import TargetResult
 from graphlint.run import parent as parent_module
 from graphlint.run.scheduler import Scheduler, run_job
-from graphlint.run.wire import LintJob
+from graphlint.run.wire import GraphJob, LintJob, MemoryJob, Reported
 from test_cli import ATTENTION
 
 
@@ -43,6 +43,22 @@ def test_spawned_children_run_a_lint_job_like_forked_ones(tmp_path, monkeypatch)
     result = run_job(spawned, job, 300)
     assert isinstance(result, TargetResult) and not result.errors, result
     assert [f.rule_id for f in result.findings] == ["GL101"]
+
+
+@pytest.mark.parametrize("kind", ["graph", "memory"])
+def test_spawned_children_make_graph_and_memory_reports_like_forked_ones(tmp_path, monkeypatch, kind):
+    path = write(tmp_path, "model.py", ATTENTION)
+    project = Project(root=tmp_path, first_party_folders=[tmp_path])
+    job = (GraphJob.of(f"{path}:make", tmp_path, project, "auto") if kind == "graph"
+           else MemoryJob.of(f"{path}:make", tmp_path, project))
+    forked = run_job(parent_module.WarmParent(), job, 300)
+    monkeypatch.setattr(parent_module, "start_method", lambda: "spawn")
+    spawned = parent_module.WarmParent()
+    assert spawned.context.get_start_method() == "spawn"
+    answer = run_job(spawned, job, 300)
+    assert isinstance(answer, Reported) and not answer.result.errors, answer.result
+    assert answer.report is not None and answer.report == forked.report
+    assert str(path) in answer.result.inputs  # what the result cache checks before answering again
 
 
 @pytest.mark.proof
