@@ -500,6 +500,8 @@ def _graph(args: argparse.Namespace) -> int:
 def _memory(args: argparse.Namespace) -> int:
     import json
 
+    import torch
+
     from graphlint.memory.step import OPTIMIZERS
     from graphlint.memory.text import render_memory_text
     from graphlint.session import Session
@@ -526,9 +528,11 @@ def _memory(args: argparse.Namespace) -> int:
     targets, base = _picked(args, project, config, list(args.targets))
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    # This process runs no CPU op, so its children may measure CPU kernels with its threads, as a step run here would.
+    threads = torch.get_num_threads()
     answers = session.memory(targets, optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast,
                              device=device, device_memory=device_memory, release_output=args.release_output,
-                             distribution=distribution, **sizes)
+                             distribution=distribution, threads=threads, **sizes)
     results, failed = [], False
     for result, estimate in answers:
         for error in result.errors:

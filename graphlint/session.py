@@ -269,15 +269,11 @@ class Session:
         """`graphlint memory`'s estimate of each target's training step, in the order given: from the cache, else
         measured in children of the runner, at most `Options.jobs` at once. `measurement` are the fields of
         graphlint.run.wire.MemoryJob (the optimizer, the device, the input sizes, the distribution...)."""
-        import torch
-
         from graphlint.run.graph_and_memory import estimate_from_wire
         from graphlint.run.wire import MemoryJob
 
-        # The threads CPU kernels are measured with are this process's, as a step run here would use.
-        threads = torch.get_num_threads()
-        jobs = [MemoryJob.of(target, self.base, self.project, threads=threads, debug=self.options.debug,
-                             **measurement) for target in targets]
+        jobs = [MemoryJob.of(target, self.base, self.project, debug=self.options.debug, **measurement)
+                for target in targets]
         return [(result, None if data is None else estimate_from_wire(data)) for result, data in self.reports(jobs)]
 
     def reports(self, jobs: list[GraphJob | MemoryJob]) -> list[tuple[TargetResult, dict | None]]:

@@ -120,8 +120,8 @@ class MemoryJob:
     # the (field, value) pairs of a graphlint.memory.distributed.Distribution: the step of one rank of N under
     # FSDP or DDP; (): the step of one device
     distribution: tuple[tuple[str, object], ...] = ()
-    # The threads CPU kernels are measured with (graphlint.memory.kernels.probe_threads): the command's own, not
-    # the forked child's one (see graphlint.run.parent).
+    # The threads CPU kernels are measured with (graphlint.memory.kernels.probe_threads); None: the child's, one in
+    # a forked child (graphlint.run.parent), since a parent that ran parallel CPU work would hang it with more.
     threads: int | None = None
     debug: bool = False
 
