@@ -4,7 +4,6 @@ computed once per capture (`Capture.answers`) and shared by every rule that asks
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +13,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from graphlint.capture import Capture, facts
 from graphlint.capture.forward import HOST_OPS
 from graphlint.ops import op
+from graphlint.walk import DOWN, UP, find, reach
 
 
 def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
@@ -23,14 +23,7 @@ def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
     if not roots:
         output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
         roots = list(output.all_input_nodes) if output is not None else []
-    live: set[fx.Node] = set()
-    queue = deque(roots)
-    while queue:
-        node = queue.popleft()
-        if node not in live:
-            live.add(node)
-            queue.extend(node.all_input_nodes)
-    return live
+    return {step.node for step in reach(roots, UP)}
 
 
 def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
@@ -70,19 +63,7 @@ def _trainable_without_gradient(capture: Capture) -> list[str]:
 def first_stops(start: fx.Node, is_stop: Callable[[fx.Node], bool]) -> list[fx.Node]:
     """Walking forward from `start` through the nodes that use it, the first nodes where `is_stop` holds
     (the walk goes on past the others)."""
-    stops: list[fx.Node] = []
-    seen = {start}
-    queue = deque(start.users)
-    while queue:
-        node = queue.popleft()
-        if node in seen:
-            continue
-        seen.add(node)
-        if is_stop(node):
-            stops.append(node)
-        else:
-            queue.extend(node.users)
-    return stops
+    return [step.node for step in find(start.users, DOWN, is_stop)]
 
 
 def cut_kind(node: fx.Node) -> str | None:
