@@ -12,6 +12,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture import Capture, facts
 from graphlint.capture.forward import HOST_OPS
+from graphlint.lines import SourceLine
 from graphlint.ops import op
 from graphlint.walk import DOWN, UP, find, reach
 
@@ -134,8 +135,8 @@ def _gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
             for name in trainable_without_gradient(capture) if name in reads}
 
 
-def cut_lines(capture: Capture) -> set[tuple[str, int]]:
-    """The source lines (file, line) where GL202 reports a gradient cut: each cut's own line and, for a cut
+def cut_lines(capture: Capture) -> set[SourceLine]:
+    """The source lines where GL202 reports a gradient cut: each cut's own line and, for a cut
     inside a `no_grad` block, the statement's. A host trip on such a line is reported once, as the cut."""
     lines = set()
     for cuts in gradient_cuts(capture).values():
@@ -144,5 +145,5 @@ def cut_lines(capture: Capture) -> set[tuple[str, int]]:
             region = facts(cut).grad_region
             for frames in (stack, region.statement_of(stack) if region is not None else ()):
                 if frames:
-                    lines.add((frames[-1].file, frames[-1].line))
+                    lines.add(SourceLine.of(frames[-1]))
     return lines

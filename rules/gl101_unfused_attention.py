@@ -10,6 +10,7 @@ from torch import fx
 
 from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
+from graphlint.lines import SourceLine
 from graphlint.memory.savings import attention_savings
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
@@ -374,7 +375,7 @@ class UnfusedAttention(Rule):
             if bias is not None:  # other configurations of this code add a bias made from the scores
                 problem = dataclasses.replace(
                     problem, fix=partial(_refuse, f"other configurations of this code add a bias computed from the "
-                                                  f"scores ({op(bias)} at line {_line(bias)[1]}), which the fused "
+                                                  f"scores ({op(bias)} at line {_line(bias).line}), which the fused "
                                                   "call cannot compute"))
             yield problem
 
@@ -518,9 +519,9 @@ def _floating(node: fx.Node) -> bool:
     return meta is not None and getattr(meta.dtype, "is_floating_point", False)
 
 
-def _line(node: fx.Node) -> tuple[str, int]:
+def _line(node: fx.Node) -> SourceLine:
     stack = facts(node).stack
-    return (stack[-1].file, stack[-1].line) if stack else ("", 0)
+    return SourceLine.of(stack[-1]) if stack else SourceLine("", 0)
 
 
 def _refuse(reason: str, site) -> str:

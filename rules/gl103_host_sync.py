@@ -7,6 +7,7 @@ from torch import fx
 
 from graphlint.capture import facts
 from graphlint.flow import cut_lines
+from graphlint.lines import SourceLine
 from graphlint.ops import is_own_code, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -209,7 +210,7 @@ class HostSync(Rule):
     def check(self, capture):
         cut = cut_lines(capture)  # GL202 reports these lines, host trips included
         for node in capture.ops:
-            if not is_own_code(node) or (facts(node).stack[-1].file, facts(node).stack[-1].line) in cut:
+            if not is_own_code(node) or SourceLine.of(facts(node).stack[-1]) in cut:
                 continue
             message = _message(node)
             if message is None or _made_on_host(node):

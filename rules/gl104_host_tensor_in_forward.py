@@ -13,6 +13,7 @@ from graphlint.capture import facts
 from graphlint.capture.frames import Frame
 from graphlint.files import is_installed_file
 from graphlint.flow import cut_lines
+from graphlint.lines import SourceLine
 from graphlint.ops import MAX_PASS_THROUGH_STEPS, is_own_code, op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
@@ -222,7 +223,7 @@ def _unrecorded_host_tensors(capture):
             continue
         uses = sorted((user for user in node.users if user in order), key=order.__getitem__)
         made = facts(node).made_at or (facts(uses[0]).stack if uses else ())
-        if not made or is_installed_file(made[-1].file) or (made[-1].file, made[-1].line) in trips:
+        if not made or is_installed_file(made[-1].file) or SourceLine.of(made[-1]) in trips:
             continue  # made inside a library, which its users cannot change, or reported as the cut
         if capture.device != "meta" and not _spells_a_host_maker(made[-1]):
             continue  # on a host capture only the source tells data from a tensor torch.func or a custom op returned
