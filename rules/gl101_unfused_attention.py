@@ -16,6 +16,7 @@ from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW
 from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.tags import FUSABLE_ATTENTION_TAG
 from graphlint.walk import DOWN, UP, chain, find, reach
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul;
@@ -31,7 +32,7 @@ class UnfusedAttention(Rule):
     id = "GL101"
     name = "unfused-attention"
     severity = Severity.WARNING
-    tags = ("performance", "attention", "memory")
+    tags = ("performance", "attention", "memory", FUSABLE_ATTENTION_TAG)
     precision = "high"
     summary = "Softmax attention written by hand; torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel."
     what = """

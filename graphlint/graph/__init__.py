@@ -12,13 +12,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from graphlint.capture import Capture, facts
-from graphlint.engine import rule_by_id
+from graphlint.engine import load_rules
 from graphlint.files import display_path
 from graphlint.graph.categories import CATEGORIES, categorize, is_fused
 from graphlint.locate.place import Locator, describe_where
 from graphlint.locate.sites import node_sites
 from graphlint.ops import op, tensor_meta
 from graphlint.results import Finding, Location
+from graphlint.tags import FUSABLE_ATTENTION_TAG
 
 TOP_LINES = 10
 
@@ -188,8 +189,8 @@ def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[
 
 
 def _hand_written_attention(capture: Capture, locator: Locator) -> list[Finding]:
-    rule = rule_by_id("GL101")
-    return locator.place(rule, rule().check(capture), capture) if rule is not None else []
+    rules = [rule for rule in load_rules() if FUSABLE_ATTENTION_TAG in rule.tags]
+    return [finding for rule in rules for finding in locator.place(rule, rule().check(capture), capture)]
 
 
 def _device_note(capture: Capture) -> str:
