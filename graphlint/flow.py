@@ -14,7 +14,7 @@ from graphlint.capture import Capture, facts
 from graphlint.capture.forward import HOST_OPS
 from graphlint.lines import SourceLine
 from graphlint.ops import op
-from graphlint.walk import DOWN, UP, find, reach
+from graphlint.walk import DOWN, UP, find, reachable
 
 
 def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
@@ -24,7 +24,7 @@ def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
     if not roots:
         output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
         roots = list(output.all_input_nodes) if output is not None else []
-    return {step.node for step in reach(roots, UP)}
+    return reachable(roots, UP)
 
 
 def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:

@@ -6,6 +6,7 @@ keeps every search short. `through` is a set of op names (the capture's canonica
 a predicate of the node.
 
 - `reach` and `find`: breadth-first, nearest first, each node once (or, with `again`, until it is passed);
+- `reachable`: the nodes `reach` yields, as a set;
 - `chain`: up a line of first arguments (`x.float().view(...)` back to `x`);
 - `line`: along any one-next-node rule (a value's only user);
 - `operands`: an expression's terms, every occurrence counted (`x * x` has two).
@@ -43,18 +44,24 @@ def _next(node: fx.Node, direction: Direction) -> Iterable[fx.Node]:
 
 
 class Step(NamedTuple):
-    """A node a search reached, how many steps from a start node, and the step it was reached from."""
+    """A node a search reached, how many steps from a start node, and the step before (a start node has none)."""
 
     node: fx.Node
     depth: int
-    came_from: Step | None
+    before: tuple | None  # (node, depth, before) of the node it was reached from
+
+    @property
+    def came_from(self) -> fx.Node | None:
+        """The node it was reached from; None for a start node."""
+        return self.before[0] if self.before is not None else None
 
     def path(self) -> list[fx.Node]:
         """The nodes from the start node to this one, in the order walked."""
-        nodes, step = [], self
-        while step is not None:
-            nodes.append(step.node)
-            step = step.came_from
+        nodes: list[fx.Node] = []
+        entry: tuple | None = self
+        while entry is not None:
+            nodes.append(entry[0])
+            entry = entry[2]
         return nodes[::-1]
 
 
@@ -63,25 +70,42 @@ def _search(start: Iterable[fx.Node], direction: Direction, stop: Callable[[fx.N
             passed: set[fx.Node] | None) -> Iterator[Step]:
     passed = set() if passed is None else passed
     considered: set[fx.Node] = set()
-    queue = deque(Step(node, 0, None) for node in start)
+    skipped = passed if again else considered  # a node in it is not asked again
+    # Plain (node, depth, before) entries, made a Step only when yielded: a search may reach the whole graph.
+    queue: deque[tuple] = deque((node, 0, None) for node in start)
     while queue:
-        step = queue.popleft()
-        node = step.node
-        if node in (passed if again else considered):
+        entry = queue.popleft()
+        node, depth = entry[0], entry[1]
+        if node in skipped:
             continue
         considered.add(node)
-        if stop is not None:
-            if stop(node):
-                yield step
-                continue
-        else:
-            yield step
+        if stop is None:
+            yield tuple.__new__(Step, entry)
+        elif stop(node):
+            yield tuple.__new__(Step, entry)
+            continue
         # Asked after the caller saw the node: a caller that returns there never has it asked.
         if not through(node):
             continue
         passed.add(node)
-        if limit is None or step.depth < limit:
-            queue.extend(Step(following, step.depth + 1, step) for following in _next(node, direction))
+        if limit is None or depth < limit:
+            queue.extend((following, depth + 1, entry) for following in _next(node, direction)
+                         if following not in skipped)
+
+
+def reachable(start: Iterable[fx.Node], direction: Direction, *, through: Through | None = None) -> set[fx.Node]:
+    """Every node `reach` would yield, as a set, without the order or the steps (a closure over a whole graph)."""
+    passes = None if through is None else _predicate(through)
+    found: set[fx.Node] = set()
+    pending = list(start)
+    while pending:
+        node = pending.pop()
+        if node in found:
+            continue
+        found.add(node)
+        if passes is None or passes(node):
+            pending.extend(_next(node, direction))
+    return found
 
 
 def reach(start: Iterable[fx.Node], direction: Direction, *, through: Through | None = None,

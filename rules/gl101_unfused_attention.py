@@ -17,7 +17,7 @@ from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
 from graphlint.tags import FUSABLE_ATTENTION_TAG
-from graphlint.walk import DOWN, UP, chain, find, reach
+from graphlint.walk import DOWN, UP, chain, find, reach, reachable
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul;
 # `scores[mask] = -inf` is recorded as a setitem.
@@ -494,7 +494,7 @@ def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
     cast to the queries' dtype where `scores + mask` promoted."""
     # What the scores are made from follows the queries' dtype as far as the mask is concerned.
     steps = set(before)
-    upstream = steps | {s.node for s in reach(before[0].all_input_nodes, UP, through=lambda n: n not in steps)}
+    upstream = steps | reachable(before[0].all_input_nodes, UP, through=lambda n: n not in steps)
     added = [n for step, came_from in zip(before[1:], before, strict=False)
              if op(step) in _ADDED and not row_max_shift(step, came_from)
              for n in step.all_input_nodes if n is not came_from and n not in upstream]
@@ -564,8 +564,7 @@ def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
     Upstream the path is returned scores-first (excluding the softmax); downstream softmax-side first."""
     start = softmax.all_input_nodes[:1] if upstream else list(softmax.users)
     for step in reach(start, UP if upstream else DOWN, through=_BETWEEN, limit=MAX_PATTERN_STEPS):
-        came_from = step.came_from.node if step.came_from is not None else softmax
-        if op(step.node) in _PRODUCTS and _is_activation_product(step.node, came_from, upstream):
+        if op(step.node) in _PRODUCTS and _is_activation_product(step.node, step.came_from or softmax, upstream):
             path = step.path()
             return path[::-1] if upstream else path
     return None

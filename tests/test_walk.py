@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from graphlint.capture import capture_model
-from graphlint.walk import DOWN, UP, chain, find, line, op, operands, reach
+from graphlint.walk import DOWN, UP, chain, find, line, op, operands, reach, reachable
 
 
 class Net(nn.Module):
@@ -71,6 +71,7 @@ def test_reach_is_breadth_first_each_node_once_with_its_path(nodes):
     assert names([s.node for s in steps], nodes) == ["matmul", "t", "w", "view", "float", "x"]
     assert [s.depth for s in steps] == [0, 1, 1, 2, 3, 4]
     assert names(steps[-1].path(), nodes) == ["matmul", "t", "view", "float", "x"]
+    assert steps[-1].came_from is nodes["float"] and steps[0].came_from is None
 
 
 def test_reach_goes_no_further_than_its_limit(nodes):
@@ -80,6 +81,13 @@ def test_reach_goes_no_further_than_its_limit(nodes):
 def test_reach_passes_only_through_the_given_ops(nodes):
     reached = [s.node for s in reach([nodes["softmax"]], DOWN, through={"softmax", "exp"})]
     assert names(reached, nodes) == ["softmax", "exp", "mixed", "neg"]
+
+
+def test_reachable_is_the_set_reach_yields(nodes):
+    assert reachable([nodes["matmul"]], UP) == {s.node for s in reach([nodes["matmul"]], UP)} == \
+        {nodes[name] for name in ("matmul", "t", "w", "view", "float", "x")}
+    assert reachable([nodes["softmax"]], DOWN, through={"softmax", "exp"}) == \
+        {nodes[name] for name in ("softmax", "exp", "mixed", "neg")}
 
 
 def test_find_yields_the_stops_nearest_first_and_never_passes_one(nodes):
