@@ -4,7 +4,6 @@ computed once per capture (`Capture.answers`) and shared by every rule that asks
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,9 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from graphlint.capture import Capture, facts
 from graphlint.capture.forward import HOST_OPS
+from graphlint.lines import SourceLine
 from graphlint.ops import op
+from graphlint.walk import DOWN, UP, find, reachable
 
 
 def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
@@ -23,14 +24,7 @@ def reaches_loss(graph: fx.Graph) -> set[fx.Node]:
     if not roots:
         output = next((n for n in reversed(graph.nodes) if n.op == "output"), None)
         roots = list(output.all_input_nodes) if output is not None else []
-    live: set[fx.Node] = set()
-    queue = deque(roots)
-    while queue:
-        node = queue.popleft()
-        if node not in live:
-            live.add(node)
-            queue.extend(node.all_input_nodes)
-    return live
+    return reachable(roots, UP)
 
 
 def parameter_nodes(graph: fx.Graph) -> dict[str, fx.Node]:
@@ -70,19 +64,7 @@ def _trainable_without_gradient(capture: Capture) -> list[str]:
 def first_stops(start: fx.Node, is_stop: Callable[[fx.Node], bool]) -> list[fx.Node]:
     """Walking forward from `start` through the nodes that use it, the first nodes where `is_stop` holds
     (the walk goes on past the others)."""
-    stops: list[fx.Node] = []
-    seen = {start}
-    queue = deque(start.users)
-    while queue:
-        node = queue.popleft()
-        if node in seen:
-            continue
-        seen.add(node)
-        if is_stop(node):
-            stops.append(node)
-        else:
-            queue.extend(node.users)
-    return stops
+    return [step.node for step in find(start.users, DOWN, is_stop)]
 
 
 def cut_kind(node: fx.Node) -> str | None:
@@ -153,8 +135,8 @@ def _gradient_cuts(capture: Capture) -> dict[str, list[fx.Node]]:
             for name in trainable_without_gradient(capture) if name in reads}
 
 
-def cut_lines(capture: Capture) -> set[tuple[str, int]]:
-    """The source lines (file, line) where GL202 reports a gradient cut: each cut's own line and, for a cut
+def cut_lines(capture: Capture) -> set[SourceLine]:
+    """The source lines where GL202 reports a gradient cut: each cut's own line and, for a cut
     inside a `no_grad` block, the statement's. A host trip on such a line is reported once, as the cut."""
     lines = set()
     for cuts in gradient_cuts(capture).values():
@@ -163,5 +145,5 @@ def cut_lines(capture: Capture) -> set[tuple[str, int]]:
             region = facts(cut).grad_region
             for frames in (stack, region.statement_of(stack) if region is not None else ()):
                 if frames:
-                    lines.add((frames[-1].file, frames[-1].line))
+                    lines.add(SourceLine.of(frames[-1]))
     return lines

@@ -15,6 +15,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from graphlint.capture.contract import facts
 from graphlint.files import is_installed_file
 from graphlint.opnames import CAST, MATMUL_LIKE  # kept there: the rewrites read them without torch
+from graphlint.walk import chain, op  # op: rules read it from here, beside the op families
 
 # How far a rule walks from one op of a pattern to the next (a longer path is other code, and the bound keeps
 # every walk short): across the ops inside one pattern (attention's scale, mask and dropout; the work between
@@ -43,11 +44,6 @@ VIEW = frozenset({
     "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "contiguous", "squeeze",
     "unsqueeze", "expand", "expand_as", "flatten", "unflatten", "getitem", "t", "T", "mT", "clone", "movedim",
 })
-
-
-def op(node: fx.Node) -> str | None:
-    """`facts(node).op`, the one fact every walk reads, without making the record."""
-    return node.meta.get("op")
 
 
 def is_own_code(node: fx.Node) -> bool:
@@ -92,14 +88,7 @@ def matmul_operands(node: fx.Node) -> list[Any]:
 
 def is_static(node: Any) -> bool:
     """Whether a value is a parameter, buffer or constant (seen through views and casts), not an activation."""
-    seen = 0
-    while isinstance(node, fx.Node) and seen < 16:
-        if node.op == "get_attr":
-            return True
-        if op(node) not in VIEW | CAST or not node.args:
-            return False
-        node, seen = node.args[0], seen + 1
-    return False
+    return chain(node, VIEW | CAST, stop=lambda n: n.op == "get_attr", limit=16).found
 
 
 def ran_in_library(node: fx.Node) -> bool:
@@ -111,10 +100,7 @@ def ran_in_library(node: fx.Node) -> bool:
 
 def strip_casts(node: Any) -> Any:
     """The value before any dtype conversions (`x.float()` is still `x` for a formula's shape)."""
-    seen = 0
-    while isinstance(node, fx.Node) and op(node) in CAST and node.args and seen < MAX_PASS_THROUGH_STEPS:
-        node, seen = node.args[0], seen + 1
-    return node
+    return chain(node, CAST, limit=MAX_PASS_THROUGH_STEPS).end
 
 
 def row_max_shift(step: fx.Node, scores: fx.Node) -> bool:
@@ -123,8 +109,7 @@ def row_max_shift(step: fx.Node, scores: fx.Node) -> bool:
     if op(step) != "sub" or len(step.args) < 2 or step.args[0] is not scores or not isinstance(step.args[1], fx.Node):
         return False
     shift = step.args[1]
-    while op(shift) == "detach" and shift.args:
-        shift = shift.args[0]
+    shift = chain(shift, ("detach",)).end
     if op(shift) == "getitem" and len(shift.args) == 2 and shift.args[1] == 0 and isinstance(shift.args[0], fx.Node):
         shift = shift.args[0]
         if op(shift) != "max":

@@ -1,7 +1,8 @@
 """Policy: what the findings of all targets amount to under the project's configuration.
 
 After every target is linted: one finding per rule and location across targets, per-rule severities,
-per-file ignores, suppression comments (and GL901 for the unused ones), fingerprints, and the baseline.
+per-file ignores, suppression comments (and, for the unused ones, the rule tagged UNUSED_SUPPRESSION_TAG: GL901),
+fingerprints, and the baseline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from graphlint.files import read_source, split_lines
 from graphlint.fingerprint import finding_key, github_line_hashes, number_duplicates
 from graphlint.project import Project
 from graphlint.results import Finding, Location, Report, Severity
+from graphlint.tags import UNUSED_SUPPRESSION_TAG
 
 
 def apply_policy(report: Report, config: Config, project: Project, baseline: Counter | None = None,
@@ -29,7 +31,7 @@ def apply_policy(report: Report, config: Config, project: Project, baseline: Cou
     findings = _merge_across_targets(f for result in report.results for f in result.findings)
     findings = [replace(f, severity=report.severities.get(f.rule_id, f.severity)) for f in findings]
     findings = [f for f in findings if not _ignored_for_file(f, config, project)]
-    unused_rule = next((rule for rule in report.rules if rule.id == "GL901"), None)
+    unused_rule = next((rule for rule in report.rules if UNUSED_SUPPRESSION_TAG in rule.tags), None)
     files = {f.location.path for f in findings}
     if unused_rule is not None:
         files |= {file for result in report.results if not result.errors for file in result.files}
@@ -39,7 +41,7 @@ def apply_policy(report: Report, config: Config, project: Project, baseline: Cou
 
         findings = apply_suppressions(findings, suppressions)
     if unused_rule is not None:
-        findings += _unused_suppressions(unused_rule, suppressions, ran - {"GL901"}, project, report)
+        findings += _unused_suppressions(unused_rule, suppressions, ran - {unused_rule.id}, project, report)
     findings = _fingerprinted(sorted(findings, key=Finding.sort_key), project, sources)
     if baseline is not None:
         findings = mark_baselined(findings, baseline)

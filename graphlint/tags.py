@@ -9,3 +9,9 @@ RECOMPILE_TAG = "recompile"  # ...and these run the model on more calls than the
 BUDGET_TAG = "memory-budget"
 # Rules with this tag read `Capture.longer_sequence`: the step runs again at a longer sequence only for them.
 LONGER_TAG = "sequence-length"
+# The rule with this tag reports the suppression comments that hide no finding of the run: the policy stage,
+# which alone sees every target's findings and comments, makes those findings under that rule's ID.
+UNUSED_SUPPRESSION_TAG = "unused-suppression"
+# Rules with this tag find attention written by hand that one fused kernel runs: `graphlint graph` lists their
+# findings as what could be fused.
+FUSABLE_ATTENTION_TAG = "fusable-attention"

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from functools import partial
 
 from torch import fx
 
 from graphlint.capture import facts
 from graphlint.files import is_installed_file, library_name
+from graphlint.lines import SourceLine
 from graphlint.memory.savings import attention_savings
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.tags import FUSABLE_ATTENTION_TAG
+from graphlint.walk import DOWN, UP, chain, find, reach, reachable
 
 # What may sit between the scores matmul and the softmax, and between the softmax and the values matmul;
 # `scores[mask] = -inf` is recorded as a setitem.
@@ -30,7 +32,7 @@ class UnfusedAttention(Rule):
     id = "GL101"
     name = "unfused-attention"
     severity = Severity.WARNING
-    tags = ("performance", "attention", "memory")
+    tags = ("performance", "attention", "memory", FUSABLE_ATTENTION_TAG)
     precision = "high"
     summary = "Softmax attention written by hand; torch.nn.functional.scaled_dot_product_attention runs it as one fused kernel."
     what = """
@@ -374,7 +376,7 @@ class UnfusedAttention(Rule):
             if bias is not None:  # other configurations of this code add a bias made from the scores
                 problem = dataclasses.replace(
                     problem, fix=partial(_refuse, f"other configurations of this code add a bias computed from the "
-                                                  f"scores ({op(bias)} at line {_line(bias)[1]}), which the fused "
+                                                  f"scores ({op(bias)} at line {_line(bias).line}), which the fused "
                                                   "call cannot compute"))
             yield problem
 
@@ -474,16 +476,10 @@ def _bias_from_scores(before: list[fx.Node], order: dict[fx.Node, int]) -> fx.No
     for step, came_from in zip(before[1:], before, strict=False):
         if row_max_shift(step, came_from):  # the softmax ignores a shift by its row's maximum: not a bias
             continue
-        pending = [n for n in step.all_input_nodes if n is not came_from and n not in chain]
-        seen = set(pending)
-        while pending:
-            node = pending.pop()
-            if node in chain:
-                return step
-            for source in node.all_input_nodes:
-                if source not in seen and order.get(source, -1) >= first:
-                    seen.add(source)
-                    pending.append(source)
+        others = [n for n in step.all_input_nodes if n is not came_from and n not in chain]
+        # Past a node recorded before the scores product, nothing can depend on it: its inputs are older still.
+        if next(find(others, UP, chain.__contains__, through=lambda n: order.get(n, -1) >= first), None):
+            return step
     return None
 
 
@@ -497,32 +493,26 @@ def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
     inputs, parameters or buffers: its dtype stays when the model runs in another, and the fused call needs it
     cast to the queries' dtype where `scores + mask` promoted."""
     # What the scores are made from follows the queries' dtype as far as the mask is concerned.
-    upstream, pending = set(before), list(before[0].all_input_nodes)
-    while pending:
-        node = pending.pop()
-        if node not in upstream:
-            upstream.add(node)
-            pending.extend(node.all_input_nodes)
+    steps = set(before)
+    upstream = steps | reachable(before[0].all_input_nodes, UP, through=lambda n: n not in steps)
     added = [n for step, came_from in zip(before[1:], before, strict=False)
              if op(step) in _ADDED and not row_max_shift(step, came_from)
              for n in step.all_input_nodes if n is not came_from and n not in upstream]
     if op(before[0]) == "baddbmm" and before[0].args and isinstance(before[0].args[0], fx.Node):
         added.append(before[0].args[0])
-    pending, seen = list(added), set(added)
-    while pending:
-        node = pending.pop()
-        if not _floating(node) or node in upstream:
-            continue  # a boolean or integer tensor (its dtype is not the mask's), or what the scores follow
-        if node.op == "placeholder" or node.op == "get_attr" and facts(node).is_parameter:
-            continue  # follows the dtype the model runs in
-        sources = [n for n in node.all_input_nodes if _floating(n)]
-        if node.op == "get_attr" or op(node) in CAST or not sources:
-            return True  # a constant tensor, a cast to a fixed dtype, one made from numbers or a boolean mask
-        for source in sources:
-            if source not in seen:
-                seen.add(source)
-                pending.append(source)
-    return False
+
+    def followed(node: fx.Node) -> bool:
+        """Whether the mask may take its dtype from this value: a floating tensor (a boolean or integer one is not
+        the mask's dtype), not one the scores follow, not an input or parameter (those follow the model's)."""
+        return _floating(node) and node not in upstream and not (
+            node.op == "placeholder" or node.op == "get_attr" and facts(node).is_parameter)
+
+    return next(find(added, UP, lambda n: followed(n) and _own_dtype(n), through=followed), None) is not None
+
+
+def _own_dtype(node: fx.Node) -> bool:
+    """A constant tensor, a cast to a fixed dtype, or one made from numbers or a boolean mask (no floating input)."""
+    return node.op == "get_attr" or op(node) in CAST or not [n for n in node.all_input_nodes if _floating(n)]
 
 
 def _floating(node: fx.Node) -> bool:
@@ -530,9 +520,9 @@ def _floating(node: fx.Node) -> bool:
     return meta is not None and getattr(meta.dtype, "is_floating_point", False)
 
 
-def _line(node: fx.Node) -> tuple[str, int]:
+def _line(node: fx.Node) -> SourceLine:
     stack = facts(node).stack
-    return (stack[-1].file, stack[-1].line) if stack else ("", 0)
+    return SourceLine.of(stack[-1]) if stack else SourceLine("", 0)
 
 
 def _refuse(reason: str, site) -> str:
@@ -542,9 +532,7 @@ def _refuse(reason: str, site) -> str:
 
 def _meta(node):
     """A node's shape and dtype; for `scores[mask] = v` (a setitem, which returns nothing), the tensor's."""
-    while isinstance(node, fx.Node) and op(node) == "setitem" and node.args:
-        node = node.args[0]
-    return tensor_meta(node)
+    return tensor_meta(chain(node, ("setitem",)).end)
 
 
 def _over_last_dim(softmax: fx.Node) -> bool:
@@ -575,21 +563,10 @@ def _search(softmax: fx.Node, upstream: bool) -> list[fx.Node] | None:
 
     Upstream the path is returned scores-first (excluding the softmax); downstream softmax-side first."""
     start = softmax.all_input_nodes[:1] if upstream else list(softmax.users)
-    parent: dict[fx.Node, fx.Node | None] = {n: None for n in start}
-    queue = deque((n, 0) for n in start)
-    while queue:
-        node, depth = queue.popleft()
-        if op(node) in _PRODUCTS and _is_activation_product(node, parent[node] or softmax, upstream):
-            path = [node]
-            while parent[path[-1]] is not None:
-                path.append(parent[path[-1]])
-            return path if upstream else path[::-1]
-        if op(node) not in _BETWEEN or depth >= MAX_PATTERN_STEPS:
-            continue
-        for following in (node.all_input_nodes if upstream else node.users):
-            if following not in parent:
-                parent[following] = node
-                queue.append((following, depth + 1))
+    for step in reach(start, UP if upstream else DOWN, through=_BETWEEN, limit=MAX_PATTERN_STEPS):
+        if op(step.node) in _PRODUCTS and _is_activation_product(step.node, step.came_from or softmax, upstream):
+            path = step.path()
+            return path[::-1] if upstream else path
     return None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import torch
 from torch import fx
@@ -13,6 +13,7 @@ from graphlint.memory.savings import kept_output
 from graphlint.ops import CAST, MATMUL_CLASS, MAX_PATTERN_STEPS, NUMERICALLY_SENSITIVE, VIEW, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
+from graphlint.walk import UP, chain, reach
 
 _PRECISION = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
 
@@ -314,9 +315,8 @@ def _site(node: fx.Node) -> tuple:
 
 def _base(node) -> fx.Node | None:
     """The tensor behind views and indexing: `mask.to(dtype)[t]` and `mask[t].to(dtype)` both convert `mask`."""
-    while isinstance(node, fx.Node) and op(node) in VIEW and node.args:
-        node = node.args[0]
-    return node if isinstance(node, fx.Node) else None
+    base = chain(node, VIEW).end
+    return base if isinstance(base, fx.Node) else None
 
 
 def _round_trip(down: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
@@ -326,21 +326,17 @@ def _round_trip(down: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
     if dtypes is None or _PRECISION.get(dtypes[1], 0) >= _PRECISION.get(dtypes[0], 0):
         return None
     low = dtypes[1]
-    queue = deque((n, None, 0) for n in down.all_input_nodes)
-    seen = set()
-    while queue:
-        node, work, depth = queue.popleft()
-        if node in seen or depth > MAX_PATTERN_STEPS or op(node) in NUMERICALLY_SENSITIVE:
-            continue
-        seen.add(node)
-        if op(node) in CAST:
-            pair = _dtypes(node)
+
+    def between(node: fx.Node) -> bool:  # the search ends at a cast, and never passes a sensitive op
+        return op(node) not in NUMERICALLY_SENSITIVE and op(node) not in CAST
+
+    for step in reach(down.all_input_nodes, UP, through=between, limit=MAX_PATTERN_STEPS):
+        if op(step.node) in CAST and op(step.node) not in NUMERICALLY_SENSITIVE:
+            pair = _dtypes(step.node)
+            # The matrix work nearest the down-cast on the way.
+            work = next((n for n in step.path()[:-1] if op(n) in MATMUL_CLASS), None)
             if pair is not None and pair[0] == low and work is not None:
-                return node, work, down
-            continue
-        if op(node) in MATMUL_CLASS:
-            work = work or node
-        queue.extend((n, work, depth + 1) for n in node.all_input_nodes)
+                return step.node, work, down
     return None
 
 

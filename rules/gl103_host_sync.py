@@ -7,9 +7,11 @@ from torch import fx
 
 from graphlint.capture import facts
 from graphlint.flow import cut_lines
+from graphlint.lines import SourceLine
 from graphlint.ops import is_own_code, op, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
+from graphlint.walk import UP, reach
 
 _BLOCKS = "which waits for the device on every forward and breaks a torch.compile graph"
 # What each host-bound call is and does, in the user's words, and what to write instead.
@@ -208,7 +210,7 @@ class HostSync(Rule):
     def check(self, capture):
         cut = cut_lines(capture)  # GL202 reports these lines, host trips included
         for node in capture.ops:
-            if not is_own_code(node) or (facts(node).stack[-1].file, facts(node).stack[-1].line) in cut:
+            if not is_own_code(node) or SourceLine.of(facts(node).stack[-1]) in cut:
                 continue
             message = _message(node)
             if message is None or _made_on_host(node):
@@ -242,12 +244,8 @@ def _made_on_host(node: fx.Node) -> bool:
     start = node.args[0] if node.args else None
     if not isinstance(start, fx.Node):
         return False
-    made, seen, pending = False, set(), [start]
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+    made = False
+    for current in (step.node for step in reach([start], UP)):
         if current.op in ("placeholder", "get_attr"):
             return False
         name = op(current)
@@ -258,7 +256,6 @@ def _made_on_host(node: fx.Node) -> bool:
             if device is not None and not _is_cpu_text(device):
                 return False  # a device read from a tensor or named: on the device in a real run
             made = True
-        pending.extend(current.all_input_nodes)
     return made
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import linecache
 import re
-from collections import deque
 
 import torch
 from torch import fx
@@ -14,9 +13,11 @@ from graphlint.capture import facts
 from graphlint.capture.frames import Frame
 from graphlint.files import is_installed_file
 from graphlint.flow import cut_lines
+from graphlint.lines import SourceLine
 from graphlint.ops import MAX_PASS_THROUGH_STEPS, is_own_code, op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
+from graphlint.walk import DOWN, find
 
 # torch functions that create a tensor and take `device=`; without it they fill host memory.
 FACTORIES = frozenset({
@@ -222,7 +223,7 @@ def _unrecorded_host_tensors(capture):
             continue
         uses = sorted((user for user in node.users if user in order), key=order.__getitem__)
         made = facts(node).made_at or (facts(uses[0]).stack if uses else ())
-        if not made or is_installed_file(made[-1].file) or (made[-1].file, made[-1].line) in trips:
+        if not made or is_installed_file(made[-1].file) or SourceLine.of(made[-1]) in trips:
             continue  # made inside a library, which its users cannot change, or reported as the cut
         if capture.device != "meta" and not _spells_a_host_maker(made[-1]):
             continue  # on a host capture only the source tells data from a tensor torch.func or a custom op returned
@@ -279,20 +280,21 @@ def _untaken_move(made: Frame, meeting: fx.Node) -> int | None:
 def _first_meeting(start: fx.Node) -> fx.Node | None:
     """The first op where a host value computed only from `start` (not a single number, which torch accepts
     beside device tensors) is combined with a tensor that is not: on a GPU, the host value must be there."""
-    host = {start}
-    queue = deque((user, 1) for user in start.users)
-    while queue:
-        node, depth = queue.popleft()
-        if node in host or depth > MAX_PASS_THROUGH_STEPS:
-            continue
+    host: set[fx.Node] = set()  # `start` and what is computed only from it: the nodes the search passed
+
+    def meets(node: fx.Node) -> bool:
         inputs = node.all_input_nodes
-        if all(n in host or _host_factory(n) for n in inputs):
-            host.add(node)
-            queue.extend((user, depth + 1) for user in node.users)
-            continue
-        if any(n in host and not _is_scalar(n) for n in inputs) and any(_is_tensor(n) for n in inputs if n not in host):
-            return node
-    return None
+        return not _from_host(node, host) and any(n in host and not _is_scalar(n) for n in inputs) and \
+            any(_is_tensor(n) for n in inputs if n not in host)
+
+    found = find([start], DOWN, meets, through=lambda n: n is start or _from_host(n, host),
+                 limit=MAX_PASS_THROUGH_STEPS, again=True, passed=host)
+    return next((step.node for step in found), None)
+
+
+def _from_host(node: fx.Node, host: set[fx.Node]) -> bool:
+    """Whether every input of the node is a host value (or a host factory's tensor): the result is one too."""
+    return all(n in host or _host_factory(n) for n in node.all_input_nodes)
 
 
 # Calls that make a tensor from host data or host memory, as source spells them.
@@ -326,19 +328,15 @@ def _is_tensor(node: fx.Node) -> bool:
 
 def _first_move(factory: fx.Node) -> fx.Node | None:
     """The first op that moves the factory's result, or something computed only from it, to a device."""
-    host = {factory}
-    queue = deque((user, 1) for user in factory.users)
-    while queue:
-        node, depth = queue.popleft()
-        if node in host or depth > MAX_PASS_THROUGH_STEPS:
-            continue
-        if _moves(node) and node.args and node.args[0] in host:
-            return node
-        if not all(n in host or _host_factory(n) for n in node.all_input_nodes):
-            continue  # mixed with a device tensor: the copy, if any, is torch's
-        host.add(node)
-        queue.extend((user, depth + 1) for user in node.users)
-    return None
+    host: set[fx.Node] = set()  # the factory and what is computed only from it: the nodes the search passed
+
+    def moves(node: fx.Node) -> bool:
+        return _moves(node) and bool(node.args) and node.args[0] in host
+
+    # Past a value mixed with a device tensor the search stops: the copy, if any, is torch's.
+    found = find([factory], DOWN, moves, through=lambda n: n is factory or _from_host(n, host),
+                 limit=MAX_PASS_THROUGH_STEPS, again=True, passed=host)
+    return next((step.node for step in found), None)
 
 
 def _host_factory(node: fx.Node) -> bool:

@@ -11,6 +11,7 @@ from graphlint.capture import facts
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.walk import line
 
 # Spatial dimensions after the channel axis of each layer's output; a Linear's features are its last axis.
 _LAYERS = {"linear": 0, "conv1d": 1, "conv2d": 2, "conv3d": 3,
@@ -292,14 +293,7 @@ def _cancelling_norm(layer: fx.Node, axis: int) -> fx.Node | None:
     bias value (the bias's axis as its channel axis, whatever index it has, perhaps merged with other
     per-sample axes), when it subtracts a mean per channel; None otherwise."""
     index = _bias_index(layer, axis)
-    node = layer
-    for _ in range(MAX_PASS_THROUGH_STEPS):
-        users = [user for user in node.users if not _reads_shape_only(user, node)]
-        if len(users) != 1:
-            return None
-        user = users[0]
-        if arg(user, 0, "input") is not node:
-            return None
+    for user in line(_only_reader(layer), _only_reader, limit=MAX_PASS_THROUGH_STEPS):
         if op(user) in ("batch_norm", "instance_norm", "group_norm"):
             if not _subtracts_channel_mean(user):
                 return None
@@ -309,8 +303,16 @@ def _cancelling_norm(layer: fx.Node, axis: int) -> fx.Node | None:
         axis = _axis_after(user, axis) if axis is not None else None
         if index is None and axis is None:
             return None
-        node = user
     return None
+
+
+def _only_reader(node: fx.Node) -> fx.Node | None:
+    """The one op that reads the node's values, taking it as its input; None when there are several or another
+    use."""
+    users = [user for user in node.users if not _reads_shape_only(user, node)]
+    if len(users) != 1 or arg(users[0], 0, "input") is not node:
+        return None
+    return users[0]
 
 
 def _bias_index(layer: fx.Node, axis: int) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from graphlint.memory.savings import norm_savings
 from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.walk import line
 
 
 class UnfusedNorm(Rule):
@@ -371,14 +372,8 @@ def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
     """The attribute names of the parameters of exactly the normalised shape that scale or shift the normalised
     value right after the step (or inside its numerator): those the library call can take as weight and bias."""
     found: set[str] = set()
-    node, seen = step, 0
     values = [a for a in step.args if isinstance(a, fx.Node) and op(a) in MUL]
-    while isinstance(node, fx.Node) and seen < 6:
-        values.append(node)
-        users = list(node.users)
-        if len(users) != 1 or op(users[0]) not in MUL | CAST | frozenset({"add"}):
-            break
-        node, seen = users[0], seen + 1
+    values += line(step, _scaled_or_shifted, limit=6)
     for value in values:
         for operand in value.args:
             operand = strip_casts(operand)
@@ -387,6 +382,12 @@ def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
                     meta is not None and tuple(meta.shape) == shape:
                 found.add(str(operand.target).rsplit(".", 1)[-1])
     return frozenset(found)
+
+
+def _scaled_or_shifted(node: fx.Node) -> fx.Node | None:
+    """The node's one user when it multiplies, adds to or casts it; None otherwise."""
+    users = list(node.users)
+    return users[0] if len(users) == 1 and op(users[0]) in MUL | CAST | frozenset({"add"}) else None
 
 
 def _is_root(node: fx.Node) -> bool:

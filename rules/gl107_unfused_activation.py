@@ -10,6 +10,7 @@ from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.walk import operands
 
 _ADD = frozenset({"add"})
 _RANDOM = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout")  # ops whose two calls differ
@@ -401,24 +402,22 @@ def _constant(value) -> float | None:
 def _is_tanh_gelu_input(value, x: fx.Node) -> bool:
     """Whether `value` is sqrt(2/pi) * (x + 0.044715 * x**3), however the product is spread out: it may use
     only x, constants, products, sums and the cube of x, and both constants must appear."""
+    def spread(term) -> bool:  # a product or sum around x's terms, read further
+        return isinstance(term, fx.Node) and op(term) in MUL | _ADD and not _same_value(term, x)
+
+    terms = operands(value, spread, limit=16)
+    if terms is None:
+        return False
     constants: list[float] = []
-    stack, seen = [value], 0
-    while stack:
-        node = stack.pop()
-        seen += 1
-        if seen > 16:
-            return False
+    for node in terms:
         if _same_value(node, x):
             continue
         if (constant := _constant(node)) is not None:
             constants.append(constant)
         elif not isinstance(node, fx.Node) or op(node) not in _TANH_INNER:
             return False
-        elif op(node) == "pow":
-            if node.args[0] is not x or arg(node, 1, "exponent") not in (3, 3.0):
-                return False
-        else:
-            stack.extend(node.args)
+        elif op(node) == "pow" and (node.args[0] is not x or arg(node, 1, "exponent") not in (3, 3.0)):
+            return False
 
     def has(expected: float) -> bool:
         return any(_close(c, expected) for c in constants)

@@ -7,6 +7,7 @@ from torch import fx
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.walk import chain
 
 _LOG = frozenset({"log", "log2", "log10"})
 # Picking probabilities out (a hand-written cross-entropy) keeps them probabilities.
@@ -219,21 +220,16 @@ class UnstableLogSoftmax(Rule):
 
 def _probabilities(value) -> tuple[fx.Node, bool] | None:
     """(the softmax or sigmoid the value was picked from, whether it is `1 - sigmoid`), or None."""
-    complement = False
-    for _ in range(MAX_PASS_THROUGH_STEPS):
-        if not isinstance(value, fx.Node):
-            return None
-        name = op(value)
-        if name in SOFTMAX:
-            return (value, False) if not complement else None
-        if name == "sigmoid":
-            return value, complement
-        if name == "rsub" and arg(value, 1, "other") == 1 and not complement:
-            complement = True  # log(1 - sigmoid(x)) is logsigmoid(-x)
-        elif name not in _PICK:
-            return None
-        value = value.args[0] if value.args else None
-    return None
+    found = chain(value, lambda n: op(n) in _PICK or _one_minus(n), stop=lambda n: op(n) in SOFTMAX | {"sigmoid"},
+                  limit=MAX_PASS_THROUGH_STEPS)
+    complements = sum(map(_one_minus, found.nodes))  # log(1 - sigmoid(x)) is logsigmoid(-x); once only
+    if not found.found or complements > 1 or (complements and op(found.end) in SOFTMAX):
+        return None
+    return found.end, bool(complements)
+
+
+def _one_minus(node: fx.Node) -> bool:
+    return op(node) == "rsub" and arg(node, 1, "other") == 1
 
 
 def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:

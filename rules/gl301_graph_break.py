@@ -8,6 +8,7 @@ import re
 from graphlint.capture import facts
 from graphlint.capture.compile import WRAPPER_TYPES, GraphBreak
 from graphlint.files import is_installed_file
+from graphlint.lines import SourceLine
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
@@ -64,7 +65,8 @@ def _library_remedy(item: GraphBreak, capture) -> str:
         if pattern.search(_enclosing_block(inner.file, inner.line)):
             return switch
     ops = list(capture.ops)
-    inside = sum(1 for node in ops if any((f.file, f.line) == (user.file, user.line) for f in facts(node).stack))
+    here = SourceLine.of(user)
+    inside = sum(1 for node in ops if any(SourceLine.of(f) == here for f in facts(node).stack))
     share = f" ({inside} of the forward's {len(ops)} recorded ops run inside it)" if inside else ""
     return (f"the break is inside {_library(inner.file)} (`{inner.function}`, line {inner.line}), not in this "
             f"file, and graphlint knows no argument of this call that avoids it: torch.compile ends the graph "
@@ -102,11 +104,11 @@ def _library(path: str) -> str:
 def root_causes(breaks: list[GraphBreak]) -> list[GraphBreak]:
     """One break per innermost line: chained logs and per-frame repeats merge, and a wrapper ("graph break in
     loop") gives way to the break it wraps."""
-    chosen: dict[tuple[str, int], GraphBreak] = {}
+    chosen: dict[SourceLine, GraphBreak] = {}
     for item in breaks:
         if not item.stack or item.gb_type in _NOT_BREAKS:
             continue
-        key = (item.stack[-1].file, item.stack[-1].line)
+        key = SourceLine.of(item.stack[-1])
         known = chosen.get(key)
         if known is None or (known.gb_type in WRAPPER_TYPES and item.gb_type not in WRAPPER_TYPES):
             chosen[key] = item
@@ -276,10 +278,10 @@ class GraphBreakRule(Rule):
 def _module_paths(capture, item: GraphBreak) -> list[str]:
     """The modules whose forward ran the break's line, from the capture's forward graph (a block in 12 layers
     breaks 12 times); empty when no recorded op ran on that line."""
-    frame = item.stack[-1]
+    here = SourceLine.of(item.stack[-1])
     paths = {}
     for node in capture.ops:
         stack = facts(node).stack
-        if any(f.file == frame.file and f.line == frame.line for f in stack):
+        if any(SourceLine.of(f) == here for f in stack):
             paths.setdefault(facts(node).module_path, None)
     return list(paths)

@@ -6,22 +6,24 @@ import re
 
 from graphlint.capture.compile import Recompile
 from graphlint.files import is_installed_file
+from graphlint.lines import SourceLine
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
 
 
 def hazards(recompiles: list[Recompile], first_call: str) -> dict[tuple, list[Recompile]]:
     """Recompilations that do not settle: the same guard of the same function failing on two or more calls
-    after the first (a size change that dynamic shapes absorb recompiles once)."""
+    after the first (a size change that dynamic shapes absorb recompiles once). Keyed by (the function's line,
+    the line that read the value, what the guard is on)."""
     groups: dict[tuple, list[Recompile]] = {}
     for item in recompiles:
         if item.call == first_call:
             continue  # compiling the layers' variants on the first call settles once
         # One code object: a resume function can have several, each settling on its own (automatic dynamic
         # shapes absorb a size change once per code object), so their one-off recompiles are not one hazard.
-        key = (item.function.file, item.function.line, item.line, item.subject, item.code)
+        key = (SourceLine.of(item.function), item.line, item.subject, item.code)
         groups.setdefault(key, []).append(item)
-    return {key[:4]: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
+    return {key[:3]: items for key, items in groups.items() if len({i.call for i in items}) >= 2}
 
 
 # A guard on the value of an attribute of the module (`self.layer_idx == 3`, `self.kind == 'wide'`).
@@ -38,14 +40,14 @@ def per_instance(recompiles: list[Recompile], limit_hit: list) -> dict[tuple, li
     for item in recompiles:
         # An attribute's value, not a shape: each level of a U-Net has its own channels by design.
         if item.instance and _ATTRIBUTE_VALUE.match(item.guard):
-            key = (item.call, item.function.file, item.function.line, item.line, item.subject)
+            key = (item.call, SourceLine.of(item.function), item.line, item.subject)
             groups.setdefault(key, []).append(item)
     found: dict[tuple, list[Recompile]] = {}
-    for (_, file, function_line, line, subject), items in groups.items():
-        hit = any((frame.file, frame.line) == (file, function_line) for frame in limit_hit)
+    for (_, function, line, subject), items in groups.items():
+        hit = any(SourceLine.of(frame) == function for frame in limit_hit)
         every = len(items) + 1 >= len(items[0].siblings)  # the first instance compiles without a recompile
         if len(items) >= 2 and len({item.instance for item in items}) == len(items) and (every or hit):
-            found.setdefault((file, function_line, line, subject), items)
+            found.setdefault((function, line, subject), items)
     return found
 
 
@@ -276,17 +278,17 @@ class RecompileRule(Rule):
         limit = compiled.recompile_limit
         found = hazards(compiled.recompiles, compiled.calls[0])
         instances = per_instance(compiled.recompiles, compiled.limit_hit)
-        reported = {(file, function_line) for file, function_line, _, _ in (*found, *instances)}
-        for (file, function_line, line, _), items in instances.items():
+        reported = {function for function, _, _ in (*found, *instances)}
+        for (function, line, _), items in instances.items():
             where = line or items[0].function
             if is_installed_file(where.file):
                 continue  # a library's own guard: not the user's line
-            hit = any((f.file, f.line) == (file, function_line) for f in compiled.limit_hit)
+            hit = any(SourceLine.of(f) == function for f in compiled.limit_hit)
             yield Problem(stack=(where,), message=_per_instance_message(items, limit, hit))
         for frame in dict.fromkeys(compiled.limit_hit):
-            if (frame.file, frame.line) in reported:
+            if SourceLine.of(frame) in reported:
                 continue
-            reasons = [r for r in compiled.recompiles if (r.function.file, r.function.line) == (frame.file, frame.line)]
+            reasons = [r for r in compiled.recompiles if SourceLine.of(r.function) == SourceLine.of(frame)]
             # At the line that read the value of the newest compilation's failed guard: torch's last reason.
             where = reasons[-1].line if reasons and reasons[-1].line else frame
             if is_installed_file(where.file):
@@ -294,13 +296,13 @@ class RecompileRule(Rule):
             guard = f"; last guard `{reasons[-1].guard}`: {_cause(reasons[-1].guard)}" if reasons else ""
             yield Problem(stack=(where,), message=f"torch.compile hit recompile_limit ({limit}) compiling "
                                                   f"`{frame.function}` and runs it uncompiled from then on{guard}.")
-        for (file, _, line, _), items in found.items():
+        for (function_line, line, _), items in found.items():
             where = line or items[0].function
             if is_installed_file(where.file):
                 continue  # a library's own guard: not the user's line
             calls = list(dict.fromkeys(item.call for item in items))
             function = items[0].function.function
-            hit = any(f.file == file and f.function == function for f in compiled.limit_hit)
+            hit = any(f.file == function_line.file and f.function == function for f in compiled.limit_hit)
             when = (f"it already hit recompile_limit ({limit}) here" if hit else
                     f"it hits recompile_limit ({limit}) after {limit} more calls like these, then runs `{function}` "
                     "uncompiled")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from graphlint.results import Severity
 from graphlint.rule import Example, Rule
+from graphlint.tags import UNUSED_SUPPRESSION_TAG
 
 
 class UnusedSuppression(Rule):
     id = "GL901"
     name = "unused-suppression"
     severity = Severity.WARNING
-    tags = ("suppression", "maintainability")
+    tags = ("suppression", "maintainability", UNUSED_SUPPRESSION_TAG)
     precision = "very-high"
     default_enabled = False
     summary = "A `# graphlint: ignore` comment that suppresses nothing."

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import graphlint.graph
 from conftest import REPO, run_graphlint, write
 from graphlint.capture import capture_model
 from graphlint.graph import describe
@@ -19,6 +20,8 @@ from graphlint.graph.categories import CATEGORIES
 from graphlint.graph.dot import render_dot
 from graphlint.locate.place import Locator
 from graphlint.project import Project
+from graphlint.tags import FUSABLE_ATTENTION_TAG
+from rules.gl101_unfused_attention import UnfusedAttention
 
 # A transformer block: LayerNorm, nn.MultiheadAttention, GELU MLP, residuals.
 BLOCK = '''
@@ -273,3 +276,44 @@ def test_the_documentation_shows_a_report_and_a_picture():
     assert "(docs/graph.md)" in (REPO / "README.md").read_text(encoding="utf-8")
     assert "graphlint graph" in page and "Nodes:" in page
     assert "(graph-example.svg)" in page and (REPO / "docs" / "graph-example.svg").is_file()
+
+
+HAND_WRITTEN = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def make():
+    return Attention(), (torch.randn(2, 8, 16),)
+'''
+
+
+def test_what_could_be_fused_comes_from_the_rules_tagged_for_it_whatever_their_id(tmp_path, monkeypatch):
+    """`graphlint graph` finds the rule by its tag (graphlint.tags), so a plugin's rule could take GL101's role."""
+    class Tagged(UnfusedAttention):
+        id = "GLX101"
+
+    class Untagged(UnfusedAttention):
+        tags = tuple(tag for tag in UnfusedAttention.tags if tag != FUSABLE_ATTENTION_TAG)
+
+    path = write(tmp_path, "attention.py", HAND_WRITTEN)
+    model, args = load(path)()
+    capture = capture_model(model, args, {})
+
+    def could_fuse(rules) -> list[str]:
+        monkeypatch.setattr(graphlint.graph, "load_rules", lambda: rules)
+        return [finding.rule_id for finding in describe(capture, Locator(Project(root=tmp_path))).could_fuse]
+
+    assert could_fuse((UnfusedAttention,)) == ["GL101"]
+    assert could_fuse((Tagged,)) == ["GLX101"]
+    assert could_fuse((Untagged,)) == []

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from conftest import findings_of, line_of, lint_file, run_graphlint, validate_sarif, write
+from graphlint.config import Config
+from graphlint.policy import apply_policy
+from graphlint.project import Project
+from graphlint.results import Report, RuleInfo, TargetResult
+from graphlint.tags import UNUSED_SUPPRESSION_TAG
+from rules.gl901_unused_suppression import UnusedSuppression
 
 MODEL = '''
 # {file_comment}
@@ -117,3 +124,22 @@ def test_suppressions_of_rules_that_did_not_run_are_not_judged(tmp_path):
                                              above="x = x  # graphlint: ignore[GL102]"))
     report = lint_file(path, select=("GL101", "GL901"))
     assert findings_of(report, "GL901") == []
+
+
+def test_the_rule_tagged_for_unused_suppressions_reports_them_whatever_its_id(tmp_path):
+    """The policy stage finds that rule by its tag (graphlint.tags), so a plugin's rule could take GL901's role."""
+    path = write(tmp_path, "model.py", "x = 1  # graphlint: ignore[GL101]\n")
+    gl901 = RuleInfo.of(UnusedSuppression)
+    other = dataclasses.replace(gl901, id="GLX901", name="team-unused-suppression")
+    untagged = dataclasses.replace(gl901, tags=tuple(t for t in gl901.tags if t != UNUSED_SUPPRESSION_TAG))
+    gl101 = dataclasses.replace(gl901, id="GL101", name="unfused-attention", tags=())
+
+    def unused(role: RuleInfo) -> list[tuple[str, int]]:
+        report = Report(results=[TargetResult("model.py:make", files=(str(path),))], project_root=str(tmp_path),
+                        rules=(gl101, role))
+        apply_policy(report, Config(), Project(root=tmp_path))
+        return [(f.rule_id, f.location.line) for f in report.findings]
+
+    assert unused(gl901) == [("GL901", 1)]
+    assert unused(other) == [("GLX901", 1)]
+    assert unused(untagged) == []

@@ -214,10 +214,11 @@ def _saved_memory(capture: Capture, locator: Locator, source_of: dict) -> tuple[
 
 
 def _hand_written_attention(capture: Capture, locator: Locator) -> list[Finding]:
-    from graphlint.engine import rule_by_id
+    from graphlint.engine import load_rules
+    from graphlint.tags import FUSABLE_ATTENTION_TAG
 
-    rule = rule_by_id("GL101")
-    return locator.place(rule, rule().check(capture), capture) if rule is not None else []
+    rules = [rule for rule in load_rules() if FUSABLE_ATTENTION_TAG in rule.tags]
+    return [finding for rule in rules for finding in locator.place(rule, rule().check(capture), capture)]
 
 
 def _device_note(capture: Capture) -> str:
