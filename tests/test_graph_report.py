@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-import graphlint.graph
+import graphlint.engine
 from conftest import REPO, run_graphlint, write
 from graphlint.capture import capture_model
 from graphlint.graph import describe
@@ -311,7 +311,7 @@ def test_what_could_be_fused_comes_from_the_rules_tagged_for_it_whatever_their_i
     capture = capture_model(model, args, {})
 
     def could_fuse(rules) -> list[str]:
-        monkeypatch.setattr(graphlint.graph, "load_rules", lambda: rules)
+        monkeypatch.setattr(graphlint.engine, "load_rules", lambda: rules)  # read when the report is made
         return [finding.rule_id for finding in describe(capture, Locator(Project(root=tmp_path))).could_fuse]
 
     assert could_fuse((UnfusedAttention,)) == ["GL101"]
