@@ -39,10 +39,6 @@ def _predicate(through: Through | None) -> Callable[[fx.Node], bool]:
     return lambda node: op(node) in through
 
 
-def _next(node: fx.Node, direction: Direction) -> Iterable[fx.Node]:
-    return node.all_input_nodes if direction == UP else node.users
-
-
 class Step(NamedTuple):
     """A node a search reached, how many steps from a start node, and the step before (a start node has none)."""
 
@@ -66,9 +62,10 @@ class Step(NamedTuple):
 
 
 def _search(start: Iterable[fx.Node], direction: Direction, stop: Callable[[fx.Node], bool] | None,
-            through: Callable[[fx.Node], bool], limit: int | None, again: bool,
-            passed: set[fx.Node] | None) -> Iterator[Step]:
+            through: Through | None, limit: int | None, again: bool, passed: set[fx.Node] | None) -> Iterator[Step]:
+    names = None if through is None or callable(through) else through  # looked up here, without a call per node
     passed = set() if passed is None else passed
+    up = direction == UP
     considered: set[fx.Node] = set()
     skipped = passed if again else considered  # a node in it is not asked again
     # Plain (node, depth, before) entries, made a Step only when yielded: a search may reach the whole graph.
@@ -85,26 +82,28 @@ def _search(start: Iterable[fx.Node], direction: Direction, stop: Callable[[fx.N
             yield tuple.__new__(Step, entry)
             continue
         # Asked after the caller saw the node: a caller that returns there never has it asked.
-        if not through(node):
+        if through is not None and not (op(node) in names if names is not None else through(node)):
             continue
         passed.add(node)
         if limit is None or depth < limit:
-            queue.extend((following, depth + 1, entry) for following in _next(node, direction)
+            queue.extend((following, depth + 1, entry) for following in (node.all_input_nodes if up else node.users)
                          if following not in skipped)
 
 
-def reachable(start: Iterable[fx.Node], direction: Direction, *, through: Through | None = None) -> set[fx.Node]:
-    """Every node `reach` would yield, as a set, without the order or the steps (a closure over a whole graph)."""
+def reachable(start: Iterable[fx.Node], direction: Direction, *, through: Through | None = None,
+              found: set[fx.Node] | None = None) -> set[fx.Node]:
+    """Every node `reach` would yield, as a set, without the order or the steps (a closure over a whole graph).
+    Nodes already in `found` count as reached, and the search does not go past them; the set is filled in."""
     passes = None if through is None else _predicate(through)
-    found: set[fx.Node] = set()
+    up = direction == UP  # read once: this loop may visit the whole graph on each call
+    found = set() if found is None else found
     pending = list(start)
     while pending:
         node = pending.pop()
-        if node in found:
-            continue
-        found.add(node)
-        if passes is None or passes(node):
-            pending.extend(_next(node, direction))
+        if node not in found:
+            found.add(node)
+            if passes is None or passes(node):
+                pending.extend(node.all_input_nodes if up else node.users)
     return found
 
 
@@ -112,7 +111,7 @@ def reach(start: Iterable[fx.Node], direction: Direction, *, through: Through | 
           limit: int | None = None) -> Iterator[Step]:
     """Every node reached from the `start` nodes (step 0), breadth-first, each once: the search goes on past a
     node where `through` holds (every node when None), to nodes at most `limit` steps from a start node."""
-    return _search(start, direction, None, _predicate(through), limit, again=False, passed=None)
+    return _search(start, direction, None, through, limit, again=False, passed=None)
 
 
 def find(start: Iterable[fx.Node], direction: Direction, stop: Callable[[fx.Node], bool], *,
@@ -122,7 +121,7 @@ def find(start: Iterable[fx.Node], direction: Direction, stop: Callable[[fx.Node
     where it does not and `through` does (every node when None), at most `limit` steps from a start node; never
     past a stop. Each node is asked once; with `again`, a node not passed is asked again each time the search
     reaches it, since the predicates may read `passed`, the set of nodes passed so far (the caller's, if given)."""
-    return _search(start, direction, stop, _predicate(through), limit, again, passed)
+    return _search(start, direction, stop, through, limit, again, passed)
 
 
 class Chain(NamedTuple):
@@ -139,12 +138,12 @@ def chain(value: Any, through: Through, *, stop: Callable[[fx.Node], bool] | Non
     """From `value` to its first argument, and on, while the node is one of `through` (and has arguments), at
     most `limit` steps: ends at a stop, at another op or a value that is not a node, or where the last step
     allowed led (asked nothing there)."""
-    passes = _predicate(through)
+    names = None if callable(through) else through
     nodes: list[fx.Node] = []
     while isinstance(value, fx.Node) and (limit is None or len(nodes) < limit):
         if stop is not None and stop(value):
             return Chain(tuple(nodes), value, True)
-        if not passes(value) or not value.args:
+        if not (op(value) in names if names is not None else through(value)) or not value.args:
             break
         nodes.append(value)
         value = value.args[0]

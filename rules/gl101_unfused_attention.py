@@ -493,8 +493,7 @@ def _mask_of_its_own_dtype(before: list[fx.Node]) -> bool:
     inputs, parameters or buffers: its dtype stays when the model runs in another, and the fused call needs it
     cast to the queries' dtype where `scores + mask` promoted."""
     # What the scores are made from follows the queries' dtype as far as the mask is concerned.
-    steps = set(before)
-    upstream = steps | reachable(before[0].all_input_nodes, UP, through=lambda n: n not in steps)
+    upstream = reachable(before[0].all_input_nodes, UP, found=set(before))
     added = [n for step, came_from in zip(before[1:], before, strict=False)
              if op(step) in _ADDED and not row_max_shift(step, came_from)
              for n in step.all_input_nodes if n is not came_from and n not in upstream]
