@@ -88,6 +88,9 @@ def test_reachable_is_the_set_reach_yields(nodes):
         {nodes[name] for name in ("matmul", "t", "w", "view", "float", "x")}
     assert reachable([nodes["softmax"]], DOWN, through={"softmax", "exp"}) == \
         {nodes[name] for name in ("softmax", "exp", "mixed", "neg")}
+    known = {nodes["view"]}  # taken as reached: the search does not go past it to float and x
+    assert reachable([nodes["matmul"]], UP, found=known) is known == \
+        {nodes[name] for name in ("matmul", "t", "w", "view")}
 
 
 def test_find_yields_the_stops_nearest_first_and_never_passes_one(nodes):
