@@ -21,7 +21,7 @@ from graphlint.graph.dot import render_dot
 from graphlint.locate.place import Locator
 from graphlint.project import Project
 from graphlint.tags import FUSABLE_ATTENTION_TAG
-from rules.gl101_unfused_attention import UnfusedAttention
+from graphlint.rules.gl101_unfused_attention import UnfusedAttention
 
 # A transformer block: LayerNorm, nn.MultiheadAttention, GELU MLP, residuals.
 BLOCK = '''

@@ -13,7 +13,7 @@ from graphlint.policy import apply_policy
 from graphlint.project import Project
 from graphlint.results import Report, RuleInfo, TargetResult
 from graphlint.tags import UNUSED_SUPPRESSION_TAG
-from rules.gl901_unused_suppression import UnusedSuppression
+from graphlint.rules.gl901_unused_suppression import UnusedSuppression
 
 MODEL = '''
 # {file_comment}
