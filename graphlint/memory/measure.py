@@ -218,10 +218,6 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
     return trace, used
 
 
-def input_tensors(made: Target) -> list[torch.Tensor]:
-    return dimensions.input_tensors(made.args, made.kwargs)
-
-
 def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
     """Give the inputs the batch and sequence sizes asked for (graphlint.capture.dimensions says which inputs
     carry them); the sizes in use (asked for or found)."""
