@@ -10,7 +10,13 @@ save appends a new comment to the model file, so the result cache never answers 
 again in a fresh child of the server's warm parent; a save that changes nothing answers from the cache; a save
 that adds a comment line at the top moves every line of the model, so the torch.compile analysis kept in the
 cache does not answer either.
-Timings run from sending didOpen or didSave to receiving the model file's publishDiagnostics.
+Timings run from starting the server (for the first open) or from sending didSave to receiving the model file's
+publishDiagnostics.
+
+`--pause S` (default 10) adds a server per round whose model is opened S seconds after `initialized`, timed from
+didOpen: an editor that starts the server with the workspace, before the user opens a model. The server warms
+up when the workspace folder holds a project with targets (torch, libcst, and dynamo where GL301/GL302 run), so
+this is the time the first lint itself takes. `--pause 0` leaves it out.
 
 Each round runs two servers, one on a project that ignores GL301/GL302 and one that selects them (`[tool.graphlint]`
 ignore or extend-select, whatever the default selection is). With them, a lint is published twice: first the
@@ -136,6 +142,25 @@ def session(folder: Path, saves: int, selection: str = GL3_OFF) -> dict[str, lis
     return times
 
 
+def paused_open(folder: Path, pause: float, selection: str = GL3_OFF) -> dict[str, list[float]]:
+    """Seconds from didOpen to the first (and complete) diagnostics, the file opened `pause` seconds after the
+    server was initialized with the project's folder as its workspace."""
+    model = write_project(folder, selection)
+    uri = model.as_uri()
+    times: dict[str, list[float]] = {"paused open": [], "paused open complete": []}
+    client = Client(folder)
+    client.request("initialize", {"processId": os.getpid(), "rootUri": folder.as_uri(), "capabilities": {},
+                                  "workspaceFolders": [{"uri": folder.as_uri(), "name": folder.name}]})
+    client.notify("initialized", {})
+    time.sleep(pause)
+    start = time.perf_counter()
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                            "text": model.read_text(encoding="utf-8")}})
+    _lint_times(client, uri, start, selection == GL3_ON, times, "paused open")
+    client.close()
+    return times
+
+
 def _lint_times(client: Client, uri: str, start: float, twice: bool, times: dict, event: str) -> None:
     first = _until_found(client, uri)
     times[event].append(first - start)
@@ -167,7 +192,7 @@ def cold_check(folder: Path) -> float:
     return time.perf_counter() - start
 
 
-def measure(repeat: int, saves: int = 5) -> None:
+def measure(repeat: int, saves: int = 5, pause: float = 10.0) -> None:
     runs: dict[str, dict[str, list[float]]] = {GL3_OFF: {}, GL3_ON: {}}
     colds = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -177,6 +202,11 @@ def measure(repeat: int, saves: int = 5) -> None:
                 folder.mkdir()
                 for event, seconds in session(folder, saves, selection).items():
                     kept.setdefault(event, []).extend(seconds)
+                if pause:
+                    paused = folder.with_name(folder.name + "_paused")
+                    paused.mkdir()
+                    for event, seconds in paused_open(paused, pause, selection).items():
+                        kept.setdefault(event, []).extend(seconds)
             colds.append(cold_check(folder.with_name(f"session_{number}_off")))
     cold = statistics.median(colds)
     off, on = runs[GL3_OFF], runs[GL3_ON]
@@ -185,6 +215,10 @@ def measure(repeat: int, saves: int = 5) -> None:
     print("                                              GL3 off    GL3 on (first, complete)")
     print(f"  open to first diagnostics                   {_median(off, 'open')}    {_median(on, 'open')}  "
           f"{_median(on, 'open complete')}   ({statistics.median(off['open']) / cold:.2f}x the cold check)")
+    if pause:
+        label = f"open {pause:g} s after the server started"
+        print(f"  {label:<44}{_median(off, 'paused open')}    "
+              f"{_median(on, 'paused open')}  {_median(on, 'paused open complete')}   (timed from didOpen)")
     print(f"  save a change to diagnostics                {_median(off, 'save')}    {_median(on, 'save')}  "
           f"{_median(on, 'save complete')}   (goal for the first: 1.0 s)")
     print(f"    slowest                                   {max(off['save']):>6.2f} s  {max(on['save']):>6.2f} s  "
@@ -202,8 +236,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5, help="server sessions (and cold checks) to measure")
     parser.add_argument("--saves", type=int, default=5, help="saves per session")
+    parser.add_argument("--pause", type=float, default=10.0,
+                        help="also time a first open this many seconds after the server started (0: not)")
     options = parser.parse_args()
-    measure(options.repeat, options.saves)
+    measure(options.repeat, options.saves, options.pause)
 
 
 if __name__ == "__main__":

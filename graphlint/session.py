@@ -345,6 +345,7 @@ class Runner:
         self._answered: list[tuple[Session, str, TargetResult]] = []  # answered without a child, not delivered
         self._partials: list[tuple[Session, str, TargetResult]] = []  # sent ahead by running children, not delivered
         self._warming: threading.Thread | None = None
+        self._child_wanted = threading.Event()  # a target waits for the warm parent: warm nothing more ahead
         self._parent_error: str | None = None
 
     # -- what sessions ask -----------------------------------------------------------------------------------
@@ -418,13 +419,16 @@ class Runner:
         partials, self._partials = self._partials, []
         return partials
 
-    def warm_up(self, background: bool = False) -> None:
+    def warm_up(self, background: bool = False, ahead: bool | None = None) -> None:
         """Make the warm parent now rather than when a target first needs a child; `background`: in a thread of
         its own, while the cache answers what it can. A warm parent that cannot start (no torch) is then each
-        target's error rather than an exception."""
+        target's error rather than an exception. `ahead` (None: not) also warms what the first child would
+        otherwise pay for itself (`WarmParent.warm_ahead`; True: the torch.compile rules run too), for a runner
+        that expects to wait before its first target (the language server at start); a target that needs a child
+        meanwhile stops it after the step under way."""
         if self.parent is not None or self._warming is not None:
             return
-        self._warming = threading.Thread(target=self._warm, name="graphlint-warm-up", daemon=True)
+        self._warming = threading.Thread(target=self._warm, args=(ahead,), name="graphlint-warm-up", daemon=True)
         self._warming.start()
         if not background:
             self._warming.join()
@@ -433,6 +437,7 @@ class Runner:
         """The warm parent, made (torch imported, warmed up) the first time it is needed; `GraphlintError` when a
         warm-up in the background failed."""
         if self._warming is not None:
+            self._child_wanted.set()
             self._warming.join()
         if self.parent is None:
             if self._parent_error is not None:
@@ -484,11 +489,14 @@ class Runner:
     def _forget_partials(self, unwanted: Callable[[tuple[Session, str]], bool]) -> None:
         self._partials = [p for p in self._partials if not unwanted(p[:2])]
 
-    def _warm(self) -> None:
+    def _warm(self, ahead: bool | None = None) -> None:
         from graphlint.run import scheduler
 
         try:
-            self.parent = scheduler.WarmParent(close_in_children=self.close_in_children)
+            parent = scheduler.WarmParent(close_in_children=self.close_in_children)
+            if ahead is not None:
+                parent.warm_ahead(ahead, self._child_wanted.is_set)
+            self.parent = parent
         except ImportError as error:
             self._parent_error = (f"cannot import torch ({error}); install PyTorch in the environment graphlint "
                                   "runs in" if (error.name or "").startswith("torch") else

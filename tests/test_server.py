@@ -859,3 +859,43 @@ def test_the_early_result_says_what_the_complete_one_says_of_the_steps_it_measur
     assert len(gl203) == 3 and "at sequence 128 gradients do reach them" in gl203[0].message
     assert "GL401" in [f.rule_id for f in complete.findings]  # a 1 KiB budget: the step exceeds it
     assert first.findings == [f for f in complete.findings if f.rule_id in ("GL203", "GL401")]
+
+
+def test_a_workspace_folder_with_targets_warms_the_parent_ahead_of_the_first_open_and_its_children_lint(tmp_path):
+    from graphlint.config import Config
+    from graphlint.project import Project
+    from graphlint.server.linting import Linter
+    from graphlint.server.workspace import Settings
+    from graphlint.session import Options, check
+
+    with_targets, without = tmp_path / "project", tmp_path / "scripts"
+    write(with_targets, "pyproject.toml", PYPROJECT.format(extra=""))
+    model = write(with_targets, "model.py", ATTENTION.format(body=UNFUSED, setup=""))
+    write(without, "pyproject.toml", '[project]\nname = "scripts"\nversion = "0"\n')
+    published = []
+    linter = Linter(Settings(no_cache=True), published.append, lambda kind, message: published.append(message))
+
+    linter._handle("folder", str(without))  # as the linting thread does with the folders of `initialize`
+    assert linter.runner._warming is None  # most Python folders an editor opens have no targets: no torch
+    linter._handle("folder", str(with_targets))
+    assert linter.runner._warming is not None
+    linter.runner._warming.join(PATIENCE)
+    parent = linter.runner.parent
+    assert parent is not None and parent._compile_warm  # GL301/GL302 run by default: dynamo is warm as well
+    assert published == [] and linter.runner._scheduler is None  # nothing was linted before a file was opened
+    report = check([f"{model}:make"], Project(root=with_targets, first_party_folders=[with_targets]), Config(),
+                   Options(), parent=parent)
+    assert "GL101" in [f.rule_id for f in report.findings]
+
+
+def test_a_target_that_wants_a_child_stops_the_warm_up_ahead_after_the_step_under_way():
+    from graphlint.run.parent import WarmParent
+
+    parent = WarmParent()
+    asked = []
+    parent.warm_ahead(True, lambda: asked.append(1) or True)  # a target already waits
+    assert asked == [1] and not parent._compile_warm
+    parent.warm_ahead(True, lambda: len(asked.append(1) or asked) > 2)  # it starts waiting after the first step
+    assert len(asked) == 3 and not parent._compile_warm
+    parent.warm_ahead(True, lambda: False)
+    assert parent._compile_warm

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import sys
+from collections.abc import Callable
 
 from graphlint.run.child import child_main
 from graphlint.run.heap import long_lived
@@ -61,11 +62,35 @@ class WarmParent:
         if warm_compile:
             # The torch.compile rules: dynamo warmed up once for all the next children, after this first one is
             # on its way, so that its capture (and the editor's first diagnostics) never waits for it.
-            from graphlint.capture.compile import warm_up
-
-            warm_up()
-            self._compile_warm = True
+            self._warm_compile()
         return process, receiving
+
+    def warm_ahead(self, compile_rules: bool, wanted: Callable[[], bool]) -> None:
+        """While nothing waits for a child (a language server between its start and the first file opened): import
+        what locating a finding needs (libcst) and, for `compile_rules`, warm dynamo up, so that the first child
+        pays for neither. Each step is a fraction of a second; none starts once `wanted()` says a child waits."""
+        if self.context.get_start_method() != "fork":
+            return  # a spawned child imports everything itself
+        steps = [self._import_locating] + ([self._warm_compile] if compile_rules else [])
+        for step in steps:
+            if wanted():
+                return
+            try:
+                step()
+            except Exception:  # only a head start: the first child that needs it does the same and reports it
+                return
+
+    def _import_locating(self) -> None:
+        with long_lived():
+            import graphlint.locate.spans  # noqa: F401 - libcst, which every finding's location needs
+
+    def _warm_compile(self) -> None:
+        if self._compile_warm:
+            return
+        from graphlint.capture.compile import warm_up
+
+        warm_up()
+        self._compile_warm = True
 
     def preload(self, names: list[str]) -> None:
         """Note installed libraries that a child imported, to import them once before the next child starts, so

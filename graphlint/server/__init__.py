@@ -80,6 +80,8 @@ def create_server(settings: Settings) -> GraphlintServer:
     def initialize(ls: GraphlintServer, params: types.InitializeParams) -> None:
         ls._loop = asyncio.get_running_loop()
         ls.linter.unit = ls.unit
+        for folder in _workspace_folders(params):
+            ls.linter.folder(folder)
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: GraphlintServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -127,6 +129,13 @@ def create_server(settings: Settings) -> GraphlintServer:
         ls.linter.stop()
 
     return server
+
+
+def _workspace_folders(params: types.InitializeParams) -> list[str]:
+    """The folders the editor opened, as paths: its workspace folders, else the older root URI or root path."""
+    uris = [folder.uri for folder in params.workspace_folders or ()] or ([params.root_uri] if params.root_uri else [])
+    paths = [path for path in map(to_fs_path, uris) if path]
+    return paths or ([params.root_path] if params.root_path else [])
 
 
 def _lintable(uri: str) -> str | None:

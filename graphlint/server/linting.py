@@ -37,6 +37,7 @@ from graphlint.results import UNSAFE, Finding, Report, TargetResult
 from graphlint.server.diagnostics import Shown, error_place, failure_message, shown_by_file
 from graphlint.server.workspace import ProjectTargets, Settings, Workspace
 from graphlint.session import Runner
+from graphlint.tags import COMPILE_TAG
 
 _STOP = ("stop", "")
 
@@ -64,6 +65,11 @@ class Linter:
         """Start the thread; children close the file descriptors given."""
         self.runner.close_in_children = close_in_children
         self._thread.start()
+
+    def folder(self, path: str) -> None:
+        """A workspace folder the editor opened: when it holds a project with targets, the warm parent warms up
+        now, ahead of the first file opened."""
+        self._post(("folder", path))
 
     def opened(self, path: str) -> None:
         self._post(("opened", path))
@@ -123,10 +129,23 @@ class Linter:
                 self._dirty[project.pyproject] = project
         return True
 
+    def _folder(self, path: str) -> None:
+        try:
+            own = self.workspace.project_of(str(Path(path) / "pyproject.toml"))
+        except GraphlintError:
+            return  # said when one of its files is opened, the first time it matters
+        if own is not None:
+            # An editor starts the server with the workspace, a while before the user opens a model: enough for
+            # torch, libcst and, where those rules run, dynamo.
+            self.runner.warm_up(background=True, ahead=COMPILE_TAG in own.session.rule_tags)
+
     def _project_of(self, session) -> ProjectTargets | None:
         return next((p for p in self.workspace.projects.values() if p.session is session), None)
 
     def _handle(self, kind: str, path: str) -> None:
+        if kind == "folder":
+            self._folder(path)
+            return
         pyproject = Path(path).resolve()
         if pyproject.name == "pyproject.toml" and kind == "saved":
             self._reload(pyproject)
