@@ -102,3 +102,70 @@ def test_gl204_fix_takes_the_softmax_the_graph_ran_not_the_sigmoid_the_name_is_l
     assert finding.fix is None  # F.logsigmoid(self.gate(x)) would compute another value
     assert finding.no_fix == ("the probabilities are made in another function or statement graphlint cannot read "
                               "back; take the log of the logits with F.log_softmax / F.logsigmoid where they are made")
+
+
+# -- GL107 ------------------------------------------------------------------------------------------------------
+
+# The numerator `e` is the parameter, the exponentials made in forward; the name is rebound to other
+# exponentials only after the division.
+SOFTMAX_OF_A_PARAMETER_REBOUND_AFTER = '''
+    import torch
+    from torch import nn
+
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 10)
+            self.other = nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.normalise(torch.exp(self.fc(x)), x)
+
+        def normalise(self, e, x):
+            probs = e / e.sum(-1, keepdim=True)
+            e = torch.exp(self.other(x))
+            return probs + e
+
+
+    def make():
+        return Head(), (torch.randn(4, 16),)
+'''
+
+
+def test_gl107_fix_takes_the_exponentials_the_graph_ran_not_those_the_name_is_later_assigned(tmp_path):
+    path = _model(tmp_path, SOFTMAX_OF_A_PARAMETER_REBOUND_AFTER)
+    [problem] = _problems(path, "GL107")
+    assert _roles(problem) == [("formula", "div"), ("transcendental", "exp")]
+    assert problem.roles[0][1] is problem.node
+    [finding] = findings_of(lint_file(path, device="meta"), "GL107")
+    assert finding.fix is None  # torch.softmax(self.other(x), -1) would compute another value
+    assert finding.no_fix == "the exponentials are not divided by their own sum in one expression"
+
+
+SILU_OF_A_SIGMOID = '''
+    import torch
+    from torch import nn
+
+
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            s = torch.sigmoid(self.fc(x))
+            return torch.sigmoid(s) * s
+
+
+    def make():
+        return Gate(), (torch.randn(4, 16),)
+'''
+
+
+def test_gl107_fix_reads_the_input_of_the_sigmoid_the_graph_ran(tmp_path):
+    path = _model(tmp_path, SILU_OF_A_SIGMOID)
+    [problem] = _problems(path, "GL107")
+    assert _roles(problem) == [("formula", "mul"), ("transcendental", "sigmoid")]
+    [finding] = findings_of(lint_file(path, device="meta"), "GL107")
+    assert finding.fix.message == "torch.sigmoid(s) * s → nn.functional.silu(s)"

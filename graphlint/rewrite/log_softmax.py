@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.formulas import assigned_once, input_of, unparenthesized, without_parentheses
+from graphlint.rewrite.formulas import assigned_once, holds, input_of, unparenthesized, without_parentheses
 from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
                                         is_namespace, names_read, one_line)
 from graphlint.rewrite.source import all_nodes, inside, is_number
@@ -140,22 +140,11 @@ def _reached(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.Funct
     it, or a variable the function assigns it to once (that value noted in `found`); else None, for a source
     that leads elsewhere (the probabilities come from another function, or the name holds another value where
     the log reads it, such as a parameter assigned later)."""
-    if node is matched:
-        return unparenthesized(matched)
-    if isinstance(node, cst.Name) and not _is_parameter(function, node.value) and \
-            assigned_once(function, node.value) is matched:
+    if not holds(node, matched, function):
+        return None
+    if node is not matched:
         found.append(matched)
-        return unparenthesized(matched)
-    return None
-
-
-def _is_parameter(function: cst.FunctionDef | None, name: str) -> bool:
-    if function is None:
-        return False
-    parameters = function.params
-    every = (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params,
-             *(p for p in (parameters.star_arg, parameters.star_kwarg) if isinstance(p, cst.Param)))
-    return any(p.name.value == name for p in every)
+    return unparenthesized(matched)
 
 
 def _resolved(node: cst.BaseExpression, function: cst.FunctionDef | None, found: list) -> cst.BaseExpression:
