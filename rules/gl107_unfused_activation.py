@@ -255,6 +255,8 @@ class UnfusedActivation(Rule):
                                  f"{library} runs it as one kernel"
                                  + (" and saves less for backward." if saves > 0 else ".")),
                         fix=FixerAt("graphlint.rewrite.activations:activation_call", library=library),
+                        # The fixer reads the formula's input from the one sigmoid, tanh, erf or exp it is built on.
+                        roles=(("formula", outer), ("transcendental", node)),
                         saves_bytes=saves,
                     )
 

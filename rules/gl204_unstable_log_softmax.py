@@ -218,21 +218,22 @@ class UnstableLogSoftmax(Rule):
                     yield _problem(node, *found)
 
 
-def _probabilities(value) -> tuple[fx.Node, bool] | None:
-    """(the softmax or sigmoid the value was picked from, whether it is `1 - sigmoid`), or None."""
+def _probabilities(value) -> tuple[fx.Node, bool, tuple[fx.Node, ...]] | None:
+    """(the softmax or sigmoid the value was picked from, whether it is `1 - sigmoid`, the picks and the `1 -`
+    between the log and it, nearest the log first), or None."""
     found = chain(value, lambda n: op(n) in _PICK or _one_minus(n), stop=lambda n: op(n) in SOFTMAX | {"sigmoid"},
                   limit=MAX_PASS_THROUGH_STEPS)
     complements = sum(map(_one_minus, found.nodes))  # log(1 - sigmoid(x)) is logsigmoid(-x); once only
     if not found.found or complements > 1 or (complements and op(found.end) in SOFTMAX):
         return None
-    return found.end, bool(complements)
+    return found.end, bool(complements), found.nodes
 
 
 def _one_minus(node: fx.Node) -> bool:
     return op(node) == "rsub" and arg(node, 1, "other") == 1
 
 
-def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:
+def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.Node, ...]) -> Problem:
     if op(source) == "sigmoid":
         what = "1 - sigmoid" if complement else "a sigmoid"
         advice = ("use F.logsigmoid(-x)" if complement else "use F.logsigmoid(x)") + \
@@ -246,4 +247,12 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool) -> Problem:
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
         fix=FixerAt("graphlint.rewrite.log_softmax:log_probabilities"),
+        roles=_roles(log, source, between),
     )
+
+
+def _roles(log: fx.Node, source: fx.Node, between: tuple[fx.Node, ...]) -> tuple[tuple[str, fx.Node], ...]:
+    """What the fix is built from: the log, each pick between it and the probabilities (the `1 - p` of a
+    sigmoid's complement by its own name), and the softmax or sigmoid that makes them."""
+    steps = tuple(("complement" if _one_minus(n) else "pick", n) for n in between)
+    return (("log", log), *steps, ("probabilities", source))

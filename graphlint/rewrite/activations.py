@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.formulas import (calls_any, factors_of, input_of, is_difference, unparenthesized, value_of,
-                                        without_parentheses)
+from graphlint.rewrite.formulas import (calls_any, factors_of, holds, input_of, is_difference, unparenthesized,
+                                        value_of, without_parentheses)
 from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, call_parts, code_of, dead_definitions, is_namespace,
                                         one_line)
 from graphlint.rewrite.source import is_number
@@ -32,18 +32,24 @@ def activation_call(site: FixSite, library: str) -> Rewrite | str:
 
 
 def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
-    """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read."""
+    """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read. With the
+    rule's match, the sigmoid, tanh or exp it is built on is the one the graph ran (the role `transcendental`),
+    not any factor or numerator that calls one."""
     imports, function = site.imports, site.function
     if not isinstance(node, cst.BinaryOperation):
         return "the formula is not one expression graphlint can rewrite"
+    matched = site.role("transcendental")
+    core = matched[0].node if matched else None  # None: it ran in no file of the user's
     if library == "torch.softmax(x, dim)":
-        return _softmax_input(node, site)
+        return _softmax_input(node, site, core)
     if library == "F.silu(x)" and isinstance(node.operator, cst.Divide):
-        return _swish_input(node, imports)
+        return _swish_input(node, imports, core)
     factors = factors_of(node, function)
     if library in ("F.silu(x)", "F.mish(x)"):
         inner = ("sigmoid",) if library == "F.silu(x)" else ("tanh",)
         for index, factor in enumerate(factors):
+            if core is not None and not holds(factor, core, function):
+                continue
             argument = input_of(factor, inner, imports)
             if argument is None:
                 continue
@@ -63,11 +69,13 @@ def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
     return "the formula's input could not be told apart from its constants"
 
 
-def _swish_input(node: cst.BinaryOperation, imports: ImportNames):
-    """x of `x / (1 + torch.exp(-x))`, or why it cannot be read."""
+def _swish_input(node: cst.BinaryOperation, imports: ImportNames, core: cst.CSTNode | None):
+    """x of `x / (1 + torch.exp(-x))`, the exp being `core` when the graph's is known, or why it cannot be read."""
     total = unparenthesized(node.right)
     if isinstance(total, cst.BinaryOperation) and isinstance(total.operator, cst.Add):
         for one, other in ((total.left, total.right), (total.right, total.left)):
+            if core is not None and other is not core:
+                continue
             negated = input_of(other, ("exp",), imports) if is_number(one, (1,)) else None
             if isinstance(negated, cst.UnaryOperation) and isinstance(negated.operator, cst.Minus) and \
                     code_of(unparenthesized(negated.expression)) == code_of(unparenthesized(node.left)):
@@ -97,11 +105,14 @@ def _helper_of(call: cst.BaseExpression, x: cst.BaseExpression) -> cst.Call | No
     return None
 
 
-def _softmax_input(node: cst.BinaryOperation, site: FixSite):
+def _softmax_input(node: cst.BinaryOperation, site: FixSite, core: cst.CSTNode | None):
     """(x, dim argument) of `torch.exp(x) / torch.exp(x).sum(dim, keepdim=True)`, also with the exponentials in a
-    variable the function assigns once (`e = torch.exp(x - x.max(-1, keepdim=True).values)`, `e / e.sum(-1, ...)`)."""
+    variable the function assigns once (`e = torch.exp(x - x.max(-1, keepdim=True).values)`, `e / e.sum(-1, ...)`);
+    the numerator's exp is `core` when the graph's is known."""
     imports, function = site.imports, site.function
     numerator = node.left
+    if core is not None and not holds(numerator, core, function):
+        return "the exponentials are not divided by their own sum in one expression"
     exponentials = value_of(numerator, function)
     x = input_of(exponentials, ("exp",), imports)
     name, receiver, positional, keywords = call_parts(node.right)

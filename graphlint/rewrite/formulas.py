@@ -83,6 +83,25 @@ def assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpres
     return values[0]
 
 
+def holds(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
+    """Whether `node` reads `matched`, an expression the rule matched in the graph: it is that expression, or a
+    variable the function assigns it to once and does not take as a parameter (a parameter assigned after it
+    is read holds the caller's value where it is read)."""
+    if node is matched:
+        return True
+    return isinstance(node, cst.Name) and not _is_parameter(function, node.value) and \
+        assigned_once(function, node.value) is matched
+
+
+def _is_parameter(function: cst.FunctionDef | None, name: str) -> bool:
+    if function is None:
+        return False
+    parameters = function.params
+    every = (*parameters.posonly_params, *parameters.params, *parameters.kwonly_params,
+             *(p for p in (parameters.star_arg, parameters.star_kwarg) if isinstance(p, cst.Param)))
+    return any(p.name.value == name for p in every)
+
+
 def unparenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
     """`node` without its own parentheses."""
     return node.with_changes(lpar=[], rpar=[]) if getattr(node, "lpar", None) else node

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.formulas import assigned_once, input_of, unparenthesized, without_parentheses
+from graphlint.rewrite.formulas import assigned_once, holds, input_of, unparenthesized, without_parentheses
 from graphlint.rewrite.contract import (FixSite, ImportNames, Rewrite, atom, call_parts, code_of, dead_definitions,
                                         is_namespace, names_read, one_line)
 from graphlint.rewrite.source import all_nodes, inside, is_number
@@ -33,11 +33,20 @@ def log_probabilities(site: FixSite) -> Rewrite | str:
         return "the log is not a call graphlint can rewrite"
     outer, picked = _picked(inside, names)  # picked: the node in the log's own expression
     assignments: list[cst.BaseExpression] = []
-    base = _resolved(picked, site.function, assignments)
+    matched = _matched(site)
+    if matched is None:  # the graph's nodes are not in this file's source: read the source alone
+        base = _resolved(picked, site.function, assignments)
+    else:  # the complement's node, else the probabilities' node, that the graph ran
+        base = _reached(picked, matched[0] or matched[1], site.function, assignments)
     complement = isinstance(base, cst.BinaryOperation) and isinstance(base.operator, cst.Subtract) and \
         is_number(base.left, (1,))
     inner, made = (base, picked) if not complement else _picked(base.right, names)
-    source = _resolved(made, site.function, assignments) if complement else base
+    if not complement:
+        source = base
+    elif matched is None:
+        source = _resolved(made, site.function, assignments)
+    else:
+        source = _reached(made, matched[1], site.function, assignments)
     name, receiver, positional, keywords = call_parts(source)
     if name in ("softmax", "sigmoid") and receiver is not None and code_of(receiver) == "self":
         # `self.softmax(h)` calls a module: its dim is set where it was built, and it is no tensor method of self.
@@ -113,6 +122,29 @@ def _picked(value: cst.BaseExpression, imports: ImportNames) -> tuple[cst.BaseEx
             base = positional[0]
         else:
             return value, base
+
+
+def _matched(site: FixSite) -> tuple[cst.CSTNode | None, cst.CSTNode] | None:
+    """(the `1 - p` or None, the softmax or sigmoid call) the rule matched, as the libcst nodes they ran at;
+    None when the probabilities ran in no file of the user's (GL204's rule names them `probabilities`)."""
+    made = site.role("probabilities")
+    if not made:
+        return None
+    complement = site.role("complement")
+    return (complement[0].node if complement else None), made[0].node
+
+
+def _reached(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None,
+             found: list) -> cst.BaseExpression | None:
+    """`matched`, the node the graph ran, without parentheses, when the log's expression reads it: `node` is
+    it, or a variable the function assigns it to once (that value noted in `found`); else None, for a source
+    that leads elsewhere (the probabilities come from another function, or the name holds another value where
+    the log reads it, such as a parameter assigned later)."""
+    if not holds(node, matched, function):
+        return None
+    if node is not matched:
+        found.append(matched)
+    return unparenthesized(matched)
 
 
 def _resolved(node: cst.BaseExpression, function: cst.FunctionDef | None, found: list) -> cst.BaseExpression:
