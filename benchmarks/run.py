@@ -15,8 +15,10 @@ into a library file of about 6,000 lines against the same target without finding
 
 The many-targets scenario measures whole runs over 12 small targets (each in its own folder with its own
 `layers.py`) at -j 1 and -j 2, and over 6 `transformers` models, against one cold target of each kind in the
-same run. Its memory is the peak of the whole process tree's proportional set size (PSS, sampled every 20 ms):
-pages a forked child shares with the warm parent count once, split between them, not once per process.
+same run; the small ones also with `--ignore GL3` (the rules before GL301/GL302 were on by default), each against
+one cold target checked the same way. Its memory is the peak of the whole process tree's proportional set size
+(PSS, sampled every 20 ms): pages a forked child shares with the warm parent count once, split between them, not
+once per process.
 
 The fix scenario times `graphlint check --diff` on the shipped example (examples/attention/model.py:make_model,
 whose GL101 fix is proven: the original and rewritten models run in float64 and the rewritten one is linted
@@ -119,17 +121,22 @@ def many_targets(repeat: int) -> None:
         small = write_small_targets(Path(folder) / "small")
         hf = write_transformers_targets(Path(folder))
 
-        def check(targets: list[str], jobs: int = 1) -> list[str]:
+        def check(targets: list[str], jobs: int = 1, *more: str) -> list[str]:
             return [PYTHON, "-m", "graphlint", "check", *targets, "-j", str(jobs), "--no-cache", "--format", "sarif",
-                    "--output", os.devnull]
+                    "--output", os.devnull, *more]
 
+        # GL301/GL302 (on by default since 2026-11-28) compile every target; without them, the rules of before.
         medians = run_tree({"one small target": check(small[:1]), "12 small, -j 1": check(small),
-                            "12 small, -j 2": check(small, 2), "one transformers": check(hf[:1]),
+                            "12 small, -j 2": check(small, 2),
+                            "one small, GL3 off": check(small[:1], 1, "--ignore", "GL3"),
+                            "12 small, -j 1, GL3 off": check(small, 1, "--ignore", "GL3"),
+                            "one transformers": check(hf[:1]),
                             "6 transformers, -j 1": check(hf), "6 transformers, -j 2": check(hf, 2)}, repeat)
     print("\nmany targets, each in its own child of a warm parent (peak memory: PSS of the whole process tree)")
     base_small, base_hf = medians["one small target"], medians["one transformers"]
     for label, (wall, memory) in medians.items():
-        base = base_hf if "transformers" in label else base_small
+        base = base_hf if "transformers" in label else medians["one small, GL3 off"] if "GL3 off" in label \
+            else base_small
         print(f"  {label:<22} {wall:>6.2f} s {memory:>8.0f} MiB   {ratio(wall, base[0])} time, {ratio(memory, base[1])} memory")
 
 
