@@ -104,7 +104,8 @@ def _target(item, where: str, example: str) -> str:
         raise UsageError(f"{where} must be a string or a table, like {example}")
     unknown = sorted(set(item) - {"model", "inputs", "kwargs", "vary"})
     if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]}; a target table has model, inputs, kwargs and vary")
+        shown = unknown[0] if unknown[0].isidentifier() else repr(unknown[0])  # a key may hold a line break
+        raise UsageError(f"{where}: unknown key {shown}; a target table has model, inputs, kwargs and vary")
     if not isinstance(item.get("model"), str):
         raise UsageError(f'{where} needs model = "path/to/file.py:NAME" (or "package.module:NAME")')
     inputs = _strings(item.get("inputs", []), f"{where}.inputs", '["float32[2,3,32,32]", "int64[2,16]:0..1000"]')

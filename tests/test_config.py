@@ -92,6 +92,14 @@ def test_wrong_types_and_unknown_keys_name_the_key_and_what_is_allowed(tmp_path,
         read_config(pyproject)
 
 
+def test_an_unknown_key_of_a_target_table_is_named_on_one_line_even_when_it_holds_a_line_break(tmp_path):
+    pyproject = write(tmp_path, "pyproject.toml", '[tool.graphlint]\ntargets = [{ "a\\nb" = "" }]\n')
+    with pytest.raises(UsageError) as raised:
+        read_config(pyproject)
+    assert str(raised.value).endswith("tool.graphlint.targets[0]: unknown key 'a\\nb'; a target table has model, "
+                                      "inputs, kwargs and vary")
+
+
 def test_per_file_ignores_drop_a_rule_for_matching_files(tmp_path):
     path = write(tmp_path, "messy.py", MESSY.code)
     report = lint_file(path, per_file_ignores={"mess*.py": ("GL101", "GL2")})
