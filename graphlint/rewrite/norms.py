@@ -246,12 +246,11 @@ def _matched(site: FixSite, name: str) -> cst.CSTNode | None:
 
 def _computes(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
     """Whether `node`, an operand of the normalising step, is `matched`, the expression the graph ran (also as
-    read from method-style arithmetic, which puts it in parentheses), or a variable the function assigns it once
-    and does not take as a parameter."""
+    read from method-style arithmetic, which puts a copy of it in parentheses), or a variable the function assigns
+    it once and does not take as a parameter."""
     if node is matched or unparenthesized(node).deep_equals(unparenthesized(matched)):
         return True
-    value = held(node, function) if isinstance(node, cst.Name) else None
-    return value is not None and (value is matched or unparenthesized(value).deep_equals(unparenthesized(matched)))
+    return isinstance(node, cst.Name) and held(node, function) is matched
 
 
 def _leads_to_root(node: cst.BaseExpression, root: cst.CSTNode, function: cst.FunctionDef | None,
