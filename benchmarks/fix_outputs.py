@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 FIX_RULES = "GL101,GL105,GL106,GL107,GL201,GL204"  # the rules that offer fixes
 # Test modules whose model strings exercise the fixers.
 TEST_FILES = ("test_fix*.py", "test_gl101*.py", "test_gl105*.py", "test_gl106*.py", "test_gl201*.py",
-              "test_several_problems.py", "test_kernel_rules.py", "test_nothing_lost.py", "test_process_layer.py")
+              "test_several_problems.py", "test_kernel_rules.py", "test_nothing_lost.py", "test_process_layer.py",
+              "test_rule_roles.py")
 
 
 def model_strings(path: Path) -> list[str]:

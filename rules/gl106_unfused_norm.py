@@ -350,7 +350,7 @@ class UnfusedNorm(Rule):
                     yield replace(problem, saves_bytes=saves)
 
 
-def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
+def _problem(step: fx.Node, mean: fx.Node, kind: str, roles: tuple[tuple[str, fx.Node], ...] = ()) -> Problem:
     library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
     meta = tensor_meta(step)
     dims = _row_dims(mean.args[0] if op(mean) == "getitem" else mean) or (-1,)
@@ -365,7 +365,17 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str) -> Problem:
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
         fix=FixerAt("graphlint.rewrite.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
                     flat=_flat_parameters(step, shape)),
+        roles=roles,
     )
+
+
+def _roles(step: fx.Node, root: fx.Node, statistic: fx.Node, mean: fx.Node | None = None,
+           centred: fx.Node | None = None) -> tuple[tuple[str, fx.Node], ...]:
+    """What the fix is built from: the normalising step, the root it divides by or multiplies with, the
+    statistic under the root, and for a LayerNorm the centring mean and the centred input `x - mean` the step
+    normalises."""
+    found = (("step", step), ("root", root), ("statistic", statistic))
+    return found + ((("mean", mean), ("centred", centred)) if centred is not None else ())
 
 
 def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
@@ -396,10 +406,11 @@ def _is_root(node: fx.Node) -> bool:
     return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") in (-0.5, 0.5))
 
 
-def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
-    """(normalising step, mean, "LayerNorm" or "RMSNorm") for `rsqrt(stat + eps)`, `sqrt(stat + eps)` or
-    `(stat + eps) ** -0.5`, where stat is the biased variance (`var`, `var_mean` with correction 0, a squared
-    biased `std` or `std_mean`, the mean of squares of the centred input) or the mean of squares."""
+def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str, tuple[tuple[str, fx.Node], ...]] | None:
+    """(normalising step, mean, "LayerNorm" or "RMSNorm", the roles of the match) for `rsqrt(stat + eps)`,
+    `sqrt(stat + eps)` or `(stat + eps) ** -0.5`, where stat is the biased variance (`var`, `var_mean` with
+    correction 0, a squared biased `std` or `std_mean`, the mean of squares of the centred input) or the mean of
+    squares."""
     plus_eps = strip_casts(arg(root, 0, "input"))
     if not isinstance(plus_eps, fx.Node) or op(plus_eps) != "add" or len(plus_eps.args) != 2:
         return None
@@ -428,12 +439,12 @@ def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
     for step, numerator in _normalising_steps(root):
         for other in _factors(numerator):
             if kind == "RMSNorm" and other is base:
-                return step, anchor, kind
+                return step, anchor, kind, _roles(step, root, stat)
             if kind == "LayerNorm":
                 mean = _centring_mean(other, dims)
                 x = base if centred is None else arg(centred, 0, "input")
                 if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
-                    return step, mean, kind
+                    return step, mean, kind, _roles(step, root, stat, mean, other)
     return None
 
 

@@ -169,3 +169,112 @@ def test_gl107_fix_reads_the_input_of_the_sigmoid_the_graph_ran(tmp_path):
     assert _roles(problem) == [("formula", "mul"), ("transcendental", "sigmoid")]
     [finding] = findings_of(lint_file(path, device="meta"), "GL107")
     assert finding.fix.message == "torch.sigmoid(s) * s → nn.functional.silu(s)"
+
+
+# -- GL106 ------------------------------------------------------------------------------------------------------
+
+LAYER_NORM_BY_HAND = '''
+    import torch
+    from torch import nn
+
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.fc(x)
+            mu = h.mean(-1, keepdim=True)
+            var = (h - mu).pow(2).mean(-1, keepdim=True)
+            return (h - mu) / torch.sqrt(var + 1e-5)
+
+
+    def make():
+        return Encoder(), (torch.randn(4, 16),)
+'''
+
+
+def test_gl106_hands_its_fixer_the_step_the_root_the_statistics_and_the_centred_input(tmp_path):
+    path = _model(tmp_path, LAYER_NORM_BY_HAND)
+    [problem] = _problems(path, "GL106")
+    assert _roles(problem) == [("step", "div"), ("root", "sqrt"), ("statistic", "mean"), ("mean", "mean"),
+                               ("centred", "sub")]
+    assert problem.roles[0][1] is problem.node
+    assert problem.roles[3][1] is not problem.roles[2][1]  # the centring mean, not the variance
+    [finding] = findings_of(lint_file(path, device="meta"), "GL106")
+    assert finding.fix.message == "LayerNorm by hand → nn.functional.layer_norm(h, (h.shape[-1],), eps=1e-5)"
+
+
+# The centred input `xc` is the parameter, made in forward from the linear layer's output; the name is rebound to
+# the centred input of `x` only after the step. A reading of the source alone takes that one assignment for what
+# the step divides.
+CENTRED_PARAMETER_REBOUND_AFTER_THE_STEP = '''
+    import torch
+    from torch import nn
+
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.standardise(h - h.mean(-1, keepdim=True), x)
+
+        def standardise(self, xc, x):
+            var = xc.pow(2).mean(-1, keepdim=True)
+            out = xc / torch.sqrt(var + 1e-5)
+            xc = x - x.mean(-1, keepdim=True)
+            return out + xc
+
+
+    def make():
+        return Encoder(), (torch.randn(4, 16),)
+'''
+
+
+def test_gl106_fix_takes_the_centred_input_the_graph_ran_not_the_one_the_name_is_later_assigned(tmp_path):
+    path = _model(tmp_path, CENTRED_PARAMETER_REBOUND_AFTER_THE_STEP)
+    [problem] = _problems(path, "GL106")
+    assert [name for name, _ in _roles(problem)] == ["step", "root", "statistic", "mean", "centred"]
+    [finding] = findings_of(lint_file(path, device="meta"), "GL106")
+    assert finding.fix is None  # F.layer_norm(x, ...) would normalise the input, not the linear layer's output
+    assert finding.no_fix == "`standardise` takes more than one input besides self"  # shown when the inline fix fails too
+
+
+# The root `r` is the parameter, made in forward with eps 1e-5; the name is rebound to another root, with eps 1e-2,
+# only after the step.
+ROOT_PARAMETER_REBOUND_AFTER_THE_STEP = '''
+    import torch
+    from torch import nn
+
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.scale(h, torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5))
+
+        def scale(self, h, r):
+            out = h * r
+            r = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-2)
+            return out + r
+
+
+    def make():
+        return Mixer(), (torch.randn(4, 16),)
+'''
+
+
+def test_gl106_fix_takes_the_root_the_graph_ran_not_the_one_the_name_is_later_assigned(tmp_path):
+    path = _model(tmp_path, ROOT_PARAMETER_REBOUND_AFTER_THE_STEP)
+    problems = _problems(path, "GL106")
+    assert [_roles(p) for p in problems] == [[("step", "mul"), ("root", "rsqrt"), ("statistic", "mean")]]
+    [finding] = findings_of(lint_file(path, device="meta"), "GL106")
+    assert finding.fix is None  # F.rms_norm(h, (h.shape[-1],), eps=1e-2) would take the later eps
+    assert finding.no_fix == "`scale` takes more than one input besides self"  # shown when the inline fix fails too

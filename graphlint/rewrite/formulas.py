@@ -89,8 +89,13 @@ def holds(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.Function
     is read holds the caller's value where it is read)."""
     if node is matched:
         return True
-    return isinstance(node, cst.Name) and not _is_parameter(function, node.value) and \
-        assigned_once(function, node.value) is matched
+    return isinstance(node, cst.Name) and held(node, function) is matched
+
+
+def held(name: cst.Name, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
+    """What the variable `name` holds where it is read, when the function assigns it once and does not take it as
+    a parameter (a parameter assigned after it is read holds the caller's value there); else None."""
+    return None if _is_parameter(function, name.value) else assigned_once(function, name.value)
 
 
 def _is_parameter(function: cst.FunctionDef | None, name: str) -> bool:

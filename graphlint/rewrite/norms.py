@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.formulas import (assigned_once, factors_of, input_of, is_difference, is_self_attribute,
+from graphlint.rewrite.formulas import (assigned_once, factors_of, held, input_of, is_difference, is_self_attribute,
                                         unparenthesized, value_of)
 from graphlint.rewrite.contract import (FixSite, ImportNames, LINE_LENGTH, Rewrite, atom, call_parts, code_of,
                                         dead_definitions, is_namespace, laid_out, names_read, one_line)
@@ -107,7 +107,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    found = _root(_as_operation(site.node, site.imports), site.function, site.imports)
+    found = _root(_as_operation(site.node, site.imports), site.function, site.imports, _matched(site, "root"))
     eps = _eps(found[0], site.imports) if found is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
@@ -153,7 +153,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     step = _as_operation(node, site.imports)
     if not isinstance(step, cst.BinaryOperation) or not isinstance(step.operator, (cst.Multiply, cst.Divide)):
         return "the normalising step is not one product or quotient graphlint can rewrite"
-    found = _root(step, site.function, site.imports)
+    found = _root(step, site.function, site.imports, _matched(site, "root"))
     if found is None:
         return "the root of the statistic is not a factor of the normalising step"
     root, numerator = found
@@ -162,7 +162,9 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         return "the epsilon could not be read from the normalising step"
     factors = factors_of(numerator)
     if kind == "LayerNorm":
-        centred = [f for f in factors if is_difference(_as_operation(value_of(f, site.function), site.imports))]
+        matched = _matched(site, "centred")
+        centred = [f for f in factors if is_difference(_as_operation(value_of(f, site.function), site.imports))
+                   and (matched is None or _computes(f, matched, site.function))]
         if len(centred) != 1:
             return "the centred input is not written as `x - mean` in the normalising step"
         x = unparenthesized(_as_operation(value_of(centred[0], site.function), site.imports).left)
@@ -235,18 +237,58 @@ def _as_operation(node: cst.CSTNode, imports: ImportNames) -> cst.CSTNode:
     return cst.BinaryOperation(left=atom(operands[0]), operator=operators[name](), right=atom(operands[1]))
 
 
-def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames):
+def _matched(site: FixSite, name: str) -> cst.CSTNode | None:
+    """The node of GL106's role `name` ("root", "centred") as it ran in the source; None when the rule named none
+    or it ran in no file of the user's."""
+    found = site.role(name)
+    return found[0].node if found else None
+
+
+def _computes(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
+    """Whether `node`, an operand of the normalising step, is `matched`, the expression the graph ran (also as
+    read from method-style arithmetic, which puts a copy of it in parentheses), or a variable the function assigns
+    it once and does not take as a parameter."""
+    if node is matched or unparenthesized(node).deep_equals(unparenthesized(matched)):
+        return True
+    return isinstance(node, cst.Name) and held(node, function) is matched
+
+
+def _leads_to_root(node: cst.BaseExpression, root: cst.CSTNode, function: cst.FunctionDef | None,
+                   depth: int = 6) -> bool:
+    """Whether `node`, an operand of the normalising step, computes `root`, the root the graph ran, or its
+    reciprocal (`1 / root`, `root.reciprocal()`), reading the variables the function assigns once and does not
+    take as parameters (a parameter rebound after the step holds the caller's value there)."""
+    if _computes(node, root, function):
+        return True
+    if depth == 0:
+        return False
+    if isinstance(node, cst.Name):
+        value = held(node, function)
+        return value is not None and _leads_to_root(value, root, function, depth - 1)
+    bare = unparenthesized(node)
+    if isinstance(bare, cst.BinaryOperation) and isinstance(bare.operator, cst.Divide) and is_number(bare.left, (1,)):
+        return _leads_to_root(bare.right, root, function, depth - 1)
+    name, receiver, _, _ = call_parts(bare)
+    return name == "reciprocal" and receiver is not None and _leads_to_root(receiver, root, function, depth - 1)
+
+
+def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNames, matched: cst.CSTNode | None = None):
     """(what the root is taken of, with the variables the function assigns once written out; the numerator) of a
     normalising step: `y / sqrt(s)`, `y / s ** 0.5`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
-    `y * sqrt(s).reciprocal()`, either order for a product; None otherwise."""
+    `y * sqrt(s).reciprocal()`, either order for a product; None otherwise. With `matched`, the root the graph ran
+    (GL106's role `root`), only an operand that computes it is read as the root."""
     if not isinstance(node, cst.BinaryOperation):
         return None
     if isinstance(node.operator, cst.Divide):
+        if matched is not None and not _leads_to_root(node.right, matched, function):
+            return None
         inside = _root_of(_expanded(node.right, function), 0.5, imports)
         return (inside, node.left) if inside is not None else None
     if not isinstance(node.operator, cst.Multiply):
         return None
     for side, other in ((node.right, node.left), (node.left, node.right)):
+        if matched is not None and not _leads_to_root(side, matched, function):
+            continue
         root = unparenthesized(_expanded(side, function))
         inside = _root_of(root, -0.5, imports)
         if inside is None and isinstance(root, cst.BinaryOperation) and isinstance(root.operator, cst.Divide) and \
