@@ -104,8 +104,7 @@ def _target(item, where: str, example: str) -> str:
         raise UsageError(f"{where} must be a string or a table, like {example}")
     unknown = sorted(set(item) - {"model", "inputs", "kwargs", "vary"})
     if unknown:
-        shown = unknown[0] if unknown[0].isidentifier() else repr(unknown[0])  # a key may hold a line break
-        raise UsageError(f"{where}: unknown key {shown}; a target table has model, inputs, kwargs and vary")
+        raise UsageError(f"{where}: unknown key {_key(unknown[0])}; a target table has model, inputs, kwargs and vary")
     if not isinstance(item.get("model"), str):
         raise UsageError(f'{where} needs model = "path/to/file.py:NAME" (or "package.module:NAME")')
     inputs = _strings(item.get("inputs", []), f"{where}.inputs", '["float32[2,3,32,32]", "int64[2,16]:0..1000"]')
@@ -114,6 +113,12 @@ def _target(item, where: str, example: str) -> str:
         raise UsageError(f"{where}.kwargs must be a table of the model's keyword arguments, like {{ depth = 2 }}")
     vary = parse_vary(item["vary"], f"{where}.vary") if "vary" in item else None
     return target_text(item["model"], inputs, kwargs, vary)
+
+
+def _key(name: str) -> str:
+    """A TOML key as a message names it: bare when TOML would write it bare, else quoted as Python writes it (a
+    quoted key may hold a line break, and every usage error is one line)."""
+    return name if name and name.replace("-", "_").isidentifier() else repr(name)
 
 
 def _one_of(value, where: str, allowed: tuple[str, ...]) -> str:
@@ -154,7 +159,7 @@ def memory_budget(value, where: str) -> int:
 def _severity(value, where: str) -> dict[str, str]:
     if not isinstance(value, dict):
         raise UsageError(f'{where} must be a table of rule ID = level, like {{ GL203 = "warning" }}')
-    return {code: _one_of(level, f"{where}.{code}", SEVERITIES) for code, level in value.items()}
+    return {code: _one_of(level, f"{where}.{_key(code)}", SEVERITIES) for code, level in value.items()}
 
 
 _KEYS = {
@@ -192,8 +197,7 @@ def read_config(pyproject: Path) -> Config:
     values = {}
     for key, value in table.items():
         if key not in _KEYS:
-            shown = key if key.isidentifier() or key.replace("-", "_").isidentifier() else repr(key)
-            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{shown}; the keys graphlint reads are "
+            raise UsageError(f"{pyproject}: unknown key tool.graphlint.{_key(key)}; the keys graphlint reads are "
                              f"{', '.join(_KEYS)}")
         attribute, check = _KEYS[key]
         values[attribute] = check(value, f"{pyproject}: tool.graphlint.{key}")

@@ -92,12 +92,18 @@ def test_wrong_types_and_unknown_keys_name_the_key_and_what_is_allowed(tmp_path,
         read_config(pyproject)
 
 
-def test_an_unknown_key_of_a_target_table_is_named_on_one_line_even_when_it_holds_a_line_break(tmp_path):
-    pyproject = write(tmp_path, "pyproject.toml", '[tool.graphlint]\ntargets = [{ "a\\nb" = "" }]\n')
+@pytest.mark.parametrize(("table", "message"), [
+    ('targets = [{ "a\\nb" = "" }]',
+     "tool.graphlint.targets[0]: unknown key 'a\\nb'; a target table has model, inputs, kwargs and vary"),
+    ('severity = { "a\\nb" = "" }', "tool.graphlint.severity.'a\\nb' must be one of note, warning, error; got ''"),
+    ('"a\\nb" = 1', "unknown key tool.graphlint.'a\\nb'; the keys graphlint reads are"),
+])
+def test_a_key_that_holds_a_line_break_is_named_as_python_writes_it_and_the_error_stays_one_line(tmp_path, table,
+                                                                                                message):
+    pyproject = write(tmp_path, "pyproject.toml", f"[tool.graphlint]\n{table}\n")
     with pytest.raises(UsageError) as raised:
         read_config(pyproject)
-    assert str(raised.value).endswith("tool.graphlint.targets[0]: unknown key 'a\\nb'; a target table has model, "
-                                      "inputs, kwargs and vary")
+    assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_per_file_ignores_drop_a_rule_for_matching_files(tmp_path):
