@@ -11,13 +11,13 @@ Python's version, the project root, the target, and the settings that change wha
 the rules that run and, for the torch.compile rules, the input dimensions they vary. Settings applied after the
 capture (severities, fail-on, per-file ignores, suppressions, the baseline) are not in it: changing them
 re-reports the cached findings. A graph or memory report's key covers the same versions, the project root and
-folders, the target and the options of its job that change the answer (graphlint.run.wire); the picture's and
-the output's options are not in it (a graph report from the cache is drawn without torch; a memory estimate's
-text imports it). The entry is used only when every file the capture ran or imported from the project (or from
-a library installed from a local path) still has the content hash recorded in it, and every installed
-distribution it loaded is still installed at the recorded version (graphlint.libraries). Unreadable or corrupt
-cache files are ignored; writing the cache never fails a run. Files the model reads with open() are not
-tracked: use --no-cache after changing them.
+folders, the target and the options of its job that change the answer (graphlint.run.wire), a memory job's CPU
+threads by what torch's thread count follows (graphlint.run.wire.thread_settings); the picture's and the output's
+options are not in it, and a report from the cache is rendered without torch. The entry is used only when every
+file the capture ran or imported from the project (or from a library installed from a local path) still has the
+content hash recorded in it, and every installed distribution it loaded is still installed at the recorded version
+(graphlint.libraries). Unreadable or corrupt cache files are ignored; writing the cache never fails a run. Files
+the model reads with open() are not tracked: use --no-cache after changing them.
 """
 
 from __future__ import annotations

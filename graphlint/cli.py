@@ -498,12 +498,12 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 def _memory(args: argparse.Namespace) -> int:
+    # Nothing on this path imports torch unless a target has to be measured: an estimate from the cache never does.
     import json
 
-    import torch
-
-    from graphlint.memory.step import OPTIMIZERS
+    from graphlint.memory.choices import OPTIMIZERS
     from graphlint.memory.text import render_memory_text
+    from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.sizes import parse_bytes
 
@@ -528,11 +528,10 @@ def _memory(args: argparse.Namespace) -> int:
     targets, base = _picked(args, project, config, list(args.targets))
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
-    # This process runs no CPU op, so its children may measure CPU kernels with its threads, as a step run here would.
-    threads = torch.get_num_threads()
+    # Children measure CPU kernels with the threads torch gives the warm parent, as a step run here would.
     answers = session.memory(targets, optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast,
                              device=device, device_memory=device_memory, release_output=args.release_output,
-                             distribution=distribution, threads=threads, **sizes)
+                             distribution=distribution, threads=PARENT_THREADS, **sizes)
     results, failed = [], False
     for result, estimate in answers:
         for error in result.errors:
@@ -567,7 +566,7 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
         raise UsageError("--bucket-cap-mb applies only with --ddp N")
     if args.fsdp is None and args.ddp is None:
         return ()
-    from graphlint.memory.distributed import DDP_BUCKET_MB
+    from graphlint.memory.choices import DDP_BUCKET_MB
 
     if args.ddp is not None:
         cap = DDP_BUCKET_MB
@@ -589,10 +588,10 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from graphlint.engine import load_rules, rule_origin
+    from graphlint.engine import listed_rules, rule_origin
     from graphlint.rule import rule_reference
 
-    rules = load_rules()
+    rules = listed_rules()  # the built-in rules read from their source: no torch
     if args.format == "markdown":
         sys.stdout.write(rule_reference(rules))
         return EXIT_CLEAN
@@ -606,11 +605,11 @@ def _rules(args: argparse.Namespace) -> int:
 
 
 def _rule(args: argparse.Namespace) -> int:
-    from graphlint.engine import load_rules, rule_by_id
+    from graphlint.engine import listed_rules, rule_by_id
 
     rule = rule_by_id(args.rule_id)
     if rule is None:
-        known = ", ".join(r.id for r in load_rules())
+        known = ", ".join(r.id for r in listed_rules())
         raise UsageError(f"no rule {args.rule_id!r}; the rules are {known} (graphlint rules lists them)")
     sys.stdout.write(rule.docs_text(with_examples=True))
     return EXIT_CLEAN

@@ -8,13 +8,16 @@ import importlib
 import pkgutil
 import traceback
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from graphlint import plugins
-from graphlint.capture import Capture
+from graphlint import catalog, plugins
 from graphlint.errors import UsageError, one_line
-from graphlint.locate.place import Locator
 from graphlint.results import Finding, TargetError
 from graphlint.rule import Rule, anatomy_problems
+
+if TYPE_CHECKING:  # listing the rules imports neither: they import torch
+    from graphlint.capture import Capture
+    from graphlint.locate.place import Locator
 
 
 def load_rules() -> tuple[type[Rule], ...]:
@@ -24,14 +27,21 @@ def load_rules() -> tuple[type[Rule], ...]:
     return tuple(rule for rule, _ in _loaded())
 
 
+def listed_rules() -> tuple[type[Rule], ...]:
+    """Every rule as `load_rules` gives it, for what reads only their metadata (`graphlint rules`, `graphlint rule
+    ID`, a session's rule list): the built-in rules are read from their source (graphlint.catalog), so that
+    listing them imports no torch; the plugins' are imported, with the same errors."""
+    return tuple(rule for rule, _ in _listed())
+
+
 def builtin_rules() -> tuple[type[Rule], ...]:
-    """graphlint's own rules, by ID: the ones its generated references document."""
-    return tuple(rule for rule, origin in _loaded() if not origin)
+    """graphlint's own rules, by ID: the ones its generated references document (read from their source)."""
+    return tuple(rule for rule, origin in _listed() if not origin)
 
 
 def rule_origin(rule: type[Rule]) -> str:
     """The distribution a plugin's rule comes from (`graphlint-extra-rules 0.1`); empty for a built-in rule."""
-    return next((origin for loaded, origin in _loaded() if loaded is rule), "")
+    return next((origin for loaded, origin, _ in _plugin_rules_found() if loaded is rule), "")
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,34 +49,48 @@ def _loaded() -> tuple[tuple[type[Rule], str], ...]:
     """(rule, origin) by ID; the origin is empty for a built-in rule (an error raised here is not cached)."""
     import graphlint.rules as package
 
+    builtin = [rule for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name)
+               for rule in catalog.defined_rules(importlib.import_module(f"{package.__name__}.{info.name}"))]
+    return _with_plugins(builtin)
+
+
+@functools.lru_cache(maxsize=1)
+def _listed() -> tuple[tuple[type[Rule], str], ...]:
+    return _with_plugins(catalog.builtin_rules())
+
+
+def _with_plugins(builtin: list[type[Rule]]) -> tuple[tuple[type[Rule], str], ...]:
+    """The built-in rules, checked, and the plugins' beside them, by ID."""
     found: dict[str, tuple[type[Rule], str]] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        for value in _defined_rules(importlib.import_module(f"{package.__name__}.{info.name}")):
-            problems = anatomy_problems(value)
-            if problems:
-                raise RuntimeError(f"rule {value.__name__} in {value.__module__} is incomplete: {'; '.join(problems)}")
-            if value.id in found:
-                raise RuntimeError(f"rule ID {value.id} is used by {found[value.id][0].__name__} and {value.__name__}")
-            found[value.id] = (value, "")
+    for value in builtin:
+        problems = anatomy_problems(value)
+        if problems:
+            raise RuntimeError(f"rule {value.__name__} in {value.__module__} is incomplete: {'; '.join(problems)}")
+        if value.id in found:
+            raise RuntimeError(f"rule ID {value.id} is used by {found[value.id][0].__name__} and {value.__name__}")
+        found[value.id] = (value, "")
+    for value, origin, where in _plugin_rules_found():
+        if value.id in found and found[value.id][0] is not value:
+            other, origin_before = found[value.id]
+            owner = f"the rule plugin {origin_before}" if origin_before else "graphlint's built-in rule"
+            raise UsageError(f"{where} uses the ID {value.id}, which {owner} {other.__module__}.{other.__qualname__} "
+                             f"({other.name}) has; a plugin's rules need IDs of their own")
+        found[value.id] = (value, origin)
+    return tuple(found[rule_id] for rule_id in sorted(found))
+
+
+@functools.lru_cache(maxsize=1)
+def _plugin_rules_found() -> tuple[tuple[type[Rule], str, str], ...]:
+    """(rule, its distribution, how an error names it) of every plugin's rule, each checked for its anatomy."""
+    found = []
     for entry in plugins.entry_points():
         for value in _plugin_rules(entry):
             where = f"rule {value.__module__}.{value.__qualname__} of the {plugins.described(entry)}"
             problems = anatomy_problems(value)
             if problems:
                 raise UsageError(f"{where} is incomplete: {'; '.join(problems)}")
-            if value.id in found and found[value.id][0] is not value:
-                other, origin = found[value.id]
-                owner = f"the rule plugin {origin}" if origin else "graphlint's built-in rule"
-                raise UsageError(f"{where} uses the ID {value.id}, which {owner} {other.__module__}.{other.__qualname__} "
-                                 f"({other.name}) has; a plugin's rules need IDs of their own")
-            found[value.id] = (value, plugins.distribution(entry))
-    return tuple(found[rule_id] for rule_id in sorted(found))
-
-
-def _defined_rules(module: ModuleType) -> list[type[Rule]]:
-    """The Rule subclasses a module defines (not those it imports)."""
-    return [value for value in vars(module).values()
-            if isinstance(value, type) and issubclass(value, Rule) and value.__module__ == module.__name__]
+            found.append((value, plugins.distribution(entry), where))
+    return tuple(found)
 
 
 def _plugin_rules(entry) -> list[type[Rule]]:
@@ -75,7 +99,7 @@ def _plugin_rules(entry) -> list[type[Rule]]:
         loaded = entry.load()
     except Exception as error:  # the plugin's own failure, in one line: it is not graphlint's to show a traceback of
         raise UsageError(f"the rule plugin {plugins.described(entry)} cannot be imported: {one_line(error)}") from None
-    rules = _defined_rules(loaded) if isinstance(loaded, ModuleType) else (
+    rules = catalog.defined_rules(loaded) if isinstance(loaded, ModuleType) else (
         [loaded] if isinstance(loaded, type) and issubclass(loaded, Rule) and loaded is not Rule else [])
     if not rules:
         raise UsageError(f"the rule plugin {plugins.described(entry)} names neither a module that defines a "
@@ -84,7 +108,8 @@ def _plugin_rules(entry) -> list[type[Rule]]:
 
 
 def rule_by_id(rule_id: str) -> type[Rule] | None:
-    return next((rule for rule in load_rules() if rule.id == rule_id.upper()), None)
+    """The rule with this ID (any case), as `listed_rules` gives it; None when there is none."""
+    return next((rule for rule in listed_rules() if rule.id == rule_id.upper()), None)
 
 
 def run_rules(

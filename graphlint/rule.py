@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 from collections.abc import Callable, Iterable, Mapping
 
-from torch import fx
-
-from graphlint.capture.contract import facts
-from graphlint.capture.frames import Frame
 from graphlint.results import Severity
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a rule's metadata is read without torch (graphlint.catalog); its problems are made with it
+    from torch import fx
+
+    from graphlint.capture.frames import Frame
     from graphlint.rewrite.contract import Fixer, FixSite, Rewrite
 
 # The generated rule reference (docs/rules.md) as published; pyproject.toml's [project.urls] Documentation.
@@ -144,6 +143,8 @@ class Problem:
 
     @property
     def where(self) -> str:
+        from graphlint.capture.contract import facts
+
         return facts(self.node).module_path if self.node is not None else self.module_path
 
 

@@ -38,7 +38,7 @@ from graphlint.project import Project
 from graphlint.results import Finding, Report, RuleInfo, TargetError, TargetResult
 from graphlint.run.heap import long_lived
 from graphlint.selection import select
-from graphlint.target import TargetSpec, add_target_folders, target_vary
+from graphlint.target import TargetSpec, add_target_folders, refused_before_import, target_vary
 
 if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing and the fix stage are not free
     from graphlint.fix.apply import FixPlan
@@ -164,7 +164,12 @@ class Session:
                 continue
             cached = self._cached(text)
             if cached is None:
-                misses.append(text)
+                refused = self._refused(text)
+                if refused is None:
+                    misses.append(text)
+                else:
+                    self.runner.answer(self, text, refused)
+                    self._tell(text, "done", result=refused, seconds=0.0)
                 continue
             self.runner.answer(self, text, cached)  # and a stale lint of it, waiting or running, is dropped
             self._tell(text, "cached", result=cached)
@@ -199,11 +204,31 @@ class Session:
         found = self.cache.load_report(self._keys[text])
         return None if found is None else Reported(*found)
 
+    def _refused(self, text: Item) -> TargetResult | Reported | None:
+        """The answer of a target whose file shows that it cannot load, as its child would have said it: a path or
+        a name mistyped needs no child, and no torch (graphlint.target.refused_before_import)."""
+        from graphlint.run.wire import MemoryJob, Reported
+
+        target, base = (text, self.base) if isinstance(text, str) else (text.target, Path(text.base))
+        try:
+            message = refused_before_import(TargetSpec.parse(target, base))
+        except GraphlintError:
+            return None  # a target that does not parse is the child's error, as before
+        if message is None:
+            return None
+        stage = None if isinstance(text, MemoryJob) else "import"  # a memory child names no stage of a failed load
+        result = TargetResult(target=target, errors=[TargetError(target, message, stage=stage)])
+        return result if isinstance(text, str) else Reported(result)
+
     def _key(self, text: Item) -> str:
         if not isinstance(text, str):
             # Every field of the job changes the answer but --debug, and the first-party folders, which as in a
             # lint's key follow from the root and the targets (a run of several targets adds each one's folder).
+            from graphlint.run.wire import PARENT_THREADS, thread_settings
+
             fields = {k: v for k, v in dataclasses.asdict(text).items() if k not in ("debug", "first_party_folders")}
+            if fields.get("threads") == PARENT_THREADS:  # the count torch will give the warm parent, by what it follows
+                fields["threads"] = thread_settings()
             return self.cache.job_key(type(text).__name__, fields)
         return self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
                               target_vary(text, self.config.vary), self.config.memory_budget, self.rule_tags)
@@ -521,9 +546,9 @@ def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
     infos = cache.rule_infos() if cache is not None else None
     if infos is None:
         with long_lived():
-            from graphlint.engine import load_rules  # imports the rules, and torch with them
+            from graphlint.engine import listed_rules  # built-in rules read from their source: no torch
 
-            infos = tuple(RuleInfo.of(rule) for rule in load_rules())
+            infos = tuple(RuleInfo.of(rule) for rule in listed_rules())
         if cache is not None:
             cache.store_rule_infos(infos)
     return infos

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from graphlint.memory.choices import DDP_BUCKET_MB
 from graphlint.memory.estimate import repeated_children
 from graphlint.memory.step import Block, _Tracker, closure_tensors_replaced
 
@@ -41,7 +42,6 @@ _FSDP_ROLES = {
     "foreach_reduce_scatter_copy_in": "reduce-scatter buffer",
 }
 _FSDP_FOLDER = "_fully_shard"
-DDP_BUCKET_MB = 25  # DistributedDataParallel's bucket_cap_mb default
 
 
 @dataclass

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphlint.graph.categories import categorize
-from graphlint.memory.step import KINDS, PHASES, Block, StepTrace, describe_block
+
+if TYPE_CHECKING:  # an estimate from the result cache is rendered without the step's recorder, and without torch
+    from graphlint.memory.step import Block, StepTrace
 
 TOP_ALIVE = 10
 
@@ -100,6 +103,8 @@ class MemoryEstimate:
 
 def estimate(trace: StepTrace, target: str = "model") -> MemoryEstimate:
     """The peak of the step and its breakdown."""
+    from graphlint.memory.step import KINDS, describe_block
+
     deltas: list[tuple[int, int, Block]] = []  # (event, +bytes or -bytes, block)
     alive = dict.fromkeys(KINDS, 0)
     for block in trace.blocks:
@@ -173,6 +178,8 @@ def _alive_at(block: Block, event: float) -> bool:
 
 
 def _phase_at(trace: StepTrace, event: int) -> str:
+    from graphlint.memory.step import PHASES
+
     phase = "forward"
     for name in PHASES:
         start = trace.phase_starts.get(name)

@@ -24,7 +24,6 @@ from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
 from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
 TRAIN_DEVICES = ("cuda", "cpu")
 # The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.

@@ -16,7 +16,8 @@ from graphlint.errors import one_line
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
-from graphlint.run.wire import GraphJob, Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Reported, Stage
+from graphlint.run.wire import (PARENT_THREADS, GraphJob, Job, Launch, LintJob, Linted, MemoryJob, Partial, ProofJob,
+                                Proved, Reported, Stage)
 from graphlint.target import script_name
 
 
@@ -29,9 +30,11 @@ def child_main(job: Job, launch: Launch, connection) -> None:
         except OSError:
             pass
     os.dup2(2, 1)  # everything the model prints, Python or native, goes to stderr: stdout carries the report
+    parent_threads = None
     if launch.single_threaded:
         import torch
 
+        parent_threads = torch.get_num_threads()  # what a memory job measures CPU kernels with (PARENT_THREADS)
         torch.set_num_threads(1)  # the parent's OpenMP pool did not survive the fork (see graphlint.run.parent)
     if isinstance(job, ProofJob):
         connection.send(_prove(job))
@@ -41,11 +44,20 @@ def child_main(job: Job, launch: Launch, connection) -> None:
     else:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
 
+        if isinstance(job, MemoryJob) and job.threads == PARENT_THREADS:
+            job = dataclasses.replace(job, threads=parent_threads or _threads())
         run = graph_report if isinstance(job, GraphJob) else memory_estimate
         answer, imported = _target_job(job.target, connection, lambda: run(job))
         answer = answer if isinstance(answer, Reported) else Reported(answer)
         connection.send(dataclasses.replace(answer, imported=imported))
     connection.close()
+
+
+def _threads() -> int:
+    """This process's thread count: a spawned child's is what torch gives a new process, as the warm parent's."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[object, tuple[str, ...]]:

@@ -11,6 +11,7 @@ last stage it saw. A lint job that asks for it (`LintJob.partial`, the language 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,8 +122,9 @@ class MemoryJob:
     # FSDP or DDP; (): the step of one device
     distribution: tuple[tuple[str, object], ...] = ()
     # The threads CPU kernels are measured with (graphlint.memory.kernels.probe_threads); None: the child's, one in
-    # a forked child (graphlint.run.parent), since a parent that ran parallel CPU work would hang it with more.
-    threads: int | None = None
+    # a forked child (graphlint.run.parent), since a parent that ran parallel CPU work would hang it with more;
+    # PARENT_THREADS: as many as torch gives the warm parent, read in the child (the command imports no torch).
+    threads: int | str | None = None
     debug: bool = False
 
     @classmethod
@@ -135,6 +137,20 @@ class MemoryJob:
 
 
 Job = LintJob | ProofJob | GraphJob | MemoryJob
+
+# MemoryJob.threads: the warm parent's thread count, which torch sets at its import from what `thread_settings` reads.
+PARENT_THREADS = "parent"
+
+
+def thread_settings() -> dict[str, object]:
+    """What torch's thread count in a new process follows (the OpenMP and MKL variables, the CPUs and those this
+    process may run on), read without torch: a memory job's key in place of PARENT_THREADS."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        usable = None
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+            "cpus": os.cpu_count(), "usable": usable}
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ The package follows those concerns: `spec.py` the target's text, `importing.py` 
 
 from graphlint.target.built import Target, normalize_factory_result
 from graphlint.target.importing import (LoadedTarget, add_target_folders, importable, load_factory, package_of,
-                                        search_path)
+                                        refused_before_import, search_path)
 from graphlint.target.spec import TargetSpec, VARY, parse_init, parse_vary, script_name, target_text, target_vary
 
 __all__ = [
     "LoadedTarget", "Target", "TargetSpec", "VARY", "add_target_folders", "importable", "load_factory",
-    "normalize_factory_result", "package_of", "parse_init", "parse_vary", "script_name", "search_path",
+    "normalize_factory_result", "package_of", "parse_init", "parse_vary", "refused_before_import", "script_name",
+    "search_path",
     "target_text", "target_vary",
 ]

@@ -3,11 +3,13 @@ errors of an import that fails; `load_factory` fetches the factory from it."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +48,76 @@ def load_factory(spec: TargetSpec, pythonpath: tuple[Path, ...] | list[Path] = (
         _IMPORT_SWITCHES.setdefault(key, tuple(watching.switches))
     found = getattr(module, spec.name, None)
     if found is None:
-        raise TargetFailure(f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns "
-                            "(model, args), or name a model class")
+        raise TargetFailure(_missing(spec))
     if not callable(found):
         raise TargetFailure(f"{_where(spec)}: {spec.name!r} is {describe_value(found)}, not a function; "
                             "make it a function that returns (model, args), or a model class")
     return LoadedTarget(spec, Builder(spec, found), _IMPORT_SWITCHES.get(key, ()))
+
+
+def refused_before_import(spec: TargetSpec) -> str | None:
+    """The failure `load_factory` would report that a file target's source shows without importing it (and
+    torch with it): the file does not exist or is no .py file, or NAME appears nowhere in it and nothing in it
+    could bind a name it does not spell (a star import, a module `__getattr__`, writes to the module's namespace
+    through `globals()`, `setattr`, `exec`, `sys.modules`...). None when only the import can tell, and for a
+    module target (finding its file imports its packages)."""
+    path = spec.file
+    if path is None:
+        return None
+    if not path.exists():
+        return f"file {display_path(str(path))} does not exist; check the path before ':'"
+    if path.suffix != ".py":
+        return f"{display_path(str(path))} is not a .py file"
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (SyntaxError, ValueError, OSError):
+        return None  # the import says what is wrong with it
+    if spec.name in _spelled(tree) or _SPELLED_DYNAMICALLY & _spelled(tree):
+        return None
+    return _missing(spec)
+
+
+# Names through which a module can bind a name its source does not spell.
+_SPELLED_DYNAMICALLY = frozenset({"*", "__getattr__", "__dict__", "globals", "locals", "vars", "setattr", "exec",
+                                  "eval", "__import__", "sys.modules"})
+
+
+def _spelled(tree: ast.Module) -> set[str]:
+    """Every name the source spells: identifiers, attributes, imported names, and the words of its strings."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id == "sys" and node.attr == "modules":
+                names.add("sys.modules")
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "modules" for a in node.names):
+            names.add("sys.modules")
+        elif isinstance(node, ast.alias):
+            names.update([node.name, *node.name.split("."), *([node.asname] if node.asname else [])])
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.update(re.findall(r"\w+", node.value))
+    return names
+
+
+def _missing(spec: TargetSpec) -> str:
+    return (f"{_where(spec)} has no {spec.name!r}; define a function {spec.name}() that returns (model, args), or "
+            "name a model class")
 
 
 def package_of(file: Path) -> tuple[Path, str] | None:
@@ -109,10 +175,8 @@ def _where(spec: TargetSpec) -> str:
 
 def _import_file(spec: TargetSpec, pythonpath: tuple[Path, ...]):
     path = spec.file
-    if not path.exists():
-        raise TargetFailure(f"file {display_path(str(path))} does not exist; check the path before ':'")
-    if path.suffix != ".py":
-        raise TargetFailure(f"{display_path(str(path))} is not a .py file")
+    if not path.exists() or path.suffix != ".py":
+        raise TargetFailure(refused_before_import(spec))
     package = package_of(path)
     if package is not None:
         return _import_packaged(spec, package[0], package[1], pythonpath)
