@@ -165,3 +165,26 @@ def frozen_encoder():
     model.patches.eval()
     model.blocks.eval()
     return graphlint.Target(model, (x,), loss=lambda out: F.cross_entropy(out, y))
+
+
+def _lm(config_name, model_name, **config):
+    import transformers
+
+    torch.manual_seed(0)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+    ids = torch.randint(0, config["vocab_size"], (4, 64))
+    return model, (), {"input_ids": ids, "labels": ids}
+
+
+def hf_gpt_neox():
+    """transformers' GPT-NeoX: rotary embeddings on a quarter of each head, the queries concatenated."""
+    return _lm("GPTNeoXConfig", "GPTNeoXForCausalLM", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+               intermediate_size=512, vocab_size=1000, max_position_embeddings=128, rotary_pct=0.25,
+               attn_implementation="sdpa")
+
+
+def hf_phi():
+    """transformers' Phi: rotary embeddings on half of each head, likewise."""
+    return _lm("PhiConfig", "PhiForCausalLM", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+               intermediate_size=512, vocab_size=1000, max_position_embeddings=128, partial_rotary_factor=0.5,
+               attn_implementation="sdpa")

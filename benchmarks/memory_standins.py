@@ -36,6 +36,8 @@ ROWS = [
     ("3 × nn.MultiheadAttention, need_weights=False", "mha_without_weights", None),
     ("3 × nn.MultiheadAttention, need_weights=True", "mha_with_weights", None),
     ("decoder, queries concatenated heads first (Phi, GPT-NeoX)", "decoder_concatenated_queries", None),
+    ("GPT-NeoX (transformers), rotary on a quarter of each head", "hf_gpt_neox", None),
+    ("Phi (transformers), rotary on half of each head", "hf_phi", None),
     ("the decoder, SDPA under non-reentrant checkpoint", "decoder_checkpointed_attention", None),
     ("the checkpointed decoder with --autocast bf16", "decoder_checkpointed_attention", "bf16"),
 ]
