@@ -26,6 +26,8 @@ from torch.overrides import TorchFunctionMode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from graphlint.memory.modes import call_inside
+
 _LSTM = 2  # oneDNN's mode number for an LSTM (aten::mkldnn_rnn_layer's `mode`)
 
 
@@ -38,7 +40,7 @@ class CpuKernelsOnMeta(TorchFunctionMode):
             return _onednn_lstm(*args)
         if func in _GENERIC and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
             return _generic_rnn(_GENERIC[func], *args)
-        return func(*args, **kwargs)
+        return call_inside(self, func, types, args, kwargs)  # active in backward too (a checkpoint's recompute)
 
 
 def _on_meta(value) -> bool:
@@ -165,6 +167,9 @@ _PROBED = {
     torch.ops.aten.binary_cross_entropy_with_logits.default: ((0, 1), ()),
     torch.ops.aten.upsample_nearest2d.default: ((0,), ()),
     torch.ops.aten.upsample_nearest2d_backward.default: ((0,), (2,)),
+    # the CPU's fused attention: per-thread blocks, and in backward a copy of a gradient laid out otherwise
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: ((0, 1, 2), ()),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: ((0, 1, 2, 3, 4, 5), ()),
 }
 SMALL_BATCH = 8  # a larger call is measured at batches 4 and 8...
 SMALL_CALL = 64 * 2**20  # ...unless its tensors take at most this many bytes: then at its own size

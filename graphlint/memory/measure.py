@@ -60,6 +60,9 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
         result = estimate(trace, text)
         result.output_held = not request.release_output
         result.notes = notes
+        result.notes.extend(f"the forward enters torch.autocast(\"{kind}\") regions, which torch switches off on "
+                            f"a machine without {kind.upper()}, so graphlint counts them in float32; --autocast bf16 "
+                            f"or fp16 counts the forward as CUDA's autocast runs it" for kind in trace.unseen_autocast)
         if request.distribution is not None:
             from graphlint.memory.distributed import describe, notes as distribution_notes
 
@@ -213,9 +216,22 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
                             "kept elsewhere (a global, an object's attribute, or flattened) keep their size: make "
                             "them in the loss from the output's shape, or pass them among the factory's inputs")
             if device == "meta":
-                raise NeedsRealValues(f"the step failed on the meta device ({one_line(error)})", failure) from error
+                raise NeedsRealValues(meta_failure(error), failure) from error
             raise TargetFailure(failure) from error
     return trace, used
+
+
+def meta_failure(error: BaseException) -> str:
+    """Why the step could not run on the meta device, for the note of the CPU run that follows. A checkpoint whose
+    recomputation differs from its forward there differs because of the meta device or graphlint's stand-ins for
+    the kernels it lacks (on CPU it recomputes as it ran): torch's message, which suspects the model's code of
+    nondeterminism, is not repeated."""
+    from torch.utils.checkpoint import CheckpointError
+
+    if isinstance(error, CheckpointError):
+        return ("graphlint's run of the step on the meta device recomputed a checkpointed region differently from "
+                "its forward (a limit of graphlint's meta-device run, not of the model's code)")
+    return f"the step failed on the meta device ({one_line(error)})"
 
 
 def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:

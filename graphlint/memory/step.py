@@ -11,6 +11,7 @@ made, and the optimizer's temporaries are those of torch.optim's implementation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
 from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta
+from graphlint.memory.modes import call_inside
 
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
 TRAIN_DEVICES = ("cuda", "cpu")
@@ -62,6 +64,8 @@ class StepTrace:
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
     module_inputs: dict[str, int] = field(default_factory=dict)  # module path -> bytes of its first call's inputs
     roles: dict[int, str] = field(default_factory=dict)  # id(block) -> what distribution makes of it (FSDP, DDP)
+    # devices whose torch.autocast regions the forward entered and torch switched off here (no CUDA on this machine)
+    unseen_autocast: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -127,12 +131,17 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     kernels = CpuKernelsOnMeta() if on_cpu else contextlib.nullcontext()
     # inside the tracker, so that the kernels' own allocations are tracked
     memory = CpuKernelMemory() if on_cpu else contextlib.nullcontext()
-    with compiled_code_eager(), _FusedAttentionOnMeta(train_on), kernels, tracker, memory:
+    regions = _Autocast(None, train_on)  # the model's own torch.autocast(train_on) regions, which meta ignores
+    forced = _Autocast(autocast, "cuda") if autocast is not None else None
+    unseen: list[str] = []
+    with (compiled_code_eager(), _FusedAttentionOnMeta(train_on), regions, kernels, tracker, memory,
+          forced or _cuda_autocast_watched(train_on, unseen)):
         tracker.phase("forward")
-        with _Autocast(autocast) if autocast is not None else contextlib.nullcontext():
-            output = model(*args, **kwargs)
-            tracker.phase("loss")
-            loss = choose_loss(output, loss_fn)
+        output = model(*args, **kwargs)
+        tracker.phase("loss")
+        loss = choose_loss(output, loss_fn)
+        if forced is not None:
+            forced.end_forward()
         if release_output:
             output = None
         if loss is not None:
@@ -152,7 +161,30 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
-                     getattr(tracker, "roles", {}))
+                     getattr(tracker, "roles", {}), sorted(set(unseen)))
+
+
+@contextlib.contextmanager
+def _cuda_autocast_watched(train_on: str, seen: list[str]):
+    """For a step meant for CUDA on a machine without it: notes in `seen` each `torch.autocast("cuda")` the model
+    enters, which torch switches off here (it asks `amp_definitely_not_available`, watched, its answer unchanged),
+    so that the report can say its regions ran in float32."""
+    if train_on != "cuda" or torch.cuda.is_available():
+        yield
+        return
+    import torch.cuda.amp.common as common
+
+    original = common.amp_definitely_not_available
+
+    def watched():
+        seen.append("cuda")
+        return original()
+
+    common.amp_definitely_not_available = watched
+    try:
+        yield
+    finally:
+        common.amp_definitely_not_available = original
 
 
 def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:
@@ -337,39 +369,86 @@ _FLOAT32 = {
 } | ({F.rms_norm} if hasattr(F, "rms_norm") else set())
 
 
-class _Autocast(TorchFunctionMode):
-    """torch.autocast for a device the step does not run on (on meta, torch's own autocast does nothing): the
-    calls of CUDA's lower-precision list get their float32 tensors cast to `dtype`, those of its float32 list
-    get lower-precision tensors cast up, and a parameter's cast is made once and reused, as autocast caches it."""
+# CPU autocast's policies (aten's AutocastCPU kernels), checked against torch.autocast("cpu") on CPU tensors in
+# tests/test_memory_standins.py: matrix products and convolutions run in the lower precision; softmax, the norms
+# and the pointwise ops do not change dtype, unlike CUDA's...
+_CPU_LOWER = {
+    F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.mm,
+    torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm,
+    torch.addbmm, torch.linalg.multi_dot, torch.chain_matmul, torch.einsum, F.conv1d, F.conv2d, F.conv3d,
+    F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.scaled_dot_product_attention, F.prelu,
+}
+# ...and the losses and a few reductions in float32.
+_CPU_FLOAT32 = {
+    F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.binary_cross_entropy,
+    F.binary_cross_entropy_with_logits, F.kl_div, F.cosine_embedding_loss, F.margin_ranking_loss,
+    F.hinge_embedding_loss, F.soft_margin_loss, F.multilabel_margin_loss, F.multi_margin_loss, F.triplet_margin_loss,
+    F.poisson_nll_loss, torch.prod, torch.Tensor.prod, torch.cdist, F.avg_pool3d,
+}
+POLICIES = {"cuda": (_LOWER, _FLOAT32), "cpu": (_CPU_LOWER, _CPU_FLOAT32)}
 
-    def __init__(self, dtype: torch.dtype) -> None:
+
+class _Autocast(TorchFunctionMode):
+    """torch.autocast where torch's own does nothing: on meta tensors (autocast casts only tensors of its own
+    device, and a meta tensor is on none), or for a device the step does not run on. The calls of the device's
+    lower-precision list get their float32 tensors cast to the dtype, those of its float32 list get
+    lower-precision tensors cast up, and a leaf that needs a gradient (a parameter) is cast once and the copy
+    reused until the region ends, as autocast caches it.
+
+    With `dtype`, always (`--autocast`, CUDA's policy); with None, only inside the model's own
+    `torch.autocast(device)` regions, with their dtype, and only on meta tensors (on CPU torch casts itself)."""
+
+    def __init__(self, dtype: torch.dtype | None, device: str) -> None:
         super().__init__()
         self.dtype = dtype
+        self.device = device
+        self.lower, self.float32 = POLICIES.get(device, POLICIES["cuda"])
         self._cache: dict[int, torch.Tensor] = {}
+        self._forward_ended = False
 
     def __exit__(self, *exc):
         self._cache.clear()  # autocast drops its cache when the region ends; what autograd kept stays
         return super().__exit__(*exc)
 
+    def end_forward(self) -> None:
+        """The `--autocast` region (forward and loss) is over; from here on only what a checkpoint recomputes
+        in backward (with grad enabled, where backward's own formulas run without) runs under it, as
+        torch.utils.checkpoint restores the forward's autocast for its recomputation."""
+        self._cache.clear()
+        self._forward_ended = True
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _LOWER:
-            cast = self._lower
-        elif func in _FLOAT32:
+        dtype = self.dtype
+        if dtype is not None and self._forward_ended and not torch.is_grad_enabled():
+            return call_inside(self, func, types, args, kwargs)
+        if dtype is None:
+            if not torch.is_autocast_enabled(self.device):
+                self._cache.clear()  # outside the model's regions: the last one has ended
+                return call_inside(self, func, types, args, kwargs)
+            if not any(isinstance(t, torch.Tensor) and t.device.type == "meta"
+                       for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+                return call_inside(self, func, types, args, kwargs)
+            dtype = torch.get_autocast_dtype(self.device)
+        if func in self.lower:
+            cast = functools.partial(self._lower, dtype)
+        elif func in self.float32:
             cast = self._float32
         else:
-            return func(*args, **kwargs)
+            return call_inside(self, func, types, args, kwargs)
         args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
-        return func(*args, **kwargs)
+        return func(*args, **kwargs)  # the calls inside a listed op are not cast again, as under autocast
 
-    def _lower(self, value):
+    def _lower(self, dtype, value):
         if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
             return value
-        if isinstance(value, torch.nn.Parameter) and value.requires_grad:
+        # in backward (a checkpoint's recomputation, each its own region) nothing is kept across regions
+        if (value.is_leaf and value.requires_grad and not value._is_view() and torch.is_autocast_cache_enabled()
+                and not self._forward_ended and torch._C._current_autograd_node() is None):
             if id(value) not in self._cache:
-                self._cache[id(value)] = value.to(self.dtype)
+                self._cache[id(value)] = value.to(dtype)
             return self._cache[id(value)]
-        return value.to(self.dtype)
+        return value.to(dtype)
 
     def _float32(self, value):
         if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
@@ -380,9 +459,11 @@ class _Autocast(TorchFunctionMode):
 class _FusedAttentionOnMeta(TorchFunctionMode):
     """On the meta device `F.scaled_dot_product_attention` has no fused kernel and runs as matmuls and a softmax
     that keep the B×H×T×T probabilities; a GPU (and a CPU) runs a fused kernel that keeps only its inputs, output
-    and log-sum-exp. On meta the call goes to the memory-efficient kernel's meta implementation, which keeps
-    what that kernel keeps. For a step meant for the CPU, attention with dropout stays as it is: torch's CPU
-    kernel takes no dropout and runs the unfused form."""
+    and log-sum-exp. On meta the call goes to the fused kernel's own meta function, which keeps what that kernel
+    keeps and returns its layout: for CUDA the memory-efficient kernel's; for a step meant for the CPU, the CPU's
+    flash kernel wherever torch's CPU choice (asked of the CPU itself) takes it, else (dropout, for one) the
+    unfused form, as on a real CPU. The mode stays active inside the calls it passes on (modes.call_inside), so
+    it sees the attention inside `nn.MultiheadAttention` and in what backward recomputes for a checkpoint."""
 
     def __init__(self, train_on: str) -> None:
         super().__init__()
@@ -390,16 +471,51 @@ class _FusedAttentionOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta"
-                and not (self.train_on == "cpu" and _dropout(args, kwargs) > 0)):
-            fused = _efficient_attention(*args, **kwargs)
+        if func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta":
+            if self.train_on == "cpu":
+                fused = _cpu_flash_attention(*args, **kwargs)
+            else:
+                fused = _efficient_attention(*args, **kwargs)
             if fused is not None:
                 return fused
-        return func(*args, **kwargs)
+        return call_inside(self, func, types, args, kwargs)
 
 
-def _dropout(args: tuple, kwargs: dict) -> float:
-    return kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+_FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION's value, as torch._fused_sdp_choice returns it
+
+
+def _cpu_flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """The CPU's fused kernel on meta tensors, where the CPU would choose it: torch's CPU choice is asked with
+    tensors of one batch and two positions, of the call's heads, head size, dtypes and last-dimension layout (what
+    the choice reads), so the user's switches (`sdpa_kernel`, `enable_flash_sdp`) count too."""
+    def small(tensor):
+        batch, heads, positions, size = tensor.shape
+        shape = (1, heads, min(2, positions), size)
+        if tensor.stride(-1) == 1:
+            return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+        return torch.empty((*shape, 2), dtype=tensor.dtype, device="cpu")[..., 0]
+
+    if any(not isinstance(t, torch.Tensor) or t.dim() != 4 for t in (query, key, value)):
+        return None
+    mask = None
+    if attn_mask is not None:
+        mask = torch.empty([1] * (attn_mask.dim() - 2) + [min(2, n) for n in attn_mask.shape[-2:]],
+                           dtype=attn_mask.dtype, device="cpu")
+    try:
+        with torch._C.DisableTorchFunction():
+            choice = torch._fused_sdp_choice(small(query), small(key), small(value), mask, dropout_p, is_causal,
+                                             scale=scale, enable_gqa=enable_gqa)
+    except Exception:  # arguments the CPU's choice refuses: the call runs as it is, and fails as it would
+        return None
+    if choice != _FLASH:
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # As torch does before the kernel: a boolean mask becomes an additive one of the query's dtype.
+        attn_mask = torch.where(attn_mask, torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device),
+                                torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=query.device))
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
 def _efficient_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
