@@ -4,6 +4,7 @@ the real model), their bytes, phases and source lines, and what they cost on a d
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from graphlint.timing.devices import ACCELERATORS, CpuPeaks, accelerator
 from graphlint.timing.measure import record_step
 from graphlint.timing.record import OpRecord, OpRecorder, flop_counter_mapping
 from graphlint.timing.roofline import op_seconds, price
-from conftest import write
+from conftest import run_graphlint, write
 
 MODELS = """
 import torch
@@ -260,3 +261,66 @@ def test_every_accelerator_names_its_source_and_has_the_dtypes():
         assert device.source and device.bandwidth > 0
         assert {"fp32", "tf32", "bf16", "fp16"} <= set(device.peaks)
     assert accelerator("h100-sxm") is ACCELERATORS["h100"] and accelerator("nope") is None
+
+
+@pytest.mark.cli
+def test_the_command_reports_flops_and_seconds_on_a_named_gpu(models, tmp_path):
+    done = run_graphlint("time", f"{models}:attention", "--gpu", "H100", "--format", "json", "--no-cache",
+                         cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [step] = report["targets"]
+    records, _ = record_step(f"{models}:attention", models.parent, Request())
+    assert report["flops"] == step["flops"] == sum(r.flops for r in records) > 0
+    assert report["seconds"] == step["seconds"] == pytest.approx(price(records, accelerator("h100")).seconds)
+    assert step["device"] == "NVIDIA H100 SXM5 80GB" and "datasheet" in step["device_source"]
+    assert sum(phase["seconds"] for phase in step["phases"].values()) == pytest.approx(step["seconds"])
+    assert step["lines"][0]["file"] == str(models) and 0 < step["mfu"] < 1
+    text = run_graphlint("time", f"{models}:attention", "--gpu", "h100", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "per training step on NVIDIA H100 SXM5 80GB" in text.stdout
+    assert "forward" in text.stdout and "backward" in text.stdout and "optimizer" in text.stdout
+    assert "implied MFU" in text.stdout and "memory-bound ops take" in text.stdout
+    assert "y = F.scaled_dot_product_attention(q" in text.stdout  # a line that takes time, its code cut short
+
+
+@pytest.mark.cli
+def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
+    cache = tmp_path / "cache"
+    first = run_graphlint("time", f"{models}:mlp", "--device", "cpu", "--format", "json", "--no-cache",
+                          cwd=tmp_path, env={"XDG_CACHE_HOME": str(cache)})
+    assert first.returncode == 0, first.stderr
+    [measured] = list((cache / "graphlint" / "cpu-peaks").iterdir())
+    peaks = json.loads(measured.read_text())
+    assert set(peaks["matmul"]) == {"float32", "bfloat16", "float16"} and peaks["launch"] > 0
+    [step] = json.loads(first.stdout)["targets"]
+    assert step["train_on"] == "cpu" and step["seconds"] > 0 and "measured on this machine" in step["device_source"]
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("options, says", [
+    (["--gpu", "H900"], "unknown GPU 'H900'; the known ones are h100, h200, a100, l4, rtx4090, mi300x"),
+    ([], "name the device to price the step on: --gpu NAME"),
+    (["--gpu", "h100", "--device", "cpu"], "pass one of them"),
+    (["--gpu", "h100", "--batch", "0"], "--batch must be a whole number of 1 or more"),
+    (["--gpu", "h100", "--optimizer", "lion"], "unknown optimizer 'lion'"),
+])
+def test_bad_input_is_one_line_and_exit_2(models, tmp_path, options, says):
+    done = run_graphlint("time", f"{models}:mlp", *options, cwd=tmp_path)
+    assert done.returncode == 2
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1 and not done.stdout
+
+
+@pytest.mark.cli
+def test_a_target_that_fails_is_one_line_and_exit_2(tmp_path):
+    write(tmp_path, "broken.py", """
+        import torch
+        from torch import nn
+
+
+        def make():
+            return nn.Linear(4, 4), (torch.randn(2, 5),)
+    """)
+    done = run_graphlint("time", "broken.py:make", "--gpu", "a100", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "broken.py:make" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -16,7 +16,8 @@ from graphlint.errors import one_line
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
-from graphlint.run.wire import GraphJob, Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Reported, Stage
+from graphlint.run.wire import (GraphJob, Job, Launch, LintJob, Linted, Partial, ProofJob, Proved, Reported, Stage,
+                                TimeJob)
 from graphlint.target import script_name
 
 
@@ -40,8 +41,10 @@ def child_main(job: Job, launch: Launch, connection) -> None:
         connection.send(Linted(result, imported))
     else:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
+        from graphlint.run.step_time import time_estimate
 
-        run = graph_report if isinstance(job, GraphJob) else memory_estimate
+        run = graph_report if isinstance(job, GraphJob) else time_estimate if isinstance(job, TimeJob) \
+            else memory_estimate
         answer, imported = _target_job(job.target, connection, lambda: run(job))
         answer = answer if isinstance(answer, Reported) else Reported(answer)
         connection.send(dataclasses.replace(answer, imported=imported))
