@@ -236,11 +236,15 @@ def test_the_roofline_takes_the_larger_of_compute_and_transfer():
 
 
 def test_a_cpu_reads_its_measured_curves_at_the_op_size():
-    cpu = CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 100e9)]}, [(1e3, 10e9), (1e9, 20e9)], 1e-6, 5e-7)
+    launch = {"forward": 1e-6, "backward": 2e-6, "optimizer": 3e-6}
+    cpu = CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 100e9)]}, [(1e3, 10e9), (1e9, 20e9)], launch, 5e-7)
     small = OpRecord("aten.mm.default", 1000, 10, 0, "float32", "forward", False, None, None, "matmul")
-    large = OpRecord("aten.mm.default", 10**9, 10, 0, "float32", "forward", False, None, None, "matmul")
+    large = OpRecord("aten.mm.default", 10**9, 10, 0, "float32", "backward", False, None, None, "matmul")
     assert op_seconds(small, cpu)[0] == pytest.approx(1000 / 1e9 + 1e-6)
-    assert op_seconds(large, cpu)[0] == pytest.approx(10**9 / 100e9 + 1e-6)
+    assert op_seconds(large, cpu)[0] == pytest.approx(10**9 / 100e9 + 2e-6)
+    middle = OpRecord("aten.add.Tensor", 0, 10**6, 0, "float32", "optimizer", False, None, None, "memory")
+    # 10**6 bytes is half-way between 10**3 and 10**9 in log scale: 15 GB/s
+    assert op_seconds(middle, cpu) == (pytest.approx(10**6 / 15e9 + 3e-6), True)
     view = OpRecord("aten.t.default", 0, 0, 0, "float32", "forward", False, None, None, "view")
     assert op_seconds(view, cpu)[0] == 5e-7
 
@@ -292,7 +296,8 @@ def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     assert first.returncode == 0, first.stderr
     [measured] = list((cache / "graphlint" / "cpu-peaks").iterdir())
     peaks = json.loads(measured.read_text())
-    assert set(peaks["matmul"]) == {"float32", "bfloat16", "float16"} and peaks["launch"] > 0
+    assert set(peaks["matmul"]) == {"float32", "bfloat16", "float16"}
+    assert set(peaks["launch"]) == {"forward", "backward", "optimizer"} and all(peaks["launch"].values())
     [step] = json.loads(first.stdout)["targets"]
     assert step["train_on"] == "cpu" and step["seconds"] > 0 and "measured on this machine" in step["device_source"]
 
@@ -324,3 +329,22 @@ def test_a_target_that_fails_is_one_line_and_exit_2(tmp_path):
     done = run_graphlint("time", "broken.py:make", "--gpu", "a100", cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "broken.py:make" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_op_that_decomposes_is_counted_by_its_parts_and_keeps_the_earlier_ops(tmp_path):
+    # silu_backward has a composite implementation: FlopCounterMode (and the recorder) run its parts
+    path = write(tmp_path, "silu.py", """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        def silu():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.SiLU(), nn.Linear(16, 4))
+            return model, (torch.randn(2, 8),)
+    """)
+    records = _records(path, "silu")
+    assert [r.op for r in records if r.phase == "forward" and r.kind == "matmul"] == ["aten.addmm.default"] * 2
+    assert "aten.silu_backward.default" not in {r.op for r in records}
+    assert sum(r.flops for r in records) == _flop_counter(path, "silu")

@@ -88,14 +88,15 @@ def accelerator(name: str) -> Accelerator | None:
 @dataclass
 class CpuPeaks:
     """This machine's CPU, measured: achieved FLOP/s of a matrix product per dtype at several sizes (FLOPs of the
-    product -> FLOP/s), achieved copy bandwidth at several sizes (bytes moved -> bytes/s), and the time torch takes
-    to run a tiny op (a kernel's fixed cost) and a view (the dispatcher's alone)."""
+    product -> FLOP/s), achieved copy bandwidth at several sizes (bytes moved -> bytes/s), the fixed cost of one op
+    in each phase of a step (`launch`: forward, backward, optimizer; what eager PyTorch pays per op beyond its
+    arithmetic: the dispatcher, autograd's bookkeeping, the Python around it) and of a view."""
 
     label: str
     threads: int
     matmul: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     copy: list[tuple[float, float]] = field(default_factory=list)
-    launch: float = 0.0
+    launch: dict[str, float] = field(default_factory=dict)
     view: float = 0.0
 
     def flops_at(self, dtype: str, flops: float) -> float:
@@ -137,18 +138,18 @@ def cache_folder() -> Path:
 
 def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeaks:
     """This CPU's peaks for `threads` threads (default: torch's), from the cache, else measured (a few seconds)
-    and cached, keyed by the CPU's model, torch's version and the thread count."""
+    and cached, keyed by the CPU's model, torch's version, the thread count and MEASUREMENT."""
     import torch
 
     threads = threads or torch.get_num_threads()
     label = cpu_label()
-    key = hashlib.sha256(f"{label}|{torch.__version__}|{threads}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{label}|{torch.__version__}|{threads}|{MEASUREMENT}".encode()).hexdigest()[:16]
     path = (folder or cache_folder()) / f"{key}.json"
     try:
         data = json.loads(path.read_text())
         return CpuPeaks(label=data["label"], threads=data["threads"],
                         matmul={k: [tuple(p) for p in v] for k, v in data["matmul"].items()},
-                        copy=[tuple(p) for p in data["copy"]], launch=data["launch"], view=data["view"])
+                        copy=[tuple(p) for p in data["copy"]], launch=dict(data["launch"]), view=data["view"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -162,18 +163,31 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
+MEASUREMENT = 2  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
+CHAIN = 32  # tiny ops in the micro-step that measures the fixed cost per op
 
 
 def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     """Measure this CPU with `threads` threads: square matrix products per dtype at MATMUL_SIZES, copies at
-    COPY_SIZES, a tiny add and a view; each the best of several timed repeats. The thread count is given back."""
+        COPY_SIZES, a view, and the fixed cost per op of a micro-step on 4-wide tensors (CHAIN / 2 tiny Linear and
+    GELU modules, forward with autograd recording, backward, and an AdamW step over their parameters), its ops
+    counted by graphlint.timing.record as a step's are. Each is the median of repeated batches, the statistic a
+    step's time is judged by; rates are net of the fixed cost of a no-grad op. With one thread, time is the
+    thread's own CPU time, which other processes' use of the core does not lengthen. The thread count is given
+    back."""
     import torch
+
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
     try:
+        tiny = torch.ones(4)
+        view = _best(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
+        plain = _best(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
+        launch = _fixed_costs(clock, view)
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -181,37 +195,81 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
                 for n in MATMUL_SIZES:
                     a = torch.randn(n, n).to(dtype)
                     b = torch.randn(n, n).to(dtype)
-                    seconds = _best(lambda a=a, b=b: torch.mm(a, b), budget=0.15)
-                    points.append((2.0 * n * n * n, 2.0 * n * n * n / seconds))
+                    seconds = _best(lambda a=a, b=b: torch.mm(a, b), clock, budget=0.15, median=True)
+                    points.append((2.0 * n * n * n, 2.0 * n * n * n / max(seconds - plain, seconds / 10)))
                 matmul[str(dtype).removeprefix("torch.")] = points
             copy = []
             for size in COPY_SIZES:
                 source = torch.empty(size // 8, dtype=torch.float32).fill_(1.0)
                 target = torch.empty_like(source)
-                seconds = _best(lambda s=source, t=target: t.copy_(s), budget=0.15)
-                copy.append((2.0 * source.nbytes, 2.0 * source.nbytes / seconds))
-            tiny = torch.ones(4)
-            launch = _best(lambda: torch.add(tiny, tiny), budget=0.1, median=True)
-            view = _best(lambda: tiny.view(2, 2), budget=0.1, median=True)
+                seconds = _best(lambda s=source, t=target: t.copy_(s), clock, budget=0.2, median=True)
+                copy.append((2.0 * source.nbytes, 2.0 * source.nbytes / max(seconds - plain, seconds / 10)))
     finally:
         torch.set_num_threads(previous)
     return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view)
 
 
-def _best(run, budget: float, median: bool = False) -> float:
-    """Seconds one call of `run` takes: calls batched to about a millisecond, for about `budget` seconds; the
-    fastest batch (the machine at its best), or the median batch for the fixed costs, which noise only lengthens."""
+def _fixed_costs(clock, view: float) -> dict[str, float]:
+    """Seconds per op that eager PyTorch pays beyond arithmetic in each phase (the dispatcher, autograd, the
+    modules' and the optimizer's Python), from a micro-step on 4-wide tensors: its time less its views' over the
+    ops that run a kernel, as the recorder counts them."""
+    import torch
+
+    from graphlint.timing.record import OpRecorder
+
+    layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                   for _ in range(CHAIN // 2)))
+    weights = list(layers.parameters())
+    optimizer = torch.optim.AdamW(weights, lr=1e-3, foreach=False)
+    x = torch.ones(1, 4)
+
+    def forward():
+        return layers(x).sum()
+
+    forward().backward()
+    optimizer.step()  # the state exists, as in a step after the first
+    with OpRecorder() as recorder:
+        forward().backward()
+        optimizer.step()
+    counts = {phase: [0, 0] for phase in ("forward", "backward", "optimizer")}
+    for record in recorder.records:
+        counts[record.phase][0 if record.kind != "view" else 1] += 1
+    seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
+               "backward": _backward_seconds(forward, clock),
+               "optimizer": _best(optimizer.step, clock, budget=0.1, median=True)}
+    return {phase: max(seconds[phase] - views * view, 0.0) / max(kernels, 1)
+            for phase, (kernels, views) in counts.items()}
+
+
+def _backward_seconds(forward, clock, batches: int = 15, calls: int = 20) -> float:
+    """The median over batches of the seconds one backward of `forward()`'s loss takes, the forward untimed."""
+    times = []
+    for _ in range(batches):
+        spent = 0.0
+        for _ in range(calls):
+            loss = forward()
+            start = clock()
+            loss.backward()
+            spent += clock() - start
+        times.append(spent / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _best(run, clock, budget: float, median: bool = False) -> float:
+    """Seconds one call of `run` takes on `clock`: calls batched to about a millisecond, for about `budget`
+    seconds; the median batch, or the fastest (the machine at its best)."""
     run()
-    start = time.perf_counter()
+    start = clock()
     run()
-    once = max(time.perf_counter() - start, 1e-7)
+    once = max(clock() - start, 1e-7)
     batch = max(1, int(1e-3 / once))
     times = []
     deadline = time.perf_counter() + budget
     while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 200):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(batch):
             run()
-        times.append((time.perf_counter() - start) / batch)
+        times.append((clock() - start) / batch)
     times.sort()
     return times[len(times) // 2] if median else times[0]

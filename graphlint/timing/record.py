@@ -88,20 +88,24 @@ class OpRecorder(TorchDispatchMode):
         self._visible: dict[int, tuple[object, str | None]] = {}  # id(code) -> (code, its file if the user's)
         self._boundary = None
         self._hook = None
+        self._depth = 0
 
     def __enter__(self):
-        self.records = []  # a step retried on another device starts again
-        self._phase = "forward"
-        self._lines = {}
-        self._boundary = sys._getframe(1)
-        self._hook = register_optimizer_step_pre_hook(self._optimizer_step)
+        if self._depth == 0:  # not the re-entry of a decomposition below
+            self.records = []  # a step retried on another device starts again
+            self._phase = "forward"
+            self._lines = {}
+            self._boundary = sys._getframe(1)
+            self._hook = register_optimizer_step_pre_hook(self._optimizer_step)
+        self._depth += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
-        if self._hook is not None:
+        self._depth -= 1
+        if self._depth == 0:
             self._hook.remove()
             self._hook = None
-        self._boundary = None
+            self._boundary = None
         return super().__exit__(*exc)
 
     def _optimizer_step(self, _optimizer, _args, _kwargs) -> None:

@@ -3,8 +3,8 @@
 On a GPU of the table (graphlint.timing.devices.ACCELERATORS) the peaks are the datasheet's, scaled by a share per
 op class (GPU_EFFICIENCY), and every op that runs a kernel pays one launch (GPU_LAUNCH). On this machine's CPU the
 peaks are those measured at the op's own size (a small product reaches less of the peak than a large one; a copy
-that fits in cache runs faster than one that does not), and every op pays the measured cost of a tiny op, a view
-that of a view.
+that fits in cache runs faster than one that does not), and every op pays the fixed cost measured for an op of its
+phase, a view that of a view.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
             return device.view, False
         compute = record.flops / device.flops_at(record.dtype, record.flops) if record.flops else 0.0
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
-        return max(compute, transfer) + device.launch, transfer >= compute
+        return max(compute, transfer) + device.launch[record.phase], transfer >= compute
     if record.kind == "view":
         return 0.0, False
     compute = (record.flops / (device.peak(record.dtype, record.kind) * GPU_EFFICIENCY[record.kind])
@@ -115,7 +115,7 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
         if record.recompute:
             recompute += seconds
         if record.kind != "view":
-            overhead += device.launch if isinstance(device, CpuPeaks) else GPU_LAUNCH
+            overhead += device.launch[record.phase] if isinstance(device, CpuPeaks) else GPU_LAUNCH
         elif isinstance(device, CpuPeaks):
             overhead += seconds
         if record.file is None:
