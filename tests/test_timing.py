@@ -348,3 +348,16 @@ def test_an_op_that_decomposes_is_counted_by_its_parts_and_keeps_the_earlier_ops
     assert [r.op for r in records if r.phase == "forward" and r.kind == "matmul"] == ["aten.addmm.default"] * 2
     assert "aten.silu_backward.default" not in {r.op for r in records}
     assert sum(r.flops for r in records) == _flop_counter(path, "silu")
+
+
+@pytest.mark.cli
+def test_the_answer_is_cached_under_every_option(models, tmp_path):
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--format", "json"]
+    first = run_graphlint("time", f"{models}:mlp", "--gpu", "h100", *cache, cwd=tmp_path)
+    again = run_graphlint("time", f"{models}:mlp", "--gpu", "h100", *cache, cwd=tmp_path)
+    other = run_graphlint("time", f"{models}:mlp", "--gpu", "l4", *cache, cwd=tmp_path)
+    bigger = run_graphlint("time", f"{models}:mlp", "--gpu", "h100", "--batch", "64", *cache, cwd=tmp_path)
+    assert all(done.returncode == 0 for done in (first, again, other, bigger)), other.stderr
+    assert again.stdout == first.stdout
+    assert json.loads(other.stdout)["targets"][0]["device"] == "NVIDIA L4 24GB"
+    assert json.loads(bigger.stdout)["flops"] == 8 * json.loads(first.stdout)["flops"]
