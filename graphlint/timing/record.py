@@ -27,6 +27,8 @@ from graphlint.files import is_hidden_file
 
 PHASES = ("forward", "backward", "optimizer")
 aten = torch.ops.aten
+# Autograd's next sequence number; a torch without it places backward ops at no line
+_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 # The CPU attention kernels, under the formulas of their CUDA siblings (registered already shape-wrapped).
 CPU_ATTENTION = {
@@ -124,7 +126,7 @@ class OpRecorder(TorchDispatchMode):
         if self._phase == "forward" and torch._C._current_autograd_node() is not None:
             self._phase = "backward"
         phase = self._phase
-        sequence = torch._C._autograd._get_sequence_nr() if phase == "forward" else None
+        sequence = _sequence_nr() if phase == "forward" and _sequence_nr is not None else None
         out = func(*args, **kwargs)
         formula = FLOP_FORMULAS.get(func._overloadpacket)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
