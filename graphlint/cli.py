@@ -3,6 +3,7 @@
     graphlint check [TARGET ...]     lint targets (default: [tool.graphlint] targets)
     graphlint graph [TARGET]         report one target's autograd graph (text, JSON, DOT or SVG)
     graphlint memory [TARGET ...]    the peak memory of one training step, and what it is made of
+    graphlint time [TARGET ...]      the FLOPs, bytes and seconds of one training step on a named device
     graphlint rules                  list the rules
     graphlint rule GL101             one rule's documentation and examples
     graphlint server                 a Language Server on stdio, for editors (needs the server extra)
@@ -161,6 +162,34 @@ def _parser() -> argparse.ArgumentParser:
     _process_options(memory, jobs="measure")
     memory.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
+    timing = commands.add_parser(
+        "time", help="the time of one training step on a named device",
+        description="Run one steady-state training step of each target (as graphlint memory does) under an op "
+                    "recorder, and report its FLOPs, bytes and estimated seconds on a GPU of graphlint's table or "
+                    "on this machine's CPU: a roofline per op plus a launch cost.")
+    timing.add_argument("targets", nargs="*", metavar="TARGET", help="as for check")
+    _model_options(timing)
+    timing.add_argument("--gpu", metavar="NAME",
+                        help="price the step on this accelerator: " + ", ".join(_gpu_names()))
+    timing.add_argument("--device", choices=("cpu",), default=None,
+                        help="cpu: price the step on this machine's CPU, its peaks measured once and cached")
+    timing.add_argument("--optimizer", default="adamw", metavar="NAME",
+                        help="adamw (default), adam, sgd, sgd-momentum or none")
+    timing.add_argument("--train-on", choices=("cuda", "cpu"), default=None,
+                        help="the kernels torch would choose, as for memory (default: cuda with --gpu, cpu with "
+                             "--device cpu)")
+    timing.add_argument("--autocast", choices=("bf16", "fp16"),
+                        help="run the forward and the loss under autocast to bfloat16 or float16")
+    timing.add_argument("--release-output", action="store_true", help="as for memory")
+    timing.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
+    timing.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs to T, as for memory")
+    timing.add_argument("--top", type=int, default=10, metavar="N",
+                        help="how many source lines to show (default: 10)")
+    timing.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    timing.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    _process_options(timing, jobs="time")
+    timing.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+
     listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
     listing.add_argument("--format", choices=("text", "markdown"), default="text",
                          help="markdown writes the full rule reference (docs/rules.md)")
@@ -295,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        commands = {"check": _check, "graph": _graph, "memory": _memory, "rules": _rules, "rule": _rule,
-                    "server": _server}
+        commands = {"check": _check, "graph": _graph, "memory": _memory, "time": _time, "rules": _rules,
+                    "rule": _rule, "server": _server}
         return commands[args.command](args)
     except UsageError as error:
         print(single_line(f"graphlint: error: {error}"), file=sys.stderr)
@@ -550,6 +579,69 @@ def _memory(args: argparse.Namespace) -> int:
     if device_memory is not None and any(not r.fits for r in results):
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _gpu_names() -> list[str]:
+    from graphlint.timing.devices import ACCELERATORS
+
+    return [device.name for device in ACCELERATORS.values()]
+
+
+def _time(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from graphlint.memory.step import OPTIMIZERS
+    from graphlint.session import Session
+    from graphlint.timing.devices import accelerator, cpu_label
+    from graphlint.timing.text import render_time_text
+
+    if args.gpu is not None and args.device is not None:
+        raise UsageError("--gpu and --device cpu are two devices to price the step on; pass one of them")
+    if args.gpu is None and args.device is None:
+        raise UsageError(f"name the device to price the step on: --gpu NAME ({', '.join(_gpu_names())}) or "
+                         "--device cpu (this machine)")
+    if args.gpu is not None and accelerator(args.gpu) is None:
+        raise UsageError(f"unknown GPU {args.gpu!r}; the known ones are {', '.join(_gpu_names())}")
+    if args.optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    if args.top < 1:
+        raise UsageError("--top must be 1 or more")
+    sizes = {}
+    for name in ("batch", "seq"):
+        value = getattr(args, name)
+        if value is not None:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
+            sizes[name] = int(value)
+    project = _discover(args)
+    config = project.config.overridden(timeout=args.timeout)
+    targets, base = _picked(args, project, config, list(args.targets))
+    session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
+    device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    gpu = accelerator(args.gpu).name if args.gpu is not None else None
+    train_on = args.train_on or ("cuda" if gpu is not None else "cpu")
+    # This process runs no CPU op, so its children may measure the CPU with its threads, as a step run here would.
+    threads = torch.get_num_threads()
+    answers = session.time(targets, gpu=gpu, optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
+                           release_output=args.release_output, device=device, threads=threads,
+                           cpu="" if gpu is not None else cpu_label(), **sizes)
+    results, failed = [], False
+    for result, step in answers:
+        for error in result.errors:
+            print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
+        if step is None:
+            failed = True
+        else:
+            results.append(step)
+    if args.format == "json":
+        rendered = json.dumps({"flops": sum(r.flops for r in results), "seconds": sum(r.seconds for r in results),
+                               "targets": [r.to_dict(args.top) for r in results]}, indent=2, ensure_ascii=False) + "\n"
+    else:
+        rendered = "\n".join(render_time_text(r, args.top) for r in results)
+    _write(rendered, args.output)
+    return EXIT_ERROR if failed else EXIT_CLEAN
 
 
 def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:

@@ -45,10 +45,11 @@ if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing an
     from graphlint.graph import GraphReport
     from graphlint.memory.estimate import MemoryEstimate
     from graphlint.run.parent import WarmParent
-    from graphlint.run.wire import GraphJob, Job, MemoryJob, ProofJob, Proved, Reported
+    from graphlint.run.wire import GraphJob, Job, MemoryJob, ProofJob, Proved, Reported, TimeJob
+    from graphlint.timing.roofline import StepTime
 
     # What a session is asked for: a target to lint (its text), or a graph or memory job of one target.
-    Item = str | GraphJob | MemoryJob
+    Item = str | GraphJob | MemoryJob | TimeJob
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,17 @@ class Session:
                 for target in targets]
         return [(result, None if data is None else estimate_from_wire(data)) for result, data in self.reports(jobs)]
 
-    def reports(self, jobs: list[GraphJob | MemoryJob]) -> list[tuple[TargetResult, dict | None]]:
+    def time(self, targets: list[str], **timing) -> list[tuple[TargetResult, StepTime | None]]:
+        """`graphlint time`'s estimate of each target's training step, in the order given: from the cache, else
+        timed in children of the runner, at most `Options.jobs` at once. `timing` are the fields of
+        graphlint.run.wire.TimeJob (the device, the optimizer, the input sizes...)."""
+        from graphlint.run.step_time import step_time_from_wire
+        from graphlint.run.wire import TimeJob
+
+        jobs = [TimeJob.of(target, self.base, self.project, debug=self.options.debug, **timing) for target in targets]
+        return [(result, None if data is None else step_time_from_wire(data)) for result, data in self.reports(jobs)]
+
+    def reports(self, jobs: list[GraphJob | MemoryJob | TimeJob]) -> list[tuple[TargetResult, dict | None]]:
         """Each job's result and report (plain data; None when the target failed), in the order given: from the
         cache, else run in children of the runner, within `Options.timeout` each (a child that dies or runs out
         of time is the target's error, with the stage it reached)."""

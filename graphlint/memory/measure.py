@@ -44,6 +44,7 @@ class Request:
     seq: int | None = None
     device_memory: int | None = None
     distribution: object = None  # a graphlint.memory.distributed.Distribution: the step of one rank of N
+    observer: object = None  # a context entered around the measured step only (graphlint.timing's op recorder)
 
 
 def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = ()) -> MemoryEstimate:
@@ -202,7 +203,7 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
                 else:
                     trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss,
                                            request.optimizer, request.train_on, AUTOCAST.get(request.autocast),
-                                           request.release_output)
+                                           request.release_output, observer=request.observer)
         except TargetFailure:
             raise
         except Exception as error:

@@ -95,14 +95,16 @@ def _cell_contents(cell):
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
              train_on: str = "cuda", autocast: torch.dtype | None = None,
              release_output: bool = False, tracker_class: type | None = None,
-             stepped: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepTrace:
+             stepped: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             observer: contextlib.AbstractContextManager | None = None) -> StepTrace:
     """Run the steady-state step on the model's device and return what it allocated and freed, with the
     kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
     `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
     output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
     calls it); `tracker_class`, a `_Tracker` subclass (graphlint.memory.distributed's, for sharded models);
     `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
-    (graphlint.memory.distributed's: a sharded parameter's local shard), else the parameters themselves."""
+    (graphlint.memory.distributed's: a sharded parameter's local shard), else the parameters themselves;
+    `observer`, a context entered around the measured step only, innermost (graphlint.timing's op recorder)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     updated = [stepped(p) for p in trainable] if stepped is not None else trainable
     optim = make_optimizer(optimizer, updated, foreach=train_on == "cuda")
@@ -135,7 +137,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     forced = _Autocast(autocast, "cuda") if autocast is not None else None
     unseen: list[str] = []
     with (compiled_code_eager(), _FusedAttentionOnMeta(train_on), regions, kernels, tracker, memory,
-          forced or _cuda_autocast_watched(train_on, unseen)):
+          forced or _cuda_autocast_watched(train_on, unseen), observer or contextlib.nullcontext()):
         tracker.phase("forward")
         output = model(*args, **kwargs)
         tracker.phase("loss")

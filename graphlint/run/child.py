@@ -17,7 +17,7 @@ from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
 from graphlint.run.wire import (PARENT_THREADS, GraphJob, Job, Launch, LintJob, Linted, MemoryJob, Partial, ProofJob,
-                                Proved, Reported, Stage)
+                                Proved, Reported, Stage, TimeJob)
 from graphlint.target import script_name
 
 
@@ -43,10 +43,12 @@ def child_main(job: Job, launch: Launch, connection) -> None:
         connection.send(Linted(result, imported))
     else:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
+        from graphlint.run.step_time import time_estimate
 
         if isinstance(job, MemoryJob) and job.threads == PARENT_THREADS:
             job = dataclasses.replace(job, threads=parent_threads or _threads())
-        run = graph_report if isinstance(job, GraphJob) else memory_estimate
+        run = graph_report if isinstance(job, GraphJob) else time_estimate if isinstance(job, TimeJob) \
+            else memory_estimate
         answer, imported = _target_job(job.target, connection, lambda: run(job))
         answer = answer if isinstance(answer, Reported) else Reported(answer)
         connection.send(dataclasses.replace(answer, imported=imported))

@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.parent import WarmParent
-from graphlint.run.wire import GraphJob, Job, Linted, LintJob, MemoryJob, Partial, Proved, Reported, Stage
+from graphlint.run.wire import GraphJob, Job, Linted, LintJob, MemoryJob, Partial, Proved, Reported, Stage, TimeJob
 
 
 @dataclass
@@ -249,7 +249,7 @@ def _signal_name(number: int) -> str:
 
 
 def _failed(child: _Child, message: str) -> TargetResult | Reported | Proved:
-    if not isinstance(child.job, (LintJob, GraphJob, MemoryJob)):
+    if not isinstance(child.job, (LintJob, GraphJob, MemoryJob, TimeJob)):
         return Proved(message)
     result = TargetResult(target=child.target, errors=[TargetError(child.target, message, stage=child.stage)])
     return result if isinstance(child.job, LintJob) else Reported(result)

@@ -3,7 +3,8 @@
 A job is plain data (strings, numbers, tuples) so that a spawned child can receive it as well as a forked one.
 `LintJob` lints one target (graphlint.run.child); `ProofJob` runs one side of a fix's proof
 (graphlint.run.proof); `GraphJob` and `MemoryJob` make `graphlint graph`'s report and `graphlint memory`'s
-estimate of one target (graphlint.run.graph_and_memory). A child sends `Stage` messages as it goes, then exactly
+estimate of one target (graphlint.run.graph_and_memory), `TimeJob` `graphlint time`'s
+(graphlint.run.step_time). A child sends `Stage` messages as it goes, then exactly
 one `Linted`, `Proved` or `Reported`; one that exits without it has died, and the scheduler says how, with the
 last stage it saw. A lint job that asks for it (`LintJob.partial`, the language server's) also sends one
 `Partial` before the torch.compile analysis.
@@ -136,7 +137,39 @@ class MemoryJob:
         return _project(self)
 
 
-Job = LintJob | ProofJob | GraphJob | MemoryJob
+@dataclass(frozen=True)
+class TimeJob:
+    """Time one training step of one target (`graphlint time`): the step's fields of
+    graphlint.memory.measure.Request, and the device it is priced on: `gpu`, a row of
+    graphlint.timing.devices.ACCELERATORS, or this machine's CPU when `gpu` is None."""
+
+    target: str
+    base: str
+    root: str
+    first_party_folders: tuple[str, ...]
+    pythonpath: tuple[str, ...]
+    gpu: str | None = None
+    optimizer: str = "adamw"
+    train_on: str = "cuda"
+    autocast: str | None = None
+    release_output: bool = False
+    device: str = "auto"  # where the step runs (meta, then CPU when it needs real values), as memory's
+    batch: int | None = None
+    seq: int | None = None
+    threads: int | None = None  # the CPU's threads, which its measured peaks are for (MemoryJob.threads)
+    cpu: str = ""  # the CPU's model when it is priced: its peaks, measured once, belong to it
+    debug: bool = False
+
+    @classmethod
+    def of(cls, target: str, base: Path, project: Project, **timing) -> TimeJob:
+        """The job of one target; `timing` are the other fields."""
+        return cls(target, str(base), *_folders(project), **timing)
+
+    def project(self) -> Project:
+        return _project(self)
+
+
+Job = LintJob | ProofJob | GraphJob | MemoryJob | TimeJob
 
 # MemoryJob.threads: the warm parent's thread count, which torch sets at its import from what `thread_settings` reads.
 PARENT_THREADS = "parent"

@@ -1,0 +1,275 @@
+"""The devices a step can be priced on: a table of accelerators with their vendors' peak figures, and this machine's
+CPU, measured once by small benchmarks and cached on disk.
+
+Every GPU figure is the vendor's dense (no 2:4 sparsity) peak, from the datasheet named in its row. PyTorch's
+defaults decide which peak a float32 op meets: matrix products run in true float32
+(`torch.backends.cuda.matmul.allow_tf32` is False), convolutions in TF32 (`torch.backends.cudnn.allow_tf32` is
+True), so a float32 convolution is priced at the TF32 peak and a float32 matmul at the FP32 one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TERA = 1e12
+# The share of a peak that eager PyTorch's kernels reach on large shapes, per op class (see docs/time.md):
+# cuBLAS/rocBLAS GEMMs reach 70-80% of the tensor-core peak, cuDNN convolutions and fused attention less, and
+# elementwise or reduction kernels about 80% of the memory bandwidth.
+GPU_EFFICIENCY = {"matmul": 0.70, "conv": 0.55, "attention": 0.50, "memory": 0.80}
+GPU_LAUNCH = 5e-6  # seconds per kernel: launch and the host's eager dispatch, which small kernels cannot hide
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One row of the table: dense peak FLOP/s per dtype (fp32, tf32, bf16, fp16, fp8 where the chip has it),
+    memory bandwidth in bytes/s, and where each figure comes from."""
+
+    name: str  # what --gpu takes, lower case
+    label: str
+    peaks: dict[str, float]
+    bandwidth: float
+    source: str
+
+    def peak(self, dtype: str, kind: str) -> float:
+        """The peak an op of this dtype and class meets (see the module's docstring for float32)."""
+        if dtype in ("bfloat16", "float16"):
+            return self.peaks["bf16" if dtype == "bfloat16" else "fp16"]
+        if dtype.startswith("float8"):
+            return self.peaks.get("fp8", self.peaks["fp16"])
+        if dtype == "float32" and kind == "conv":
+            return self.peaks.get("tf32", self.peaks["fp32"])
+        return self.peaks["fp32"]
+
+
+ACCELERATORS = {a.name: a for a in (
+    Accelerator("h100", "NVIDIA H100 SXM5 80GB",
+                {"fp32": 66.9 * TERA, "tf32": 494.7 * TERA, "bf16": 989.4 * TERA, "fp16": 989.4 * TERA,
+                 "fp8": 1978.9 * TERA}, 3.35e12,
+                "NVIDIA H100 Tensor Core GPU datasheet (2023); tensor figures there are with sparsity, halved here"),
+    Accelerator("h200", "NVIDIA H200 SXM 141GB",
+                {"fp32": 67 * TERA, "tf32": 494.5 * TERA, "bf16": 989.5 * TERA, "fp16": 989.5 * TERA,
+                 "fp8": 1979 * TERA}, 4.8e12,
+                "NVIDIA H200 Tensor Core GPU datasheet (2024); tensor figures there are with sparsity, halved here"),
+    Accelerator("a100", "NVIDIA A100 SXM4 80GB",
+                {"fp32": 19.5 * TERA, "tf32": 156 * TERA, "bf16": 312 * TERA, "fp16": 312 * TERA}, 2.039e12,
+                "NVIDIA A100 Tensor Core GPU datasheet (2021), dense figures; no FP8"),
+    Accelerator("l4", "NVIDIA L4 24GB",
+                {"fp32": 30.3 * TERA, "tf32": 60 * TERA, "bf16": 121 * TERA, "fp16": 121 * TERA,
+                 "fp8": 242.5 * TERA}, 300e9,
+                "NVIDIA L4 Tensor Core GPU datasheet (2023); tensor figures there are with sparsity, halved here"),
+    Accelerator("rtx4090", "NVIDIA GeForce RTX 4090 24GB",
+                {"fp32": 82.6 * TERA, "tf32": 82.6 * TERA, "bf16": 165.2 * TERA, "fp16": 165.2 * TERA,
+                 "fp8": 330.3 * TERA}, 1008e9,
+                "NVIDIA Ada Lovelace GPU Architecture whitepaper (2023), dense tensor figures with FP32 accumulate "
+                "(what PyTorch's GEMMs use; GeForce runs them at half the FP16-accumulate rate)"),
+    Accelerator("mi300x", "AMD Instinct MI300X 192GB",
+                {"fp32": 163.4 * TERA, "tf32": 653.7 * TERA, "bf16": 1307.4 * TERA, "fp16": 1307.4 * TERA,
+                 "fp8": 2614.9 * TERA}, 5.3e12,
+                "AMD Instinct MI300X accelerator datasheet (2023), dense matrix-core figures (FP32 matrix)"),
+)}
+# Other spellings users write.
+ALIASES = {"h100-sxm": "h100", "h100sxm": "h100", "h200-sxm": "h200", "a100-80gb": "a100", "a100-80g": "a100",
+           "4090": "rtx4090", "rtx-4090": "rtx4090", "mi300": "mi300x"}
+
+
+def accelerator(name: str) -> Accelerator | None:
+    """The table's row for a --gpu name (any case; `H100`, `h100-sxm`), or None."""
+    key = name.strip().lower().replace(" ", "")
+    return ACCELERATORS.get(ALIASES.get(key, key))
+
+
+@dataclass
+class CpuPeaks:
+    """This machine's CPU, measured: achieved FLOP/s of a matrix product per dtype at several sizes (FLOPs of the
+    product -> FLOP/s), achieved copy bandwidth at several sizes (bytes moved -> bytes/s), the fixed cost of one op
+    in each phase of a step (`launch`: forward, backward, optimizer; what eager PyTorch pays per op beyond its
+    arithmetic: the dispatcher, autograd's bookkeeping, the Python around it) and of a view."""
+
+    label: str
+    threads: int
+    matmul: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    copy: list[tuple[float, float]] = field(default_factory=list)
+    launch: dict[str, float] = field(default_factory=dict)
+    view: float = 0.0
+
+    def flops_at(self, dtype: str, flops: float) -> float:
+        """The FLOP/s a product of this dtype and size reaches, read from the measured curve (log-linear)."""
+        curve = self.matmul.get(dtype) or self.matmul["float32"]
+        return _interpolate(curve, flops)
+
+    def bandwidth_at(self, nbytes: float) -> float:
+        return _interpolate(self.copy, nbytes)
+
+
+def _interpolate(curve: list[tuple[float, float]], x: float) -> float:
+    """y at x on a curve of (x, y) points sorted by x, linear in log x between points, flat outside them."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+        if x <= x1:
+            share = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + share * (y1 - y0)
+    return curve[-1][1]
+
+
+def cpu_label() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def cache_folder() -> Path:
+    """The user's cache folder for graphlint's measurements of this machine ($XDG_CACHE_HOME, ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "graphlint" / "cpu-peaks"
+
+
+def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeaks:
+    """This CPU's peaks for `threads` threads (default: torch's), from the cache, else measured (a few seconds)
+    and cached, keyed by the CPU's model, torch's version, the thread count and MEASUREMENT."""
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    label = cpu_label()
+    key = hashlib.sha256(f"{label}|{torch.__version__}|{threads}|{MEASUREMENT}".encode()).hexdigest()[:16]
+    path = (folder or cache_folder()) / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        return CpuPeaks(label=data["label"], threads=data["threads"],
+                        matmul={k: [tuple(p) for p in v] for k, v in data["matmul"].items()},
+                        copy=[tuple(p) for p in data["copy"]], launch=dict(data["launch"]), view=data["view"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    peaks = measure_cpu(threads, label)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(asdict(peaks)))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return peaks
+
+
+MEASUREMENT = 2  # the version of what measure_cpu measures: a cache file of another version is measured again
+MATMUL_SIZES = (16, 48, 128, 256, 512)
+COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
+CHAIN = 32  # tiny ops in the micro-step that measures the fixed cost per op
+
+
+def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
+    """Measure this CPU with `threads` threads: square matrix products per dtype at MATMUL_SIZES, copies at
+        COPY_SIZES, a view, and the fixed cost per op of a micro-step on 4-wide tensors (CHAIN / 2 tiny Linear and
+    GELU modules, forward with autograd recording, backward, and an AdamW step over their parameters), its ops
+    counted by graphlint.timing.record as a step's are. Each is the median of repeated batches, the statistic a
+    step's time is judged by; rates are net of the fixed cost of a no-grad op. With one thread, time is the
+    thread's own CPU time, which other processes' use of the core does not lengthen. The thread count is given
+    back."""
+    import torch
+
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    try:
+        tiny = torch.ones(4)
+        view = _best(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
+        plain = _best(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
+        launch = _fixed_costs(clock, view)
+        with torch.no_grad():
+            matmul = {}
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                points = []
+                for n in MATMUL_SIZES:
+                    a = torch.randn(n, n).to(dtype)
+                    b = torch.randn(n, n).to(dtype)
+                    seconds = _best(lambda a=a, b=b: torch.mm(a, b), clock, budget=0.15, median=True)
+                    points.append((2.0 * n * n * n, 2.0 * n * n * n / max(seconds - plain, seconds / 10)))
+                matmul[str(dtype).removeprefix("torch.")] = points
+            copy = []
+            for size in COPY_SIZES:
+                source = torch.empty(size // 8, dtype=torch.float32).fill_(1.0)
+                target = torch.empty_like(source)
+                seconds = _best(lambda s=source, t=target: t.copy_(s), clock, budget=0.2, median=True)
+                copy.append((2.0 * source.nbytes, 2.0 * source.nbytes / max(seconds - plain, seconds / 10)))
+    finally:
+        torch.set_num_threads(previous)
+    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view)
+
+
+def _fixed_costs(clock, view: float) -> dict[str, float]:
+    """Seconds per op that eager PyTorch pays beyond arithmetic in each phase (the dispatcher, autograd, the
+    modules' and the optimizer's Python), from a micro-step on 4-wide tensors: its time less its views' over the
+    ops that run a kernel, as the recorder counts them."""
+    import torch
+
+    from graphlint.timing.record import OpRecorder
+
+    layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                   for _ in range(CHAIN // 2)))
+    weights = list(layers.parameters())
+    optimizer = torch.optim.AdamW(weights, lr=1e-3, foreach=False)
+    x = torch.ones(1, 4)
+
+    def forward():
+        return layers(x).sum()
+
+    forward().backward()
+    optimizer.step()  # the state exists, as in a step after the first
+    with OpRecorder() as recorder:
+        forward().backward()
+        optimizer.step()
+    counts = {phase: [0, 0] for phase in ("forward", "backward", "optimizer")}
+    for record in recorder.records:
+        counts[record.phase][0 if record.kind != "view" else 1] += 1
+    seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
+               "backward": _backward_seconds(forward, clock),
+               "optimizer": _best(optimizer.step, clock, budget=0.1, median=True)}
+    return {phase: max(seconds[phase] - views * view, 0.0) / max(kernels, 1)
+            for phase, (kernels, views) in counts.items()}
+
+
+def _backward_seconds(forward, clock, batches: int = 15, calls: int = 20) -> float:
+    """The median over batches of the seconds one backward of `forward()`'s loss takes, the forward untimed."""
+    times = []
+    for _ in range(batches):
+        spent = 0.0
+        for _ in range(calls):
+            loss = forward()
+            start = clock()
+            loss.backward()
+            spent += clock() - start
+        times.append(spent / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _best(run, clock, budget: float, median: bool = False) -> float:
+    """Seconds one call of `run` takes on `clock`: calls batched to about a millisecond, for about `budget`
+    seconds; the median batch, or the fastest (the machine at its best)."""
+    run()
+    start = clock()
+    run()
+    once = max(clock() - start, 1e-7)
+    batch = max(1, int(1e-3 / once))
+    times = []
+    deadline = time.perf_counter() + budget
+    while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 200):
+        start = clock()
+        for _ in range(batch):
+            run()
+        times.append((clock() - start) / batch)
+    times.sort()
+    return times[len(times) // 2] if median else times[0]

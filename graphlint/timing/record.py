@@ -1,0 +1,253 @@
+"""Every aten op of one training step, as the step's dispatcher sees it: its FLOPs, the bytes it reads and writes,
+its dtype, the phase it ran in, whether it recomputes a checkpointed forward, and the user's source line.
+
+FLOPs come from torch.utils.flop_counter's own registry, applied as FlopCounterMode applies it (an op it has no
+formula for and that decomposes is counted by its parts), so that a step's total equals FlopCounterMode's. One
+addition: the CPU flash-attention kernel (`_scaled_dot_product_flash_attention_for_cpu` and its backward), which
+the registry leaves out, is counted by the registry's own attention formulas, as its CUDA kernels are.
+
+Bytes are storage traffic: what an op reads from its tensor inputs and writes to its outputs, each tensor counted
+at most once per op and at most its storage's size (an expanded or broadcast input is read once). Views, aliases
+and uninitialised allocations move no bytes; an argument an op only overwrites (`copy_`'s destination, an `out=`)
+is written, not read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from graphlint.files import is_hidden_file
+
+PHASES = ("forward", "backward", "optimizer")
+aten = torch.ops.aten
+# Autograd's next sequence number; a torch without it places backward ops at no line
+_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+# The CPU attention kernels, under the formulas of their CUDA siblings (registered already shape-wrapped).
+CPU_ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention],
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        flop_registry[aten._scaled_dot_product_flash_attention_backward],
+}
+# The registry FlopCounterMode uses, plus those.
+FLOP_FORMULAS = {**flop_registry, **CPU_ATTENTION}
+# What FlopCounterMode passes by without counting or decomposing (metadata queries).
+_PASSED = {aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+           aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+           aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+           aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+           torch.ops.prim.layout.default}
+# Ops that allocate without writing, or only relabel a storage: no kernel moves bytes.
+_NO_TRAFFIC = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "detach",
+               "alias", "lift_fresh", "resize_", "set_", "_local_scalar_dense", "_to_copy_meta"}
+# Ops that read only their inputs' shapes.
+_NO_READ = {"zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "new_zeros", "new_ones", "new_full",
+            "zeros", "ones", "full", "scalar_tensor", "arange"}
+# In-place ops whose destination's old values are never read.
+_OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "bernoulli_", "random_", "exponential_",
+               "_foreach_copy_", "_foreach_zero_", "index_put_", "masked_fill_"}
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One aten op of the step. `kind`: "matmul", "conv" or "attention" for the ops with a FLOP formula,
+    "memory" for the others that run a kernel, "view" for those that move no bytes."""
+
+    op: str  # the overload's name, "aten.mm.default"
+    flops: int
+    read: int  # bytes
+    written: int  # bytes
+    dtype: str  # "float32", "bfloat16"...
+    phase: str  # one of PHASES
+    recompute: bool  # a checkpointed forward op run again during backward
+    file: str | None  # the user's source line the op belongs to; None when none does (the optimizer's loops)
+    line: int | None
+    kind: str
+
+    @property
+    def bytes(self) -> int:
+        return self.read + self.written
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records each op of the step it is entered around (graphlint.memory.step.run_step's `observer`). The phase
+    is read from the step itself: backward from the first op run by an autograd node, the optimizer from torch's
+    global optimizer-step hook (registered only while the recorder is entered); a backward op with grad mode on is
+    a checkpoint's recomputation. A backward op's line is its forward op's, linked by autograd's sequence number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[OpRecord] = []
+        self._phase = "forward"
+        self._lines: dict[int, tuple[str, int]] = {}  # autograd sequence number -> the forward op's line
+        self._visible: dict[int, tuple[object, str | None]] = {}  # id(code) -> (code, its file if the user's)
+        self._boundary = None
+        self._hook = None
+        self._depth = 0
+
+    def __enter__(self):
+        if self._depth == 0:  # not the re-entry of a decomposition below
+            self.records = []  # a step retried on another device starts again
+            self._phase = "forward"
+            self._lines = {}
+            self._boundary = sys._getframe(1)
+            self._hook = register_optimizer_step_pre_hook(self._optimizer_step)
+        self._depth += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0:
+            self._hook.remove()
+            self._hook = None
+            self._boundary = None
+        return super().__exit__(*exc)
+
+    def _optimizer_step(self, _optimizer, _args, _kwargs) -> None:
+        self._phase = "optimizer"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _PASSED:
+            return func(*args, **kwargs)
+        if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
+            # As FlopCounterMode does: an op without a formula that decomposes is counted by its parts.
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        if self._phase == "forward" and torch._C._current_autograd_node() is not None:
+            self._phase = "backward"
+        phase = self._phase
+        sequence = _sequence_nr() if phase == "forward" and _sequence_nr is not None else None
+        out = func(*args, **kwargs)
+        formula = FLOP_FORMULAS.get(func._overloadpacket)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        recompute = phase == "backward" and torch.is_grad_enabled()
+        where = None
+        if phase == "backward" and not recompute:
+            # a backward op belongs to the forward op whose node runs it; the stack holds only the call of backward
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                where = self._lines.get(node._sequence_nr())
+        if where is None:
+            where = self._user_line()
+        if phase == "forward" and where is not None and sequence is not None:
+            # the autograd node this op made (if any) took the number before the one now current
+            self._lines.setdefault(sequence - 1, where)
+        name = func.__name__.split(".")[0]
+        moves = not (func.is_view or name in _NO_TRAFFIC)
+        read, written = _traffic(func, name, args, kwargs, out) if moves else (0, 0)
+        if flops:
+            kind = "attention" if "attention" in name else "conv" if "conv" in name else "matmul"
+        else:
+            kind = "memory" if read or written else "view"
+        self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
+                                     where[0] if where else None, where[1] if where else None, kind))
+        return out
+
+    def _user_line(self) -> tuple[str, int] | None:
+        """The innermost frame of the user's (or an installed library's) code below the step's own frame."""
+        frame = sys._getframe(2)
+        boundary = self._boundary
+        while frame is not None and frame is not boundary:
+            code = frame.f_code
+            entry = self._visible.get(id(code))
+            if entry is None:
+                name = code.co_filename
+                entry = self._visible[id(code)] = (code, None if is_hidden_file(name) else os.path.abspath(name))
+            if entry[1] is not None:
+                return entry[1], frame.f_lineno
+            frame = frame.f_back
+        return None
+
+
+def flop_counter_mapping() -> dict:
+    """`CPU_ATTENTION` as FlopCounterMode's `custom_mapping` takes it (marked raw: the formulas are wrapped
+    already), so that FlopCounterMode counts what this recorder counts."""
+
+    def raw(formula):
+        def counted(*args, **kwargs):
+            return formula(*args, **kwargs)
+
+        counted._get_raw = True
+        return counted
+
+    return {op: raw(formula) for op, formula in CPU_ATTENTION.items()}
+
+
+_decomposable: dict = {}
+
+
+def _decomposes(func) -> bool:
+    """Whether the op has a composite implementation (what `OpOverload.decompose` runs), asked once per op."""
+    found = _decomposable.get(func)
+    if found is None:
+        found = _decomposable[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+    return found
+
+
+def _footprint(tensor: torch.Tensor) -> int:
+    size = tensor.numel() * tensor.element_size()
+    try:
+        return min(size, tensor.untyped_storage().nbytes())
+    except Exception:  # no single storage (sparse, nested): its elements
+        return size
+
+
+def _storage_key(tensor: torch.Tensor):
+    try:
+        return tensor.untyped_storage()._cdata
+    except Exception:
+        return id(tensor)
+
+
+def _traffic(func, name: str, args: tuple, kwargs: dict, out) -> tuple[int, int]:
+    """Bytes the op reads from its tensor arguments and writes to its outputs."""
+    overwritten = set()
+    schema = func._schema.arguments
+    for index, argument in enumerate(schema):
+        info = argument.alias_info
+        if info is None or not info.is_write:
+            continue
+        if not (name in _OVERWRITES or argument.kwarg_only):
+            continue  # add_, mul_: the destination is read too
+        value = args[index] if index < len(args) and not argument.kwarg_only else kwargs.get(argument.name)
+        for tensor in torch.utils._pytree.tree_leaves(value):
+            if isinstance(tensor, torch.Tensor):
+                overwritten.add(id(tensor))
+    read, seen = 0, set()
+    for tensor in () if name in _NO_READ else torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(tensor, torch.Tensor) and id(tensor) not in overwritten:
+            key = _storage_key(tensor)
+            if key not in seen:
+                seen.add(key)
+                read += _footprint(tensor)
+    written, seen = 0, set()
+    for tensor in torch.utils._pytree.tree_leaves(out):
+        if isinstance(tensor, torch.Tensor):
+            key = _storage_key(tensor)
+            if key not in seen:
+                seen.add(key)
+                written += _footprint(tensor)
+    return read, written
+
+
+def _dtype(args: tuple, kwargs: dict, out) -> str:
+    """The dtype the op computes in: its first floating-point input's, else its first output's."""
+    first = None
+    for tensor in torch.utils._pytree.tree_leaves((args, kwargs, out)):
+        if isinstance(tensor, torch.Tensor):
+            if tensor.is_floating_point():
+                return str(tensor.dtype).removeprefix("torch.")
+            if first is None:
+                first = tensor
+    return str(first.dtype).removeprefix("torch.") if first is not None else ""
