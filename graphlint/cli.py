@@ -588,11 +588,11 @@ def _gpu_names() -> list[str]:
 
 
 def _time(args: argparse.Namespace) -> int:
+    # As memory's: nothing here imports torch unless a target has to be measured.
     import json
 
-    import torch
-
-    from graphlint.memory.step import OPTIMIZERS
+    from graphlint.memory.choices import OPTIMIZERS
+    from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.timing.devices import accelerator, cpu_label
     from graphlint.timing.text import render_time_text
@@ -622,10 +622,9 @@ def _time(args: argparse.Namespace) -> int:
     device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
     gpu = accelerator(args.gpu).name if args.gpu is not None else None
     train_on = args.train_on or ("cuda" if gpu is not None else "cpu")
-    # This process runs no CPU op, so its children may measure the CPU with its threads, as a step run here would.
-    threads = torch.get_num_threads()
+    # Children measure the CPU with the threads torch gives the warm parent, as a step run here would.
     answers = session.time(targets, gpu=gpu, optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
-                           release_output=args.release_output, device=device, threads=threads,
+                           release_output=args.release_output, device=device, threads=PARENT_THREADS,
                            cpu="" if gpu is not None else cpu_label(), **sizes)
     results, failed = [], False
     for result, step in answers:

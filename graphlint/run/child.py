@@ -45,7 +45,7 @@ def child_main(job: Job, launch: Launch, connection) -> None:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
         from graphlint.run.step_time import time_estimate
 
-        if isinstance(job, MemoryJob) and job.threads == PARENT_THREADS:
+        if isinstance(job, (MemoryJob, TimeJob)) and job.threads == PARENT_THREADS:
             job = dataclasses.replace(job, threads=parent_threads or _threads())
         run = graph_report if isinstance(job, GraphJob) else time_estimate if isinstance(job, TimeJob) \
             else memory_estimate

@@ -156,7 +156,7 @@ class TimeJob:
     device: str = "auto"  # where the step runs (meta, then CPU when it needs real values), as memory's
     batch: int | None = None
     seq: int | None = None
-    threads: int | None = None  # the CPU's threads, which its measured peaks are for (MemoryJob.threads)
+    threads: int | str | None = None  # the CPU's threads, which its measured peaks are for (MemoryJob.threads)
     cpu: str = ""  # the CPU's model when it is priced: its peaks, measured once, belong to it
     debug: bool = False
 
@@ -171,7 +171,8 @@ class TimeJob:
 
 Job = LintJob | ProofJob | GraphJob | MemoryJob | TimeJob
 
-# MemoryJob.threads: the warm parent's thread count, which torch sets at its import from what `thread_settings` reads.
+# MemoryJob.threads, TimeJob.threads: the warm parent's thread count, which torch sets at its import from what
+# `thread_settings` reads.
 PARENT_THREADS = "parent"
 
 
