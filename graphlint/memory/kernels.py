@@ -9,8 +9,9 @@ differ in memory, the step on meta is made to take the device's path here:
   ops as the CPU kernel, in its order, and the workspace gets the size the CPU kernel gives it, measured by
   running that kernel at four small sizes (it is bilinear in the sequence length and the batch, within 0.1%
   at the sizes models use).
-- **GRU and RNN on CPU** run torch's generic loop with the input projection computed once for the whole
-  sequence (a CPU-only branch); on meta it is computed step by step. Here the step on meta runs the CPU's loop.
+- **GRU and RNN on CPU**, and an LSTM that oneDNN does not take (`torch.backends.mkldnn` switched off, a
+  projection), run torch's generic loop with the input projection computed once for the whole sequence (a
+  CPU-only branch); on meta it is computed step by step. Here the step on meta runs the CPU's loop.
 
 For `--train-on cuda` the cuDNN RNN reserve space is not measured (no GPU here): see docs/memory.md.
 """
@@ -34,8 +35,9 @@ class CpuKernelsOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch._VF.lstm and len(args) == 9 and _on_meta(args[0]) and _onednn_lstm_applies(*args):
-            return _onednn_lstm(*args)
+        if func is torch._VF.lstm and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
+            # oneDNN's kernel where torch's use_mkldnn picks it (its switch on, no projection), else aten's loop
+            return _onednn_lstm(*args) if _onednn_lstm_applies(*args) else _generic_rnn("lstm", *args)
         if func in _GENERIC and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
             return _generic_rnn(_GENERIC[func], *args)
         return func(*args, **kwargs)
@@ -44,6 +46,10 @@ class CpuKernelsOnMeta(TorchFunctionMode):
 def _on_meta(value) -> bool:
     # a fake tensor (a sharded step under FakeTensorMode) runs the same meta functions as a meta one
     return isinstance(value, torch.Tensor) and (value.device.type == "meta" or isinstance(value, FakeTensor))
+
+
+def _on_cpu(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
 
 
 def _onednn_lstm_applies(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
@@ -97,18 +103,24 @@ def _onednn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidi
 class CpuKernelMemory(TorchDispatchMode):
     """Pushed inside the step's tracker, so that what it allocates is tracked: the scratch CPU kernels hold while
     they run (modeled_scratch), allocated before the op and freed after it, and oneDNN's LSTM workspace at its
-    CPU size (the meta function returns it empty)."""
+    CPU size (the meta function returns it empty). On the meta device and on CPU alike: a CPU kernel's own
+    allocations happen below the dispatcher, where no tracker sees them (a step that could not run on meta runs
+    the real kernels, which allocate the same scratch unseen)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not args or not _on_meta(args[0]) and not (len(args) > 1 and _on_meta(args[1])):
+        # a step on meta can pass a host scalar beside its meta tensors: the kernel is the meta tensor's
+        first = next((a for a in args[:2] if _on_meta(a)), None)
+        if first is None:
+            first = next((a for a in args[:2] if _on_cpu(a)), None)
+        if first is None:
             return func(*args, **kwargs)
         size = modeled_scratch(func, args)
-        device = (args[0] if _on_meta(args[0]) else args[1]).device
-        scratch = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+        scratch = torch.empty(size, dtype=torch.uint8, device=first.device) if size else None
         out = func(*args, **kwargs)
         del scratch
-        if func is _FORWARD and args[15] and torch.is_grad_enabled():  # train: the kernel makes a workspace
+        if func is _FORWARD and args[15] and torch.is_grad_enabled() and _on_meta(first):
+            # train: the kernel makes a workspace, which the meta function returns empty
             steps, batch, inputs = args[0].shape
             size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
             out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
@@ -392,11 +404,14 @@ _GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rn
 
 def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     """aten's generic RNN loop as it runs on CPU (_rnn_impl with FullLayer): the input projection of each layer
-    and direction is one matmul over the whole sequence, then the cells step through time."""
+    and direction is one matmul over the whole sequence, then the cells step through time. An LSTM's hidden state
+    is the pair (h, c), and with a projection (h narrower than c) each layer has a fifth weight, w_hr."""
     x = input.transpose(0, 1) if batch_first else input
     directions = 2 if bidirectional else 1
-    per = 4 if has_biases else 2
-    hiddens = hx.unbind(0)
+    lstm = mode == "lstm"
+    projected_lstm = lstm and hx[0].shape[-1] != hx[1].shape[-1]
+    per = (4 if has_biases else 2) + (1 if projected_lstm else 0)
+    hiddens = list(zip(hx[0].unbind(0), hx[1].unbind(0), strict=True)) if lstm else hx.unbind(0)
     hy = []
     for layer in range(num_layers):
         outputs = []
@@ -405,12 +420,13 @@ def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train
             weights = params[index * per:(index + 1) * per]
             w_ih, w_hh = weights[0], weights[1]
             b_ih, b_hh = (weights[2], weights[3]) if has_biases else (None, None)
+            w_hr = weights[-1] if projected_lstm else None
             projected = F.linear(x, w_ih, b_ih).unbind(0)
             h = hiddens[index]
             steps = []
             for t in (reversed(range(len(projected))) if direction == 1 else range(len(projected))):
-                h = _cell(mode, projected[t], h, w_hh, b_hh)
-                steps.append(h)
+                h = _lstm_cell(projected[t], h, w_hh, b_hh, w_hr) if lstm else _cell(mode, projected[t], h, w_hh, b_hh)
+                steps.append(h[0] if lstm else h)
             if direction == 1:
                 steps.reverse()
             outputs.append(torch.stack(steps))
@@ -418,8 +434,23 @@ def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train
         x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
         if dropout > 0 and train and layer < num_layers - 1:
             x = F.dropout(x, dropout, True)
+    if lstm:  # aten's make_tuple(outputs, stack(hy), stack(cy)) evaluates its arguments last to first
+        cy = torch.stack([c for _, c in hy])
+        hy = torch.stack([h for h, _ in hy])
+        return (x.transpose(0, 1) if batch_first else x), hy, cy
     hy = torch.stack(hy)
     return (x.transpose_(0, 1) if batch_first else x), hy
+
+
+def _lstm_cell(projected, hidden, w_hh, b_hh, w_hr):
+    """One step of aten's LSTMCell with the input already projected (its CPU path; CUDA fuses the gates)."""
+    hx, cx = hidden
+    gates = F.linear(hx, w_hh, b_hh).add_(projected)
+    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
+    ingate, forgetgate, cellgate, outgate = ingate.sigmoid_(), forgetgate.sigmoid_(), cellgate.tanh_(), outgate.sigmoid_()
+    cy = (forgetgate * cx).add_(ingate * cellgate)
+    hy = outgate * cy.tanh()
+    return (hy.matmul(w_hr.t()) if w_hr is not None else hy), cy
 
 
 def _cell(mode, projected, hidden, w_hh, b_hh):

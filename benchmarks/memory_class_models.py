@@ -1,0 +1,95 @@
+"""Small models, one per class of code the memory tracker once got wrong (issue 52), for the checks against
+PyTorch's CPU memory profiler in tests/test_memory_tracker_classes.py: each is built from a small config with
+random weights, so that the profiler's run takes seconds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import graphlint
+
+
+class Slices(nn.Module):
+    """One activation read through 8 slices: backward sends 8 gradients of the activation's full size into one
+    input buffer, which the engine adds up in place."""
+
+    def __init__(self, width: int = 512, parts: int = 8) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, width * parts)
+        self.parts = parts
+        self.width = width
+
+    def forward(self, x):
+        wide = self.up(x)
+        return sum((wide[:, i * self.width:(i + 1) * self.width] ** 2).sum(-1) for i in range(self.parts))
+
+
+def slices():
+    x = torch.randn(512, 64)
+    return graphlint.Target(Slices(), (x,), loss=lambda out: out.mean())
+
+
+class PackedLstm(nn.Module):
+    """An LSTM with a projection, fed a packed sequence (aten's packed loop: the input buffers of the cells'
+    hidden states add up the gradients of the steps that read them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(64, 128, num_layers=2, proj_size=32, batch_first=True)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.head(out)
+
+
+def packed_lstm():
+    x = torch.randn(16, 48, 64)
+    lengths = torch.tensor([48 - 2 * i for i in range(16)])
+    labels = torch.randint(0, 10, (16, 48))
+    return graphlint.Target(PackedLstm(), (x, lengths),
+                            loss=lambda out: F.cross_entropy(out.flatten(0, 1), labels[:, :out.shape[1]].flatten()))
+
+
+class Tagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(256, 256, batch_first=True)
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x):
+        with torch.backends.mkldnn.flags(enabled=False):  # aten's own loop, not oneDNN's kernel
+            out, _ = self.lstm(x)
+        return self.head(out)
+
+
+def lstm_without_onednn():
+    x = torch.randn(16, 128, 256)
+    labels = torch.randint(0, 10, (16, 128))
+    return graphlint.Target(Tagger(), (x,), loss=lambda out: F.cross_entropy(out.flatten(0, 1), labels.flatten()))
+
+
+class DataDependentLm(nn.Module):
+    """A small language model whose forward needs real values (a length read with `.item()`), so the step runs
+    on CPU: the LM head's gradient from `sum()` reaches BLAS with stride 0 and is copied at the logits' size."""
+
+    def __init__(self, vocab: int = 4000, width: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.mix = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        used = int((ids >= 0).sum(1).max().item())  # real values: the meta device cannot run this
+        hidden = torch.tanh(self.mix(self.embed(ids[:, :used])))
+        return self.head(hidden)
+
+
+def data_dependent_lm():
+    ids = torch.randint(0, 4000, (8, 128))
+    return graphlint.Target(DataDependentLm(), (ids,), loss=lambda logits: logits.sum())
