@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import REPO
+from conftest import REPO, run_graphlint, write
 from graphlint.memory.kernels import CpuKernelsOnMeta
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -91,3 +91,37 @@ def test_an_lstm_onednn_does_not_take_runs_on_meta_the_forward_ops_of_atens_cpu_
             model(x)
         logs.append(allocations.log)
     assert logs[0] == logs[1]
+
+
+NOISY_CNN = """
+    import sys
+
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.norm = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            print("the model's own line", file=sys.stderr)
+            return self.norm(self.conv(x)).mean()
+
+
+    def make():
+        return Net(), (torch.randn(4, 3, 16, 16),)
+"""
+
+
+@pytest.mark.cli
+def test_the_kernel_probes_leave_no_profiler_lines_on_stderr_and_the_models_own_output_stays(tmp_path):
+    # the probes of the convolution and batch norm kernels start PyTorch's profiler, whose Kineto writes
+    # `USDT ... profiler_start` lines to the process's stderr
+    path = write(tmp_path, "noisy.py", NOISY_CNN)
+    done = run_graphlint("memory", f"{path}:make", "--train-on", "cpu", "--no-cache", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
+    assert "the model's own line" in done.stderr

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -254,7 +256,7 @@ def _measured_at(func, key: tuple, threads: int) -> int:
 
 
 def _measure(func, key: tuple) -> int:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     def make(value):
         if isinstance(value, tuple) and value and value[0] == "tensor":
@@ -274,7 +276,7 @@ def _measure(func, key: tuple) -> int:
         args = [make(v) for v in key]
         try:
             func(*args)  # once before measuring: a first call sets up buffers it keeps
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with quiet_profile() as prof:
                 with record_function("graphlint-probe"):
                     out = func(*args)
         except Exception:  # a call the probe cannot make at these sizes: nothing is modeled
@@ -338,7 +340,7 @@ def onednn_lstm_memory(inputs: int, hidden: int, dtype: torch.dtype = torch.floa
 
 
 def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     def zeros(*shape, grad=False):
         return torch.zeros(*shape, device="cpu", dtype=dtype, requires_grad=grad)
@@ -347,7 +349,7 @@ def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype)
         4 * hidden, hidden, grad=True)
     b_ih, b_hh, h, c = zeros(4 * hidden, grad=True), zeros(4 * hidden, grad=True), zeros(batch, hidden), zeros(
         batch, hidden)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profile() as prof:
         with record_function("graphlint-forward"):
             out = _FORWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, False, [], _LSTM, hidden, 1, True, False, False, True)
         with record_function("graphlint-backward"):
@@ -358,6 +360,36 @@ def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype)
     made = sum(t.untyped_storage().nbytes() for t in out[:3]) + workspace
     made_back = sum(t.untyped_storage().nbytes() for t in grads if isinstance(t, torch.Tensor))
     return workspace, max(0, forward - made), max(0, backward - made_back)
+
+
+@contextlib.contextmanager
+def quiet_profile(**options):
+    """PyTorch's profiler recording CPU memory, for graphlint's probes of kernels, with the process's native
+    stderr sent nowhere while it runs: Kineto writes `USDT ... profiler_start` and `profiler_stop` lines there. A
+    probe runs kernels only, never the user's code, so none of the user's output is hidden."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_discarded(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                             **options) as prof:
+        yield prof
+
+
+@contextlib.contextmanager
+def _native_stderr_discarded():
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no file descriptor 2 to borrow: leave it as it is
+        yield
+        return
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
 
 
 def rises(prof, names: list[str]) -> list[int]:
