@@ -93,3 +93,44 @@ class DataDependentLm(nn.Module):
 def data_dependent_lm():
     ids = torch.randint(0, 4000, (8, 128))
     return graphlint.Target(DataDependentLm(), (ids,), loss=lambda logits: logits.sum())
+
+
+class Conv1dLstm(nn.Module):
+    """Audio features (batch, mel bins, frames) through a convolution and an LSTM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(80, 64, 3, padding=1)
+        self.lstm = nn.LSTM(64, 64, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, mels):
+        out, _ = self.lstm(self.conv(mels).transpose(1, 2))
+        return self.head(out)
+
+
+def conv1d_lstm():
+    return graphlint.Target(Conv1dLstm(), (torch.randn(4, 80, 200),), loss=lambda out: out.mean())
+
+
+def large_bf16_product():
+    """A bfloat16 product of 2^36 multiply-adds: its oneDNN buffers on CPU are not measured (on meta, no cost)."""
+    model = nn.Linear(4096, 4096, dtype=torch.bfloat16)
+    return graphlint.Target(model, (torch.randn(4096, 4096, dtype=torch.bfloat16),), loss=lambda out: out.float().mean())
+
+
+class SparseGraph(nn.Module):
+    """A graph convolution over a sparse adjacency matrix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x, adjacency):
+        return torch.sparse.mm(adjacency, self.linear(x))
+
+
+def sparse_graph():
+    edges = torch.randint(0, 256, (2, 1024))
+    adjacency = torch.sparse_coo_tensor(edges, torch.ones(1024), (256, 256)).coalesce()
+    return graphlint.Target(SparseGraph(), (torch.randn(256, 32), adjacency), loss=lambda out: out.pow(2).mean())

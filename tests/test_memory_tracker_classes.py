@@ -125,3 +125,39 @@ def test_the_kernel_probes_leave_no_profiler_lines_on_stderr_and_the_models_own_
     assert done.returncode == 0, done.stderr
     assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
     assert "the model's own line" in done.stderr
+
+
+def _noted(factory: str, train_on: str):
+    from graphlint.memory.text import render_memory_text
+
+    result = memory_accuracy.measure(f"{memory_class_models.__file__}:{factory}", memory_accuracy.HERE,
+                                     memory_accuracy.Request(train_on=train_on))
+    text, data = render_memory_text(result), result.to_dict()
+    for note in result.notes:  # every note is in the text and in the JSON
+        assert f"note: {note}" in text and note in data["notes"]
+    return result.notes
+
+
+def test_a_step_meant_for_cuda_says_which_gpu_kernels_workspaces_it_does_not_count():
+    [note] = _noted("conv1d_lstm", "cuda")
+    assert "cuDNN's reserve space of the recurrent layers" in note and "convolution workspace" in note
+    assert "cuBLAS" in note
+    assert not _noted("conv1d_lstm", "cpu")  # the CPU kernels' own memory is counted
+
+
+def test_a_low_precision_product_too_large_to_probe_is_named_in_a_note():
+    [note] = _noted("large_bf16_product", "cpu")
+    assert note.startswith("not counted: oneDNN's packing buffers of bfloat16 or half matrix products")
+
+
+def test_sparse_tensors_the_tracker_cannot_follow_are_named_in_a_note():
+    notes = _noted("sparse_graph", "cpu")
+    assert "not counted: the step's tensors of layouts with no single storage for graphlint to follow (sparse_coo)" \
+        in notes
+
+
+def test_a_cpu_fallback_names_the_meta_devices_limit_in_one_short_note():
+    fallback, *_ = _noted("sparse_graph", "cpu")
+    assert fallback.startswith("measured on CPU because the factory failed on the meta device")
+    assert "the meta device, on which graphlint runs a step without its memory, cannot run this one" in fallback
+    assert len(fallback) < 500  # torch's message lists every dispatch key: cut after its first sentence

@@ -50,6 +50,30 @@ def _on_meta(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.device.type == "meta" or isinstance(value, FakeTensor))
 
 
+# What CUDA's kernels allocate for themselves, which the step (on meta or CPU) cannot see: aten op -> what it is.
+_CUDA_WORKSPACES = {
+    ("convolution", "convolution_backward"): "cuDNN's convolution workspace (its size follows the algorithm cuDNN "
+                                             "picks)",
+    ("mm", "addmm", "bmm", "baddbmm"): "cuBLAS's workspace (allocated once per stream and kept; "
+                                       "CUBLAS_WORKSPACE_CONFIG sets it)",
+    ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        "the fused attention kernels' workspace",
+}
+_CUDA_RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def cuda_workspace_note(ops: set[str], module_types: set[str]) -> str | None:
+    """For a step meant for CUDA: the kernels of the step that allocate memory of their own on a GPU, which
+    graphlint does not count (no GPU runs the step), said as one note; None when the step has none."""
+    seen = [what for names, what in _CUDA_WORKSPACES.items() if not ops.isdisjoint(names)]
+    if any(kind in module_types for kind in _CUDA_RECURRENT):
+        seen.insert(0, "cuDNN's reserve space of the recurrent layers, which autograd keeps until backward")
+    if not seen:
+        return None
+    return ("not counted: what CUDA's kernels allocate for themselves, " + "; ".join(seen)
+            + " (graphlint runs no GPU; --train-on cpu counts the CPU kernels' own memory)")
+
+
 def _on_cpu(value) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
 
@@ -107,7 +131,11 @@ class CpuKernelMemory(TorchDispatchMode):
     they run (modeled_scratch), allocated before the op and freed after it, and oneDNN's LSTM workspace at its
     CPU size (the meta function returns it empty). On the meta device and on CPU alike: a CPU kernel's own
     allocations happen below the dispatcher, where no tracker sees them (a step that could not run on meta runs
-    the real kernels, which allocate the same scratch unseen)."""
+    the real kernels, which allocate the same scratch unseen). `unmodelled`: what it could not count, for notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unmodelled: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -117,7 +145,13 @@ class CpuKernelMemory(TorchDispatchMode):
             first = next((a for a in args[:2] if _on_cpu(a)), None)
         if first is None:
             return func(*args, **kwargs)
+        _probe_failed[0] = False
         size = modeled_scratch(func, args)
+        missed = unmodelled_scratch(func, args)
+        if _probe_failed[0]:
+            missed = f"the scratch of {func.__name__}, whose kernel graphlint's probe could not run at the call's sizes"
+        if missed:
+            self.unmodelled.add(missed)
         scratch = torch.empty(size, dtype=torch.uint8, device=first.device) if size else None
         out = func(*args, **kwargs)
         del scratch
@@ -127,6 +161,17 @@ class CpuKernelMemory(TorchDispatchMode):
             size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
             out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
         return out
+
+
+def unmodelled_scratch(func, args) -> str | None:
+    """What of this CPU kernel's own memory graphlint does not count, said for a note; None when it is modelled
+    (or known to be nothing)."""
+    matrices = _BLAS.get(func)
+    if matrices is not None and args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
+        if args[matrices[0]].numel() * args[matrices[1]].shape[-1] > SMALL_PRODUCT:
+            return ("oneDNN's packing buffers of bfloat16 or half matrix products larger than 2^31 multiply-adds "
+                    "(not measured: it would take the kernel's own time)")
+    return None
 
 
 def modeled_scratch(func, args) -> int:
@@ -222,6 +267,7 @@ def _call_key(args, batched: tuple[tuple[int, ...], tuple[int, ...]], size: int)
     return tuple(spec(a, i) for i, a in enumerate(args))
 
 
+_probe_failed = [False]  # set when a probe could not run the kernel at a call's sizes (read per call)
 _threads: list[int | None] = [None]  # the threads the probes run with (None: this process's); see probe_threads
 
 
@@ -238,7 +284,10 @@ def probe_threads(count: int | None):
 
 
 def _measured_scratch(func, key: tuple) -> int:
-    return _measured_at(func, key, _threads[0] or torch.get_num_threads())
+    measured = _measured_at(func, key, _threads[0] or torch.get_num_threads())
+    if measured < 0:
+        _probe_failed[0] = True
+    return max(0, measured)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -279,8 +328,8 @@ def _measure(func, key: tuple) -> int:
             with quiet_profile() as prof:
                 with record_function("graphlint-probe"):
                     out = func(*args)
-        except Exception:  # a call the probe cannot make at these sizes: nothing is modeled
-            return 0
+        except Exception:  # a call the probe cannot make at these sizes: nothing is modeled, and a note says so
+            return -1
         made = sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(out)
                    if isinstance(t, torch.Tensor))
         return max(0, rises(prof, ["graphlint-probe"])[0] - made)

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta
+from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, cuda_workspace_note
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "none")
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
@@ -65,6 +65,8 @@ class StepTrace:
     module_types: dict[str, str] = field(default_factory=dict)  # module path -> its class's name
     module_inputs: dict[str, int] = field(default_factory=dict)  # module path -> bytes of its first call's inputs
     roles: dict[int, str] = field(default_factory=dict)  # id(block) -> what distribution makes of it (FSDP, DDP)
+    # What the estimate rests on that graphlint could not see, each said as one sentence for the report's notes.
+    notes: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -152,10 +154,27 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     tracker.finish(trainable)
     for p in (*trainable, *updated):
         p.grad = None
-    return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
+    trace = StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
                      getattr(tracker, "roles", {}))
+    trace.notes = _unseen(tracker, memory, train_on, set(trace.module_types.values()))
+    return trace
+
+
+def _unseen(tracker: _Tracker, memory, train_on: str, module_types: set[str]) -> list[str]:
+    """Notes on what the step made or needs that the tracker could not count."""
+    notes = []
+    if tracker.unseen_layouts:
+        notes.append("not counted: the step's tensors of layouts with no single storage for graphlint to follow ("
+                     + ", ".join(sorted(tracker.unseen_layouts)) + ")")
+    if isinstance(memory, CpuKernelMemory):
+        notes.extend(f"not counted: {what}" for what in sorted(memory.unmodelled))
+    if train_on == "cuda":
+        note = cuda_workspace_note(tracker.ops, module_types)
+        if note:
+            notes.append(note)
+    return notes
 
 
 def _closure_tensors(function: Callable | None) -> list[torch.Tensor]:
@@ -206,6 +225,8 @@ class _Tracker(TorchDispatchMode):
         self.inputs: dict[str, int] = {}
         self._names = {id(m): name for name, m in model.named_modules()}
         self._hooks: list = []
+        self.ops: set[str] = set()  # the aten ops the step ran (their overload packets' names)
+        self.unseen_layouts: set[str] = set()  # layouts of tensors the step made that have no storage to follow
         self._finished_node = None  # the backward node whose outputs the engine is adding into input buffers
         self._accumulated: list[tuple[Block, Block]] = []  # (the buffer's gradient, the sum made beside it)
 
@@ -269,6 +290,7 @@ class _Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         op = func.__name__
+        self.ops.add(func._opname)
         node = None
         if self.current == "backward":
             node = torch._C._current_autograd_node()
@@ -296,6 +318,7 @@ class _Tracker(TorchDispatchMode):
         try:
             storage = tensor.untyped_storage()
         except Exception:  # sparse or nested tensors: no single storage to follow
+            self.unseen_layouts.add("nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch."))
             return None
         key = id(storage)
         block = self._known.get(key)
