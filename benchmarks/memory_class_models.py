@@ -134,3 +134,26 @@ def sparse_graph():
     edges = torch.randint(0, 256, (2, 1024))
     adjacency = torch.sparse_coo_tensor(edges, torch.ones(1024), (256, 256)).coalesce()
     return graphlint.Target(SparseGraph(), (torch.randn(256, 32), adjacency), loss=lambda out: out.pow(2).mean())
+
+
+class BagRecommender(nn.Module):
+    """A DLRM-shaped recommender: dense features, and for each of 4 tables a bag of ids per example (ids and
+    offsets stacked per table, as the data loaders of such models batch them)."""
+
+    def __init__(self, tables: int = 4, rows: int = 1000, width: int = 16) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(rows, width, mode="sum") for _ in range(tables))
+        self.bottom = nn.Linear(13, width)
+        self.top = nn.Linear(width * (tables + 1), 1)
+
+    def forward(self, dense, ids, offsets):
+        pooled = [bag(ids[i], offsets[i]) for i, bag in enumerate(self.bags)]
+        return self.top(torch.cat([self.bottom(dense), *pooled], 1))
+
+
+def bag_recommender():
+    batch, per_example = 64, 128
+    ids = torch.randint(0, 1000, (4, batch * per_example))
+    offsets = torch.arange(0, batch * per_example, per_example).repeat(4, 1)
+    return graphlint.Target(BagRecommender(), (torch.randn(batch, 13), ids, offsets),
+                            loss=lambda out: F.binary_cross_entropy_with_logits(out, torch.ones_like(out)))

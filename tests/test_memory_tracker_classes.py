@@ -161,3 +161,19 @@ def test_a_cpu_fallback_names_the_meta_devices_limit_in_one_short_note():
     assert fallback.startswith("measured on CPU because the factory failed on the meta device")
     assert "the meta device, on which graphlint runs a step without its memory, cannot run this one" in fallback
     assert len(fallback) < 500  # torch's message lists every dispatch key: cut after its first sentence
+
+
+def _sizes(factory: str, **request):
+    result = memory_accuracy.measure(f"{memory_class_models.__file__}:{factory}", memory_accuracy.HERE,
+                                     memory_accuracy.Request(train_on="cpu", **request))
+    return result.batch, result.seq
+
+
+def test_an_embedding_bag_recommenders_id_count_is_not_called_its_sequence():
+    # ids stacked per table (4, 8192): dimension 0 is the tables, not the batch of 64, so 8192 is no sequence
+    assert _sizes("bag_recommender") == (64, None)
+
+
+def test_audio_features_read_by_a_conv1d_have_their_sequence_in_the_frames_not_the_mel_bins():
+    assert _sizes("conv1d_lstm") == (4, 200)  # (batch, 80 mel bins, 200 frames) into Conv1d(80, ...)
+    assert _sizes("conv1d_lstm", seq=100) == (4, 100)  # --seq grows the frames

@@ -235,7 +235,7 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
 def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
     """Give the inputs the batch and sequence sizes asked for (graphlint.capture.dimensions says which inputs
     carry them); the sizes in use (asked for or found)."""
-    found = dimensions.sizes(made.args, made.kwargs)
+    found = dimensions.sizes(made.args, made.kwargs, made.model)
     for name in sizes:
         if name not in found:
             what = ("a batch dimension (dimension 0)" if name == "batch"
