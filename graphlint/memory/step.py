@@ -274,7 +274,10 @@ class _Tracker(TorchDispatchMode):
                 if block is not None:
                     block.saved_by.append(node.name())
             if node.name() != "torch::autograd::AccumulateGrad":
-                self._hooks.append(node.register_hook(functools.partial(self._node_done, node)))
+                try:
+                    self._hooks.append(node.register_hook(functools.partial(self._node_done, node)))
+                except (RuntimeError, TypeError):  # a node that takes no hooks: its sums stay as the tracker saw them
+                    pass
             stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _node_done(self, node, _grad_inputs, _grad_outputs) -> None:
