@@ -157,3 +157,59 @@ def bag_recommender():
     offsets = torch.arange(0, batch * per_example, per_example).repeat(4, 1)
     return graphlint.Target(BagRecommender(), (torch.randn(batch, 13), ids, offsets),
                             loss=lambda out: F.binary_cross_entropy_with_logits(out, torch.ones_like(out)))
+
+
+def hf_llama_checkpointed():
+    """transformers' Llama from a small config, random weights, with gradient_checkpointing_enable()."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=2000, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(config)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.randint(0, 2000, (4, 128))
+    return graphlint.Target(model, (), {"input_ids": ids, "labels": ids}, loss=lambda out: out.loss)
+
+
+def fsdp_truth(rank: int, world: int, factory: str) -> int:
+    """One rank's peak over a steady-state step of `factory`'s model under FSDP2 (fully_shard on every repeated
+    block, as graphlint wraps it by default, then the root), as PyTorch's memory profiler records it: the median of
+    three steps."""
+    import statistics
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    from graphlint.capture.loss import choose_loss
+    from graphlint.memory.distributed import blocks_to_shard
+    from graphlint.target import normalize_factory_result
+
+    torch.manual_seed(0)
+    made = normalize_factory_result(globals()[factory]())
+    model = made.model
+    modules = dict(model.named_modules())
+    for name in blocks_to_shard(model, ()):
+        fully_shard(modules[name])
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+
+    def step():
+        output = model(*made.args, **made.kwargs)
+        loss = choose_loss(output, made.loss)
+        loss.backward()
+        optimizer.step()
+        return output, loss
+
+    step()
+    peaks = []
+    for _ in range(3):
+        with profile(profile_memory=True, record_shapes=True, with_stack=True) as prof:
+            optimizer.zero_grad(set_to_none=True)
+            held = step()  # noqa: F841 - the loop holds the output and loss to the end of the step
+        del held
+        _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+        peaks.append(max(sum(at) for at in sizes))
+    return statistics.median_low(peaks)
