@@ -4,7 +4,9 @@ tensors carry them. The memory step's `--batch`/`--seq` (graphlint.memory.measur
 
 The batch is dimension 0 of the leading input (the first tensor, positional arguments first, then keyword
 arguments); the sequence is dimension 1 of the first input that has one: token ids (B, T), codebook ids
-(B, T, K) or embeddings (B, T, C), never images (B, C, H, W) or features (B, F). Another input carries the batch
+(B, T, K) or embeddings (B, T, C), never images (B, C, H, W) or features (B, F), of an input whose dimension 0
+is the batch; audio features (B, C, L) that the model's first Conv1d reads as C channels have it in dimension 2
+(the memory step, which has the model, knows). Another input carries the batch
 when its dimension 0 has the batch's size, and the sequence in every dimension past 0 of the sequence's size (a
 (B, T, T) mask in both); anything else, a rotary table (T, D/2) beside (B, T, D) or a graph's `edge_index`
 (2, E), is left as it is.
@@ -32,15 +34,35 @@ def has_sequence(tensor: torch.Tensor) -> bool:
     return tensor.dim() >= 2
 
 
-def sizes(args: tuple, kwargs: dict) -> dict[str, int]:
-    """The batch and sequence sizes of these inputs, those that they have ("batch", "seq" as keys)."""
+def sizes(args: tuple, kwargs: dict, model: torch.nn.Module | None = None) -> dict[str, int]:
+    """The batch and sequence sizes of these inputs, those that they have ("batch", "seq" as keys). The sequence
+    comes from an input that carries the batch in dimension 0 (a (tables, indices) stack of embedding-bag ids does
+    not); with the `model`, a (B, C, L) input whose C is the channels of the model's first Conv1d (mel bins) has
+    its sequence in dimension 2."""
     tensors = input_tensors(args, kwargs)
     found = {}
-    for name, dim in DIMENSIONS.items():
-        first = next((t for t in tensors if t.dim() > dim and (name == "batch" or has_sequence(t))), None)
-        if first is not None and first.shape[dim]:
-            found[name] = first.shape[dim]
+    first = next((t for t in tensors if t.dim() > 0), None)
+    if first is not None and first.shape[0]:
+        found["batch"] = first.shape[0]
+    for tensor in tensors:
+        if tensor.dim() < 2 or not has_sequence(tensor):
+            continue
+        if "batch" in found and tensor.shape[0] != found["batch"]:
+            continue
+        dim = 2 if model is not None and channels_first(tensor, model) else 1
+        if tensor.shape[dim]:
+            found["seq"] = tensor.shape[dim]
+        break
     return found
+
+
+def channels_first(tensor: torch.Tensor, model: torch.nn.Module) -> bool:
+    """Whether a floating (B, C, L) input is channels first: its C is the input channels of the model's first
+    Conv1d (and not also its length)."""
+    if not tensor.is_floating_point() or tensor.dim() != 3 or tensor.shape[1] == tensor.shape[2]:
+        return False
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv1d)), None)
+    return conv is not None and conv.in_channels == tensor.shape[1]
 
 
 def carried(tensor: torch.Tensor, name: str, size: int) -> list[int]:

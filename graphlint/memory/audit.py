@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from graphlint.capture.loss import choose_loss
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, modeled_scratch, rises
+from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, modeled_scratch, quiet_profile, rises
 from graphlint.memory.step import kept_by
 
 # a difference smaller than this many bytes, or than this share of the op's inputs and outputs, is noise
@@ -106,7 +106,7 @@ def record_calls(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Cal
 
 def audit_calls(calls: list[tuple]) -> list[Finding]:
     """Replay each call on CPU (under the profiler) and on meta (under graphlint's models) and compare."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     findings = []
     measured = []
@@ -117,8 +117,7 @@ def audit_calls(calls: list[tuple]) -> list[Finding]:
                 func(*args, **kwargs)
             except Exception:
                 continue
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
-                     with_stack=True) as prof:
+        with quiet_profile(record_shapes=True, with_stack=True) as prof:
             torch.zeros(1)  # the tensors alive before are on the timeline from its first event: one before the calls
             for index, (func, (args, kwargs)) in enumerate(prepared):
                 with record_function(f"graphlint-audit:{index}"):

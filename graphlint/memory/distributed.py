@@ -7,7 +7,9 @@ parameters in forward; fake tensors have sizes and no memory), and run through t
 estimate, under a tracker that also sees FSDP's storage resizes (the unsharded parameters are freed by resizing
 their storage to 0 and allocated again by resizing it back). What FSDP allocates is read from where it allocates
 it: the all-gather buffers, the unsharded parameters, the reduce-scatter buffers, the sharded gradients. FSDP2
-pads every shard to the same size, so every rank holds the same bytes; the step is run as rank 0.
+pads every shard to the same size, so every rank holds the same bytes of parameters and gradients; the optimizer's
+state follows the unpadded shard, so rank 0 holds that of parameters whose first dimension is smaller than the ranks
+(a (1, D) token): the step is run as rank 0, the largest.
 
 DDP: the step of the whole model (every rank holds all of it) plus DDP's gradient buckets, sized by DDP's own
 bucket assignment (`bucket_cap_mb`, 25 MiB by default, over the trainable parameters in reverse order, as the

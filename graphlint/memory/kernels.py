@@ -9,8 +9,9 @@ differ in memory, the step on meta is made to take the device's path here:
   ops as the CPU kernel, in its order, and the workspace gets the size the CPU kernel gives it, measured by
   running that kernel at four small sizes (it is bilinear in the sequence length and the batch, within 0.1%
   at the sizes models use).
-- **GRU and RNN on CPU** run torch's generic loop with the input projection computed once for the whole
-  sequence (a CPU-only branch); on meta it is computed step by step. Here the step on meta runs the CPU's loop.
+- **GRU and RNN on CPU**, and an LSTM that oneDNN does not take (`torch.backends.mkldnn` switched off, a
+  projection), run torch's generic loop with the input projection computed once for the whole sequence (a
+  CPU-only branch); on meta it is computed step by step. Here the step on meta runs the CPU's loop.
 
 For `--train-on cuda` the cuDNN RNN reserve space is not measured (no GPU here): see docs/memory.md.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +39,9 @@ class CpuKernelsOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch._VF.lstm and len(args) == 9 and _on_meta(args[0]) and _onednn_lstm_applies(*args):
-            return _onednn_lstm(*args)
+        if func is torch._VF.lstm and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
+            # oneDNN's kernel where torch's use_mkldnn picks it (its switch on, no projection), else aten's loop
+            return _onednn_lstm(*args) if _onednn_lstm_applies(*args) else _generic_rnn("lstm", *args)
         if func in _GENERIC and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
             return _generic_rnn(_GENERIC[func], *args)
         return call_inside(self, func, types, args, kwargs)  # active in backward too (a checkpoint's recompute)
@@ -46,6 +50,34 @@ class CpuKernelsOnMeta(TorchFunctionMode):
 def _on_meta(value) -> bool:
     # a fake tensor (a sharded step under FakeTensorMode) runs the same meta functions as a meta one
     return isinstance(value, torch.Tensor) and (value.device.type == "meta" or isinstance(value, FakeTensor))
+
+
+# What CUDA's kernels allocate for themselves, which the step (on meta or CPU) cannot see: aten op -> what it is.
+_CUDA_WORKSPACES = {
+    ("convolution", "convolution_backward"): "cuDNN's convolution workspace (its size follows the algorithm cuDNN "
+                                             "picks)",
+    ("mm", "addmm", "bmm", "baddbmm"): "cuBLAS's workspace (allocated once per stream and kept; "
+                                       "CUBLAS_WORKSPACE_CONFIG sets it)",
+    ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        "the fused attention kernels' workspace",
+}
+_CUDA_RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def cuda_workspace_note(ops: set[str], module_types: set[str]) -> str | None:
+    """For a step meant for CUDA: the kernels of the step that allocate memory of their own on a GPU, which
+    graphlint does not count (no GPU runs the step), said as one note; None when the step has none."""
+    seen = [what for names, what in _CUDA_WORKSPACES.items() if not ops.isdisjoint(names)]
+    if any(kind in module_types for kind in _CUDA_RECURRENT):
+        seen.insert(0, "cuDNN's reserve space of the recurrent layers, which autograd keeps until backward")
+    if not seen:
+        return None
+    return ("not counted: what CUDA's kernels allocate for themselves, " + "; ".join(seen)
+            + " (graphlint runs no GPU; --train-on cpu counts the CPU kernels' own memory)")
+
+
+def _on_cpu(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.layout == torch.strided
 
 
 def _onednn_lstm_applies(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
@@ -99,22 +131,49 @@ def _onednn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidi
 class CpuKernelMemory(TorchDispatchMode):
     """Pushed inside the step's tracker, so that what it allocates is tracked: the scratch CPU kernels hold while
     they run (modeled_scratch), allocated before the op and freed after it, and oneDNN's LSTM workspace at its
-    CPU size (the meta function returns it empty)."""
+    CPU size (the meta function returns it empty). On the meta device and on CPU alike: a CPU kernel's own
+    allocations happen below the dispatcher, where no tracker sees them (a step that could not run on meta runs
+    the real kernels, which allocate the same scratch unseen). `unmodelled`: what it could not count, for notes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unmodelled: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not args or not _on_meta(args[0]) and not (len(args) > 1 and _on_meta(args[1])):
+        # a step on meta can pass a host scalar beside its meta tensors: the kernel is the meta tensor's
+        first = next((a for a in args[:2] if _on_meta(a)), None)
+        if first is None:
+            first = next((a for a in args[:2] if _on_cpu(a)), None)
+        if first is None:
             return func(*args, **kwargs)
+        _probe_failed[0] = False
         size = modeled_scratch(func, args)
-        device = (args[0] if _on_meta(args[0]) else args[1]).device
-        scratch = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+        missed = unmodelled_scratch(func, args)
+        if _probe_failed[0]:
+            missed = f"the scratch of {func.__name__}, whose kernel graphlint's probe could not run at the call's sizes"
+        if missed:
+            self.unmodelled.add(missed)
+        scratch = torch.empty(size, dtype=torch.uint8, device=first.device) if size else None
         out = func(*args, **kwargs)
         del scratch
-        if func is _FORWARD and args[15] and torch.is_grad_enabled():  # train: the kernel makes a workspace
+        if func is _FORWARD and args[15] and torch.is_grad_enabled() and _on_meta(first):
+            # train: the kernel makes a workspace, which the meta function returns empty
             steps, batch, inputs = args[0].shape
             size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
             out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
         return out
+
+
+def unmodelled_scratch(func, args) -> str | None:
+    """What of this CPU kernel's own memory graphlint does not count, said for a note; None when it is modelled
+    (or known to be nothing)."""
+    matrices = _BLAS.get(func)
+    if matrices is not None and args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
+        if args[matrices[0]].numel() * args[matrices[1]].shape[-1] > SMALL_PRODUCT:
+            return ("oneDNN's packing buffers of bfloat16 or half matrix products larger than 2^31 multiply-adds "
+                    "(not measured: it would take the kernel's own time)")
+    return None
 
 
 def modeled_scratch(func, args) -> int:
@@ -213,6 +272,7 @@ def _call_key(args, batched: tuple[tuple[int, ...], tuple[int, ...]], size: int)
     return tuple(spec(a, i) for i, a in enumerate(args))
 
 
+_probe_failed = [False]  # set when a probe could not run the kernel at a call's sizes (read per call)
 _threads: list[int | None] = [None]  # the threads the probes run with (None: this process's); see probe_threads
 
 
@@ -229,7 +289,10 @@ def probe_threads(count: int | None):
 
 
 def _measured_scratch(func, key: tuple) -> int:
-    return _measured_at(func, key, _threads[0] or torch.get_num_threads())
+    measured = _measured_at(func, key, _threads[0] or torch.get_num_threads())
+    if measured < 0:
+        _probe_failed[0] = True
+    return max(0, measured)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -247,7 +310,7 @@ def _measured_at(func, key: tuple, threads: int) -> int:
 
 
 def _measure(func, key: tuple) -> int:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     def make(value):
         if isinstance(value, tuple) and value and value[0] == "tensor":
@@ -267,11 +330,11 @@ def _measure(func, key: tuple) -> int:
         args = [make(v) for v in key]
         try:
             func(*args)  # once before measuring: a first call sets up buffers it keeps
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            with quiet_profile() as prof:
                 with record_function("graphlint-probe"):
                     out = func(*args)
-        except Exception:  # a call the probe cannot make at these sizes: nothing is modeled
-            return 0
+        except Exception:  # a call the probe cannot make at these sizes: nothing is modeled, and a note says so
+            return -1
         made = sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_leaves(out)
                    if isinstance(t, torch.Tensor))
         return max(0, rises(prof, ["graphlint-probe"])[0] - made)
@@ -331,7 +394,7 @@ def onednn_lstm_memory(inputs: int, hidden: int, dtype: torch.dtype = torch.floa
 
 
 def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     def zeros(*shape, grad=False):
         return torch.zeros(*shape, device="cpu", dtype=dtype, requires_grad=grad)
@@ -340,7 +403,7 @@ def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype)
         4 * hidden, hidden, grad=True)
     b_ih, b_hh, h, c = zeros(4 * hidden, grad=True), zeros(4 * hidden, grad=True), zeros(batch, hidden), zeros(
         batch, hidden)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profile() as prof:
         with record_function("graphlint-forward"):
             out = _FORWARD(x, w_ih, w_hh, b_ih, b_hh, h, c, False, [], _LSTM, hidden, 1, True, False, False, True)
         with record_function("graphlint-backward"):
@@ -351,6 +414,36 @@ def _probe(steps: int, batch: int, inputs: int, hidden: int, dtype: torch.dtype)
     made = sum(t.untyped_storage().nbytes() for t in out[:3]) + workspace
     made_back = sum(t.untyped_storage().nbytes() for t in grads if isinstance(t, torch.Tensor))
     return workspace, max(0, forward - made), max(0, backward - made_back)
+
+
+@contextlib.contextmanager
+def quiet_profile(**options):
+    """PyTorch's profiler recording CPU memory, for graphlint's probes of kernels, with the process's native
+    stderr sent nowhere while it runs: Kineto writes `USDT ... profiler_start` and `profiler_stop` lines there. A
+    probe runs kernels only, never the user's code, so none of the user's output is hidden."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _native_stderr_discarded(), profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                             **options) as prof:
+        yield prof
+
+
+@contextlib.contextmanager
+def _native_stderr_discarded():
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no file descriptor 2 to borrow: leave it as it is
+        yield
+        return
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
 
 
 def rises(prof, names: list[str]) -> list[int]:
@@ -397,11 +490,14 @@ _GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rn
 
 def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     """aten's generic RNN loop as it runs on CPU (_rnn_impl with FullLayer): the input projection of each layer
-    and direction is one matmul over the whole sequence, then the cells step through time."""
+    and direction is one matmul over the whole sequence, then the cells step through time. An LSTM's hidden state
+    is the pair (h, c), and with a projection (h narrower than c) each layer has a fifth weight, w_hr."""
     x = input.transpose(0, 1) if batch_first else input
     directions = 2 if bidirectional else 1
-    per = 4 if has_biases else 2
-    hiddens = hx.unbind(0)
+    lstm = mode == "lstm"
+    projected_lstm = lstm and hx[0].shape[-1] != hx[1].shape[-1]
+    per = (4 if has_biases else 2) + (1 if projected_lstm else 0)
+    hiddens = list(zip(hx[0].unbind(0), hx[1].unbind(0), strict=True)) if lstm else hx.unbind(0)
     hy = []
     for layer in range(num_layers):
         outputs = []
@@ -410,12 +506,13 @@ def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train
             weights = params[index * per:(index + 1) * per]
             w_ih, w_hh = weights[0], weights[1]
             b_ih, b_hh = (weights[2], weights[3]) if has_biases else (None, None)
+            w_hr = weights[-1] if projected_lstm else None
             projected = F.linear(x, w_ih, b_ih).unbind(0)
             h = hiddens[index]
             steps = []
             for t in (reversed(range(len(projected))) if direction == 1 else range(len(projected))):
-                h = _cell(mode, projected[t], h, w_hh, b_hh)
-                steps.append(h)
+                h = _lstm_cell(projected[t], h, w_hh, b_hh, w_hr) if lstm else _cell(mode, projected[t], h, w_hh, b_hh)
+                steps.append(h[0] if lstm else h)
             if direction == 1:
                 steps.reverse()
             outputs.append(torch.stack(steps))
@@ -423,8 +520,23 @@ def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train
         x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
         if dropout > 0 and train and layer < num_layers - 1:
             x = F.dropout(x, dropout, True)
+    if lstm:  # aten's make_tuple(outputs, stack(hy), stack(cy)) evaluates its arguments last to first
+        cy = torch.stack([c for _, c in hy])
+        hy = torch.stack([h for h, _ in hy])
+        return (x.transpose(0, 1) if batch_first else x), hy, cy
     hy = torch.stack(hy)
     return (x.transpose_(0, 1) if batch_first else x), hy
+
+
+def _lstm_cell(projected, hidden, w_hh, b_hh, w_hr):
+    """One step of aten's LSTMCell with the input already projected (its CPU path; CUDA fuses the gates)."""
+    hx, cx = hidden
+    gates = F.linear(hx, w_hh, b_hh).add_(projected)
+    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
+    ingate, forgetgate, cellgate, outgate = ingate.sigmoid_(), forgetgate.sigmoid_(), cellgate.tanh_(), outgate.sigmoid_()
+    cy = (forgetgate * cx).add_(ingate * cellgate)
+    hy = outgate * cy.tanh()
+    return (hy.matmul(w_hr.t()) if w_hr is not None else hy), cy
 
 
 def _cell(mode, projected, hidden, w_hh, b_hh):

@@ -29,6 +29,7 @@ from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
 from graphlint.target import Target, TargetSpec, importable
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FAILURE_CHARS = 240  # of the meta device's failure, in the note of a CPU run
 
 
 @dataclass
@@ -57,10 +58,10 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
             lambda on: _trace(loaded.factory, on, request, {}), request.device,
             lambda failure: TargetFailure(f"cannot measure on the meta device: {failure}; "
                                           "use --device auto (the default) or --device cpu"))
-        notes = [f"measured on CPU because {meta_failure}"] if meta_failure is not None else []
+        notes = [fallback_note(meta_failure, request.train_on)] if meta_failure is not None else []
         result = estimate(trace, text)
         result.output_held = not request.release_output
-        result.notes = notes
+        result.notes = notes + trace.notes
         result.notes.extend(f"the forward enters torch.autocast(\"{kind}\") regions, which torch switches off on "
                             f"a machine without {kind.upper()}, so graphlint counts them in float32; --autocast bf16 "
                             f"or fp16 counts the forward as CUDA's autocast runs it" for kind in trace.unseen_autocast)
@@ -79,6 +80,19 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
             else:
                 result.notes.append("no input has a batch dimension, so there is no largest batch to find")
     return result
+
+
+def fallback_note(failure: NeedsRealValues, train_on: str) -> str:
+    """The note of a step run on CPU because graphlint's run on the meta device failed: the limit is graphlint's
+    (the meta device has no values, or a stand-in of graphlint's cannot run the call), never the model's."""
+    why = str(failure)
+    if len(why) > FAILURE_CHARS:  # torch's dispatcher errors list every backend: the first sentence says it
+        why = why[:FAILURE_CHARS].rstrip() + "…)"
+    note = (f"measured on CPU because {why}: the meta device, on which graphlint runs a step without its memory, "
+            "cannot run this one, so the model was built and its step run for real, at the model's own size")
+    if train_on == "cuda":
+        note += "; on CPU the step takes the CPU's kernels where they differ from CUDA's (attention, recurrent layers)"
+    return note
 
 
 def step_estimate(made: Target, device: str, budget: int | None = None, optimizer: str = "adamw") -> MemoryEstimate:
@@ -238,7 +252,7 @@ def meta_failure(error: BaseException) -> str:
 def resize_inputs(made: Target, sizes: dict[str, int]) -> dict[str, int]:
     """Give the inputs the batch and sequence sizes asked for (graphlint.capture.dimensions says which inputs
     carry them); the sizes in use (asked for or found)."""
-    found = dimensions.sizes(made.args, made.kwargs)
+    found = dimensions.sizes(made.args, made.kwargs, made.model)
     for name in sizes:
         if name not in found:
             what = ("a batch dimension (dimension 0)" if name == "batch"

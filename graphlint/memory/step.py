@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch._prims_common
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta
+from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, cuda_workspace_note
 from graphlint.memory.modes import call_inside
 
 # Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
@@ -66,6 +67,8 @@ class StepTrace:
     roles: dict[int, str] = field(default_factory=dict)  # id(block) -> what distribution makes of it (FSDP, DDP)
     # devices whose torch.autocast regions the forward entered and torch switched off here (no CUDA on this machine)
     unseen_autocast: list[str] = field(default_factory=list)
+    # What the estimate rests on that graphlint could not see, each said as one sentence for the report's notes.
+    notes: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -160,10 +163,27 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     tracker.finish(trainable)
     for p in (*trainable, *updated):
         p.grad = None
-    return StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
+    trace = StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
                      getattr(tracker, "roles", {}), sorted(set(unseen)))
+    trace.notes = _unseen(tracker, memory, train_on, set(trace.module_types.values()))
+    return trace
+
+
+def _unseen(tracker: _Tracker, memory, train_on: str, module_types: set[str]) -> list[str]:
+    """Notes on what the step made or needs that the tracker could not count."""
+    notes = []
+    if tracker.unseen_layouts:
+        notes.append("not counted: the step's tensors of layouts with no single storage for graphlint to follow ("
+                     + ", ".join(sorted(tracker.unseen_layouts)) + ")")
+    if isinstance(memory, CpuKernelMemory):
+        notes.extend(f"not counted: {what}" for what in sorted(memory.unmodelled))
+    if train_on == "cuda":
+        note = cuda_workspace_note(tracker.ops, module_types)
+        if note:
+            notes.append(note)
+    return notes
 
 
 @contextlib.contextmanager
@@ -237,6 +257,10 @@ class _Tracker(TorchDispatchMode):
         self.inputs: dict[str, int] = {}
         self._names = {id(m): name for name, m in model.named_modules()}
         self._hooks: list = []
+        self.ops: set[str] = set()  # the aten ops the step ran (their overload packets' names)
+        self.unseen_layouts: set[str] = set()  # layouts of tensors the step made that have no storage to follow
+        self._finished_node = None  # the backward node whose outputs the engine is adding into input buffers
+        self._accumulated: list[tuple[Block, Block]] = []  # (the buffer's gradient, the sum made beside it)
 
     def __enter__(self):
         self._hooks = [
@@ -248,6 +272,7 @@ class _Tracker(TorchDispatchMode):
     def __exit__(self, *exc):
         for hook in self._hooks:
             hook.remove()
+        self._hooks = []
         return super().__exit__(*exc)
 
     def phase(self, name: str) -> None:
@@ -280,7 +305,17 @@ class _Tracker(TorchDispatchMode):
                 block = self._block_of(tensor)
                 if block is not None:
                     block.saved_by.append(node.name())
+            if node.name() != "torch::autograd::AccumulateGrad":
+                try:
+                    self._hooks.append(node.register_hook(functools.partial(self._node_done, node)))
+                except (RuntimeError, TypeError):  # a node that takes no hooks: its sums stay as the tracker saw them
+                    pass
             stack.extend(next_node for next_node, _ in node.next_functions)
+
+    def _node_done(self, node, _grad_inputs, _grad_outputs) -> None:
+        # After a node's post hooks the engine adds its outputs into the input buffers of the nodes they go to;
+        # until the next node runs, an add under this node is that accumulation (InputBuffer::accumulate).
+        self._finished_node = node
 
     def existing(self, tensor: torch.Tensor, kind: str, module: str) -> None:
         block = self._track(tensor, "", module, "", made=-1)
@@ -290,6 +325,8 @@ class _Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         op = func.__name__
+        self.ops.add(func._opname)
+        node = None
         if self.current == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
@@ -298,6 +335,10 @@ class _Tracker(TorchDispatchMode):
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self._track(tensor, self.current, module, op)
+        if func is _ADD and node is not None and node is self._finished_node and _accumulates_in_place(args, out):
+            old, total = self._block_of(args[0]), self._block_of(out)
+            if old is not None and total is not None and old is not total:
+                self._accumulated.append((old, total))
         return out
 
     def _block_of(self, tensor: torch.Tensor) -> Block | None:
@@ -312,6 +353,7 @@ class _Tracker(TorchDispatchMode):
         try:
             storage = tensor.untyped_storage()
         except Exception:  # sparse or nested tensors: no single storage to follow
+            self.unseen_layouts.add("nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch."))
             return None
         key = id(storage)
         block = self._known.get(key)
@@ -350,6 +392,41 @@ class _Tracker(TorchDispatchMode):
                 continue
             if block.phase in ("forward", "loss") and (block.freed is None or block.freed >= backward):
                 block.kind = "activation"
+        self._accumulate_in_place()
+
+    def _accumulate_in_place(self) -> None:
+        """The engine adds a gradient into an input buffer in place when the buffer holds the last reference to
+        its tensor, but not while a dispatch mode (this tracker) is active or on meta tensors
+        (ATen's isTensorSubclassLike): there each sum was a new tensor beside the old one, freed at once. Here each
+        such sum becomes the old buffer itself, alive until the sum's end, as the real kernels run it."""
+        merged: dict[int, Block] = {}
+        dropped = set()
+        for old, total in self._accumulated:
+            old = merged.get(id(old), old)
+            if old.freed != total.made + 1:  # another reference kept the buffer: the engine adds out of place
+                continue
+            old.freed = total.freed
+            if total.kind == "gradient":
+                old.kind = "gradient"
+            merged[id(total)] = old
+            dropped.add(id(total))
+        if dropped:
+            self.blocks = [b for b in self.blocks if id(b) not in dropped]
+
+
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _accumulates_in_place(args, out) -> bool:
+    """Whether the engine's sum of two gradients would be made in place on a plain device tensor (its
+    can_accumulate_inplace, less the reference counts, which the tracker reads from the frees that follow): grad
+    mode off, a dense strided buffer of the sum's own shape and dtype, no scaled second operand."""
+    if torch.is_grad_enabled() or len(args) != 2 or not all(isinstance(a, torch.Tensor) for a in args):
+        return False
+    old, new = args
+    return (old.layout == torch.strided and new.layout == torch.strided and not old.is_nested
+            and not old._is_zerotensor() and old.shape == out.shape and old.dtype == out.dtype
+            and torch._prims_common.is_non_overlapping_and_dense_or_false(old))
 
 
 F = torch.nn.functional
