@@ -6,6 +6,7 @@
     python benchmarks/run.py --only server  # the language server alone (benchmarks/server.py)
     python benchmarks/run.py --only fix     # check --diff against check on the shipped example
     python benchmarks/run.py --only floor   # the floor table alone (GPT-2-small and Llama-7B shapes)
+    python benchmarks/run.py --only plugin  # a generated test suite, plain and with pytest --graphlint
 
 For each target the commands are interleaved (floor, graphlint, dynamo, floor, graphlint, ...) and repeated,
 so that drift in the machine's speed hits all of them alike; the medians of wall time and of peak resident
@@ -23,6 +24,10 @@ once per process.
 The fix scenario times `graphlint check --diff` on the shipped example (examples/attention/model.py:make_model,
 whose GL101 fix is proven: the original and rewritten models run in float64 and the rewritten one is linted
 again) against a plain `graphlint check` of it, in the same run.
+
+The plugin scenario runs a generated suite of 36 small model tests (benchmarks/plugin_suite.py: 4 model classes
+each built and trained by 8 tests at lines of their own, and a parametrized test with 4 more configurations: 8
+distinct models) with `pytest` and with `pytest --graphlint`, in one process tree each, and prints the ratio.
 
 The server scenario (benchmarks/server.py) times `graphlint server` from opening the GPT-2-small shape to its
 first diagnostics, and from saving a change to the new diagnostics, against a cold `graphlint check` of it, with
@@ -46,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from library_file import write_scenario  # noqa: E402  (beside this script)
 from many_targets import write_small_targets, write_transformers_targets  # noqa: E402
+from plugin_suite import write_suite  # noqa: E402
 import server  # noqa: E402
 
 MODELS = HERE / "models.py"
@@ -140,6 +146,55 @@ def many_targets(repeat: int) -> None:
         print(f"  {label:<22} {wall:>6.2f} s {memory:>8.0f} MiB   {ratio(wall, base[0])} time, {ratio(memory, base[1])} memory")
 
 
+def measure_cpu(command: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak MiB of the tree's summed PSS, CPU seconds of every process of the tree) of one run. CPU
+    is each process's own user and system time, last sampled every 20 ms (a process that outlives its parent, as
+    graphlint's warm parent may, is counted too, which the rusage of waited children would miss)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak, cpu = 0, {}
+    while process.poll() is None:
+        tree = _tree(process.pid)
+        peak = max(peak, sum(_pss_kib(pid) for pid in tree))
+        for pid in tree:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        time.sleep(0.02)
+    wall = time.perf_counter() - start
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed with exit status {process.returncode}")
+    return wall, peak / 1024, sum(cpu.values())
+
+
+def plugin_overhead(repeat: int) -> None:
+    """The generated suite plain and with --graphlint, interleaved: wall time, peak memory and CPU time, which a
+    machine shared with other work changes less than the wall time."""
+    with tempfile.TemporaryDirectory() as folder:
+        project, tests, models = write_suite(Path(folder))
+        pytest = [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(project),
+                  str(project / "tests")]
+        commands = {"plain": pytest, "--graphlint": [*pytest, "--graphlint", "--graphlint-no-fail"]}
+        samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in commands}
+        here = Path.cwd()
+        os.chdir(project)  # the plugin finds the project from where pytest starts
+        try:
+            for _ in range(repeat):
+                for name, command in commands.items():
+                    samples[name].append(measure_cpu(command))
+        finally:
+            os.chdir(here)
+    medians = {name: tuple(statistics.median(s[i] for s in runs) for i in range(3)) for name, runs in samples.items()}
+    print(f"\npytest --graphlint on a generated suite ({tests} tests, {models} distinct models)")
+    for label, (wall, memory, cpu) in medians.items():
+        print(f"  {label:<12} {wall:>6.2f} s {memory:>8.0f} MiB {cpu:>7.2f} s CPU")
+    print(f"  ratio        {ratio(medians['--graphlint'][0], medians['plain'][0])} time, "
+          f"{ratio(medians['--graphlint'][2], medians['plain'][2])} CPU")
+
+
 def fix_proof(repeat: int) -> None:
     target = f"{EXAMPLE}:make_model"
     medians = run({"check": graphlint(target), "check --diff": graphlint(target) + ["--diff"]}, repeat)
@@ -179,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="skip the 7B target and the size sweep")
-    parser.add_argument("--only", choices=("many", "server", "fix", "floor"), help="run only this scenario")
+    parser.add_argument("--only", choices=("many", "server", "fix", "floor", "plugin"), help="run only this scenario")
     options = parser.parse_args()
     print(f"graphlint benchmark, {date.today()}, {platform.machine()} {platform.processor() or ''} "
           f"{os.cpu_count()} cores, Python {platform.python_version()}, median of {options.repeat}")
@@ -191,6 +246,9 @@ def main() -> None:
         return
     if options.only == "fix":
         fix_proof(options.repeat)
+        return
+    if options.only == "plugin":
+        plugin_overhead(options.repeat)
         return
     targets = {"gpt2-small (12 x 768, batch 2, seq 128)": "gpt2_small"}
     if not options.quick:
@@ -234,6 +292,7 @@ def main() -> None:
         wall, memory = run({"cached": graphlint(target, Path(cache))}, options.repeat)["cached"]
         print(f"\ngraphlint re-run with nothing changed (result cache): {wall:.2f} s, {memory:.0f} MiB")
     many_targets(options.repeat)
+    plugin_overhead(options.repeat)
     fix_proof(options.repeat)
     server.measure(options.repeat)
 

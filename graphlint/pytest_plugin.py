@@ -7,7 +7,8 @@ while the tests run; when the session ends, each recording is linted like any ta
 process, under the project's `[tool.graphlint]` settings, suppressions and `--graphlint-baseline`, and the
 findings are printed in the terminal summary in graphlint's text form. The session fails when findings at or
 above `fail-on` exist, unless `--graphlint-no-fail`. Under pytest-xdist each worker records its own models and
-the controlling process lints them all.
+the controlling process lints them all, once per distinct model (`_results`): many tests building the same
+model cost one lint.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def _save(recordings, folder: Path, prefix: str, linting_here: bool, left_out: l
     described = []
     for index, recording in enumerate(recordings):
         entry = {"key": [recording.cls, list(recording.site or ()), recording.configuration], "problem": recording.problem,
-                 "target": recording.target, "factory": recording.factory}
+                 "target": recording.target, "factory": recording.factory, "model": recording.model,
+                 "values": recording.values}
         if recording.data is not None:
             path = folder / f"{prefix}-{index}.pt"
             path.write_bytes(recording.data)
@@ -151,7 +153,7 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
     from graphlint.project import Project
     from graphlint.report import FORMATS as RENDER
     from graphlint.report.text import diagnostics, render_text
-    from graphlint.session import Options, check
+    from graphlint.session import Options, Session
     from graphlint.target import target_text
 
     here = Path(pytest_config.invocation_params.dir)  # where pytest was started: the tests may change folders
@@ -168,15 +170,18 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
         if recording.get("path") and sites[(cls, tuple(site))] > 1:  # one of several configurations built at that line: say which
             recording["name"] += f" with ({configuration})"
     notes = [f"graphlint: note: {r['name']} was not linted: {r['problem']}" for r in recordings if r.get("problem")]
-    names = {target_text("graphlint.recorded:rebuild", kwargs={"path": r["path"]}): r["name"]
-             for r in recordings if r.get("path")}
+    for recording in recordings:
+        if recording.get("path"):
+            recording["text"] = target_text("graphlint.recorded:rebuild", kwargs={"path": recording["path"]})
+    names = {r["text"]: r["name"] for r in recordings if r.get("path")}
     if not names:
         return notes or ["graphlint: no model was called by the tests"], False
     try:
         baseline = pytest_config.getoption("graphlint_baseline")
         options = Options(baseline=here / baseline if baseline else None, timeout=project.config.timeout or None,
                           debug=pytest_config.getoption("graphlint_debug"))
-        report = check(list(names), project, project.config, options, project.root)
+        session = Session([], project, project.config, options, project.root)
+        report = session.report(_results(session, [r for r in recordings if r.get("path")]))
     except GraphlintError as error:
         return [single_line(f"graphlint: error: {error}")], True
     _rename(report, names)
@@ -193,6 +198,49 @@ def _lint(recordings: list[dict], pytest_config: pytest.Config) -> tuple[list[st
             return [f"graphlint: error: cannot write {output}: {error.strerror or error}"], True
         text.append(f"graphlint: report written to {output}")
     return notes + diagnostics(report) + text, report.failing
+
+
+def _results(session, recordings: list[dict]) -> list:
+    """Each recording's result, linting one recording of each distinct model: the same class, constructor call
+    (module arguments by their own constructor calls, tensors by value), torch's defaults and inputs of the same
+    kinds, dtypes and shapes, which is all a capture on the meta device sees. Where that capture ran elsewhere
+    (the CPU: the model needs its inputs' values), the recordings of the model with other input values are linted
+    too, one per distinct value. A result shared is reported under each recording's name, so that every finding
+    names each test's model it comes from."""
+    linted: dict[str, object] = {}
+
+    def lint(group: list[dict]) -> None:
+        if group:
+            texts = [r["text"] for r in group]
+            linted.update(zip(texts, session.results(texts), strict=True))
+
+    first: dict[str, dict] = {}  # the `model` digest (or, without one, the recording's own target) -> its lint
+    for recording in recordings:
+        first.setdefault(recording.get("model") or recording["text"], recording)
+    lint(list(first.values()))
+    again: dict[tuple, dict] = {}  # (model, values) -> the lint of a model that saw its inputs' values
+    for recording in recordings:
+        model = recording.get("model") or recording["text"]
+        if linted[first[model]["text"]].device != "meta" and recording.get("values") != first[model].get("values"):
+            again.setdefault((model, recording.get("values")), recording)
+    lint(list(again.values()))
+    results = []
+    for recording in recordings:
+        model = recording.get("model") or recording["text"]
+        source = again.get((model, recording.get("values")), first[model])
+        results.append(_as_result_of(linted[source["text"]], recording["text"]))
+    return results
+
+
+def _as_result_of(result, target: str):
+    """Another target's result as this target's: the same findings, notes and errors under its name."""
+    def own(text: str) -> str:
+        return target if text == result.target else text
+
+    return dataclasses.replace(
+        result, target=target, findings=[dataclasses.replace(f, targets=tuple(map(own, f.targets))) for f in result.findings],
+        errors=[dataclasses.replace(e, target=own(e.target)) for e in result.errors], notes=list(result.notes),
+        failures=list(result.failures))
 
 
 def _commands(report, recordings: list[dict], here: Path, factories: Path) -> list[str]:

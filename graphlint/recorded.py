@@ -7,13 +7,16 @@ recorded: the constructor's arguments and the call's inputs, copied and detached
 `torch.save` right away, so that what the test does afterwards (in-place changes, more calls, other devices)
 cannot alter them. Each recording becomes the target `graphlint.recorded:rebuild --init path=FILE`,
 whose child process calls the class again with the recorded arguments on the capture device (meta where
-possible) and runs the recorded inputs: the model's own construction is seen, as for any target.
+possible) and runs the recorded inputs: the model's own construction is seen, as for any target. Each recording
+carries digests of what its lint can depend on (`Recording.model`, `Recording.values`), so that the plugin lints
+one model built by many tests once.
 
 Constructor arguments or inputs that `torch.save` cannot write (a lambda, a class defined inside a test) stay in
 `IN_MEMORY`, which children forked from the recording process inherit.
 
 A module passed to the constructor that the session saw built is saved as its own constructor call
-(`Rebuild`) and built again too. torch's defaults when the model was built and called (default dtype, autocast)
+(`Rebuild`) and built again too; a tuple subclass with its own `__new__` is kept as its items (`TupleOf`) and
+made again without calling it. torch's defaults when the model was built and called (default dtype, autocast)
 are saved with it and set again by the rebuild and by a written factory.
 
 Recording never changes the test: everything it does runs in a guard whose failure becomes the model's note;
@@ -56,6 +59,11 @@ class Recording:
     target: str | None = None  # the target text that builds it with literal --init and --input, when one can
     factory: str | None = None  # else the source of a factory that builds it, when its arguments can be written
     configuration: str = ""  # its constructor's arguments, as text: what tells it from the others of its site
+    # What the lint of it can depend on, as digests: `model` of its class, constructor call, torch's defaults and
+    # its inputs' kinds, dtypes and shapes (what a capture on the meta device sees); `values` of all that with the
+    # inputs' values too (what a capture on the CPU can see). None where a value has no digest: linted alone.
+    model: str | None = None
+    values: str | None = None
 
 
 @dataclass
@@ -263,8 +271,10 @@ class ModelRecorder:
         memo: dict[int, Any] = {}
         args, kwargs = (_recipes(built[0], self._constructor_call, memo),
                         _recipes(built[1], self._constructor_call, memo))
+        inputs = _recipes(inputs, None, {})
         try:
             recording.data = _saved({"cls": cls, "args": args, "kwargs": kwargs, "inputs": inputs, "state": state})
+            recording.model, recording.values = _digests(cls, args, kwargs, inputs, state, recording.data)
         except Exception as error:  # a lambda, a class defined in a test: kept for children forked from here
             recording.kept = (cls, args, kwargs, inputs, state)
             recording.problem = f"its constructor arguments or inputs cannot be saved ({one_line(error)})"
@@ -307,12 +317,38 @@ class Rebuild:
     kwargs: dict = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class TupleOf:
+    """A tuple subclass with a `__new__` of its own (`Shape(*dims)`), kept as its items and attributes: pickling
+    would call that `__new__` with one tuple (`Shape((4, 2))`), so the rebuild makes it as tuple's own `__new__`
+    made it, without calling the class."""
+
+    cls: type
+    items: tuple = ()
+    state: dict = field(default_factory=dict)
+
+
+def _needs_items(value) -> bool:
+    """Whether pickling would rebuild this tuple subclass wrongly: a class of it written in Python defines
+    `__new__`, and none says how it pickles (a namedtuple's `__getnewargs__`, a `__reduce__`)."""
+    kind = type(value)
+    if kind is tuple or not isinstance(value, tuple):
+        return False
+    own = kind.__mro__[:kind.__mro__.index(tuple)]
+    if any(name in vars(base) for base in own for name in ("__getnewargs__", "__getnewargs_ex__", "__reduce__",
+                                                            "__reduce_ex__")):
+        return False
+    return any(isinstance(vars(base).get("__new__"), staticmethod) for base in own)  # C types' __new__ is no staticmethod
+
+
 def _recipes(value: Any, constructor_call, memo: dict[int, Any]) -> Any:
     """Constructor arguments with each module the session saw built replaced by its `Rebuild`; one module passed
-    twice (a shared embedding) is one `Rebuild`, built once. A module built elsewhere stays as it is."""
+    twice (a shared embedding) is one `Rebuild`, built once. A module built elsewhere stays as it is (and every
+    module when `constructor_call` is None: the inputs). A tuple subclass with its own `__new__` becomes a
+    `TupleOf`."""
     import torch
 
-    if isinstance(value, torch.nn.Module):
+    if constructor_call is not None and isinstance(value, torch.nn.Module):
         if id(value) in memo:
             return memo[id(value)]
         call = constructor_call(value)
@@ -326,20 +362,55 @@ def _recipes(value: Any, constructor_call, memo: dict[int, Any]) -> Any:
         return type(value)(_recipes(v, constructor_call, memo) for v in value)
     if type(value) is dict:
         return {k: _recipes(v, constructor_call, memo) for k, v in value.items()}
+    if _needs_items(value):
+        return TupleOf(type(value), tuple(_recipes(v, constructor_call, memo) for v in tuple.__iter__(value)),
+                       dict(getattr(value, "__dict__", {})))
     return value
 
 
 def _built(value: Any, memo: dict[int, Any]) -> Any:
-    """The arguments with each `Rebuild` built again (once each)."""
+    """The arguments with each `Rebuild` built again (once each), and each `TupleOf` made again."""
     if isinstance(value, Rebuild):
         if id(value) not in memo:
             memo[id(value)] = call_user_code(value.cls, *_built(value.args, memo), **_built(value.kwargs, memo))
         return memo[id(value)]
+    if isinstance(value, TupleOf):
+        made = tuple.__new__(value.cls, _built(value.items, memo))
+        if value.state:
+            made.__dict__.update(value.state)
+        return made
     if type(value) in (list, tuple):
         return type(value)(_built(v, memo) for v in value)
     if type(value) is dict:
         return {k: _built(v, memo) for k, v in value.items()}
     return value
+
+
+def _digests(cls, args, kwargs, inputs, state: dict, data: bytes) -> tuple[str | None, str]:
+    """The recording's `model` and `values` digests (see `Recording`): tensors among the inputs count by kind,
+    dtype and shape in the first; constructor tensors by their values in both."""
+    import hashlib
+    import pickle
+
+    import torch
+
+    def described(value):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", str(value.dtype), tuple(value.shape), value.layout, value.is_meta, value.is_complex())
+        if type(value) in (list, tuple):
+            return (type(value).__name__, *map(described, value))
+        if type(value) is dict:
+            return ("dict", *((key, described(item)) for key, item in value.items()))
+        if isinstance(value, TupleOf):
+            return ("TupleOf", value.cls, described(value.items), described(value.state))
+        return value
+
+    try:
+        shapes = pickle.dumps((cls, described(inputs)), protocol=4)
+        model = hashlib.sha256(_saved({"args": args, "kwargs": kwargs, "state": state}) + shapes).hexdigest()
+    except Exception:  # an input no pickle writes by itself: this model is linted alone
+        model = None
+    return model, hashlib.sha256(data).hexdigest()
 
 
 def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
@@ -372,7 +443,7 @@ def as_target(cls, args: tuple, kwargs: dict, inputs: tuple) -> str | None:
         return None
     text = target_text(f"{file}:{cls.__name__}", specs, named)
     try:  # what cannot be written as a literal reads back as something else
-        if TargetSpec.parse(text, Path(file).parent).kwargs != named:
+        if not _written_as(TargetSpec.parse(text, Path(file).parent).kwargs, named):
             return None
     except GraphlintError:
         return None
@@ -452,11 +523,23 @@ def _value_source(value, constructor_call, imports, depth: int) -> str:
         return f"[{inner}]" if isinstance(value, list) else f"({inner},)"
     try:  # a literal is written as what reads back equal
         text = repr(value)
-        if ast.literal_eval(text) == value:
+        if _written_as(ast.literal_eval(text), value):
             return text
     except Exception:
         pass
     raise _Unwritable(type(value).__name__)
+
+
+def _written_as(read, value) -> bool:
+    """Whether text read back as `read` is `value`: equal, and of the same types all through (a tuple subclass
+    such as `Shape(4, 2)` reads back as a plain tuple, equal to it, and is not written by it)."""
+    if type(read) is not type(value):
+        return False
+    if type(value) in (list, tuple):
+        return len(read) == len(value) and all(_written_as(a, b) for a, b in zip(read, value, strict=True))
+    if type(value) is dict:
+        return read.keys() == value.keys() and all(_written_as(read[key], value[key]) for key in value)
+    return read == value
 
 
 def _input_spec(value) -> str | None:
@@ -690,6 +773,7 @@ def rebuild(path: str):
     args, kwargs = _built(args, memo), _built(kwargs, memo)
     model = call_user_code(cls, *args, **kwargs)
     apply_state(state, "call")
+    inputs = _built(inputs, {})
     return Target(model, tuple(inputs[0]), dict(inputs[1]))
 
 

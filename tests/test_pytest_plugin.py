@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 pytest_plugins = ("pytester",)
 
@@ -570,3 +571,133 @@ def test_a_libraries_parameter_free_layer_called_by_a_test_is_not_a_target(pytes
     result.assert_outcomes(passed=2)
     report = json.loads((pytester.path / "out.json").read_text())
     assert report["summary"]["targets"] == 1, report["summary"]  # Scaled only: it has a weight to train
+
+
+class Shape(tuple):
+    """A tuple subclass whose constructor takes the sizes one by one, as `Shape(4, 2)`."""
+
+    def __new__(cls, *sizes):
+        return super().__new__(cls, sizes)
+
+
+class Grid(torch.nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        assert type(shape) is Shape, shape
+        self.fc = torch.nn.Linear(shape[0], shape[1])
+        self.shape = shape
+
+    def forward(self, x, shape):
+        return self.fc(x).reshape(-1, *shape[1:])
+
+
+def test_a_tuple_subclass_with_its_own_new_is_rebuilt_as_the_test_built_it(tmp_path):
+    from graphlint import recorded
+
+    recorder = recorded.ModelRecorder()
+    recorder.install()
+    try:
+        Grid(Shape(4, 2))(torch.randn(3, 4), Shape(3, 2))
+    finally:
+        recorder.uninstall()
+    [recording] = recorder.recordings.values()
+    assert recording.problem is None and recording.target is None  # no command line spells a Shape
+    path = tmp_path / "grid.pt"
+    path.write_bytes(recording.data)
+    made = recorded.rebuild(str(path))  # Shape((4, 2)) before: the constructor's assertion
+    assert type(made.model.shape) is Shape and made.model.shape == (4, 2)
+    assert type(made.args[1]) is Shape and made.args[1] == (3, 2)
+    assert made.model(*made.args).shape == (3, 2)
+
+
+SAME_MODELS = """
+import os
+
+import torch
+from torch import nn
+
+
+def _built(model):
+    with open(os.environ["GRAPHLINT_TEST_BUILDS"], "a") as out:
+        out.write(f"{type(model).__name__} {os.getpid()}\\n")
+
+
+class LogSoftmax(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        _built(self)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return torch.log(torch.softmax(self.fc(x), dim=-1))
+
+
+class Gate(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        _built(self)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        if x.sum() > 0:  # a branch on a value: captured on the CPU, where the inputs' values count
+            return self.fc(x)
+        return x
+"""
+
+SAME_TESTS = """
+import torch
+from zoo.models import Gate, LogSoftmax
+
+
+def test_one():
+    assert LogSoftmax(8)(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_two():
+    assert LogSoftmax(8)(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_three():
+    assert LogSoftmax(8)(torch.randn(2, 8)).shape == (2, 8)
+
+
+def test_gate_random():
+    Gate(8)(torch.randn(2, 8))
+
+
+def test_gate_random_again():
+    Gate(8)(torch.randn(2, 8))
+
+
+def test_gate_ones():
+    Gate(8)(torch.ones(2, 8))
+
+
+def test_gate_ones_again():
+    Gate(8)(torch.ones(2, 8))
+"""
+
+
+@pytest.mark.cli
+def test_one_model_built_at_several_lines_is_linted_once_and_reported_for_each(pytester, monkeypatch):
+    pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/models.py": textwrap.dedent(SAME_MODELS),
+                           "tests/test_same.py": textwrap.dedent(SAME_TESTS)})
+    pytester.makepyprojecttoml('[project]\nname = "zoo"\nversion = "0"\n[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    builds = pytester.path / "builds.txt"
+    monkeypatch.setenv("GRAPHLINT_TEST_BUILDS", str(builds))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
+                                           "--graphlint-output", "out.json", "--graphlint-format", "json", timeout=600)
+    result.assert_outcomes(passed=7)
+    lines = [line.split() for line in builds.read_text().splitlines()]
+    tests = {pid for name, pid in lines[:7]}  # the tests' own constructions, in pytest's process
+    lints = {name: len({pid for n, pid in lines[7:] if n == name and pid not in tests}) for name in ("LogSoftmax", "Gate")}
+    # Each lint runs in a process of its own. One LogSoftmax(8) on float32[2,8], whatever the line: one lint. Gate
+    # is captured on the CPU, where values count: the two random draws are two lints, the two torch.ones one.
+    assert lints == {"LogSoftmax": 1, "Gate": 3}, lines
+    report = json.loads((pytester.path / "out.json").read_text())
+    assert report["summary"]["targets"] == 7, report["summary"]
+    targets = {f["rule"]: f["targets"] for f in report["findings"] if f["rule"] in ("GL204", "GL103")}
+    source = (pytester.path / "tests/test_same.py").read_text().splitlines()
+    built = {name: [f"{name} built at tests/test_same.py:{n}" for n, line in enumerate(source, 1) if f"{name}(8)" in line]
+             for name in ("LogSoftmax", "Gate")}
+    assert sorted(targets["GL204"]) == sorted(built["LogSoftmax"]) and sorted(targets["GL103"]) == sorted(built["Gate"])
