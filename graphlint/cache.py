@@ -96,10 +96,11 @@ class ResultCache:
         self._code = _rules_digest(self._graphlint_code)
 
     def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
-            vary: tuple[str, ...] = (), memory_budget: int | None = None, tags: Collection[str] = ()) -> str:
+            vary: tuple[str, ...] = (), memory_budget: int | None = None, tags: Collection[str] = (),
+            cost_gpu: str | None = None) -> str:
         """The key of one target's entry; `rules` are the IDs of the rules that run on its capture and `tags` their
         tags (graphlint.tags), which say whether `vary`, the input dimensions the torch.compile analysis grows, and
-        `memory_budget` change what the capture finds."""
+        `memory_budget` change what the capture finds; `cost_gpu` the GPU the findings are priced on."""
         fields = {
             "graphlint": self._code,
             "torch": _torch_version(),
@@ -112,6 +113,7 @@ class ResultCache:
             "rules": sorted(rules),
             "vary": list(vary) if COMPILE_TAG in tags else [],
             "memory_budget": memory_budget if BUDGET_TAG in tags else None,
+            **({"cost_gpu": cost_gpu} if cost_gpu is not None else {}),  # absent: the keys made before it stay
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 

@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="the targets are trained with DistributedDataParallel over N ranks: turns on GL402 "
                             "(parameters without a gradient, which DDP refuses); default: distributed in "
                             "[tool.graphlint]")
+    check.add_argument("--gpu", metavar="NAME",
+                       help="say what each performance finding (GL101-GL107, GL204, GL301) costs per training step "
+                            "on this GPU (h100, h200, a100, l4, rtx4090, mi300x) and what its fix saves, as "
+                            "graphlint time prices the step; default: no cost")
+    check.add_argument("--sort", choices=("location", "cost"), default="location",
+                       help="order of the findings: by file and line (default), or by their time per step, most "
+                            "first (needs --gpu)")
     check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
     graph = commands.add_parser("graph", help="report one target's autograd graph",
@@ -346,8 +353,18 @@ def _check(args: argparse.Namespace) -> int:
     from graphlint.report.text import diagnostics, summary
     from graphlint.session import Session
 
+    if args.sort == "cost" and args.gpu is None:
+        raise UsageError("--sort cost orders the findings by their time per step on a GPU; name it with --gpu NAME")
+    cost_gpu = None
+    if args.gpu is not None:
+        from graphlint.timing.devices import accelerator
+
+        if accelerator(args.gpu) is None:
+            raise UsageError(f"unknown GPU {args.gpu!r}; the known ones are {', '.join(_gpu_names())}")
+        cost_gpu = accelerator(args.gpu).name
     project = _discover(args)
     config = project.config.overridden(
+        cost_gpu=cost_gpu,
         device=args.device,
         select=split_codes(args.select),
         extend_select=split_codes(args.extend_select),
@@ -370,6 +387,8 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
     session = Session(targets, project, config, options, base)
     report = session.report(session.results(targets))
+    if args.sort == "cost":
+        report.merged = sorted(report.all_findings, key=_by_cost)
     for line in diagnostics(report):
         print(line, file=sys.stderr)
     if args.diff:
@@ -392,6 +411,11 @@ def _check(args: argparse.Namespace) -> int:
     if report.errors:
         return EXIT_ERROR
     return EXIT_FINDINGS if report.failing else EXIT_CLEAN
+
+
+def _by_cost(finding) -> tuple:
+    """Most time per step first; findings without a cost after, in their usual order."""
+    return (finding.cost is None, -(finding.cost.seconds if finding.cost is not None else 0.0), finding.sort_key())
 
 
 def world_size(value: str, option: str) -> int:

@@ -61,6 +61,7 @@ class Config:
     timeout: float = 600  # seconds per target, so that a forward that never returns cannot hang a hook; 0: none
     vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
     memory_budget: int | None = None  # bytes a training step may peak at (GL401); None: no budget
+    cost_gpu: str | None = None  # check --gpu: the findings' time per step on this GPU (graphlint.costs)
     distributed: str = "none"  # one of DISTRIBUTED: "ddp" turns on the rules tagged ddp (GL402)
     # Folders (absolute) that targets import from, before the project's src/ and root: [tool.graphlint] pythonpath,
     # else [tool.pytest.ini_options] pythonpath, so that graphlint imports the project as its tests do; None when

@@ -30,12 +30,14 @@ from graphlint.target import TargetSpec, add_target_folders, importable
 
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
                 vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
-                compile_memo: str = "", early: Callable[[TargetResult], None] | None = None) -> TargetResult:
+                compile_memo: str = "", early: Callable[[TargetResult], None] | None = None,
+                cost_gpu: str | None = None) -> TargetResult:
     """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows,
     `memory_budget` the bytes a training step may peak at (GL401), `compile_memo` the folder where torch.compile
     analyses are kept across runs ("": none). `early(result)`, when given and a rule that needs the torch.compile
     analysis runs, is handed the other rules' result before that analysis starts (see `_early_result`); what
-    this returns is the same with or without it."""
+    this returns is the same with or without it. `cost_gpu`, a GPU of graphlint.timing.devices, prices the
+    performance findings' time per step on it (graphlint.costs); None: findings carry no cost."""
     after = None
     measured = []
     kept_for_longer = []
@@ -96,7 +98,35 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         result.findings, errors = run_rules(rules, capture, locator, debug)
         result.errors.extend(errors)
         result.failures.extend(locator.failures[failed_before:])
+        if cost_gpu is not None:
+            result.findings = _priced(result, text, base, locator, device, cost_gpu, debug)
     return result
+
+
+def _priced(result: TargetResult, text: str, base: Path, locator: Locator, device: str, gpu: str,
+            debug: bool) -> list:
+    """The findings with their cost on `gpu`: the training step `graphlint time` prices, run only when a finding
+    of a priced rule is there to cost; a step that fails leaves them without, and a note says why."""
+    from graphlint.costs import COSTED, step_lines, with_costs
+
+    if not any(f.rule_id in COSTED for f in result.findings):
+        return result.findings
+    reached("cost")
+    from graphlint.memory.measure import Request
+    from graphlint.timing.devices import accelerator
+    from graphlint.timing.measure import time_step
+
+    priced_on = accelerator(gpu)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            step, records = time_step(text, base, Request(device=device), priced_on, locator.project.pythonpath)
+    except Exception as error:  # the findings stand; only their cost is missing
+        if debug:
+            traceback.print_exc()
+        result.notes.append(f"the findings' cost on {priced_on.label} was not estimated: the training step "
+                            f"raised {one_line(error)}")
+        return result.findings
+    return with_costs(result.findings, step_lines(records, priced_on, step))
 
 
 def _early_result(text: str, capture: Capture, rules: tuple, locator: Locator, debug: bool, measured: list,

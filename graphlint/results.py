@@ -77,6 +77,18 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What a finding costs in one training step on a named device (graphlint.costs): the seconds of the ops at
+    its lines, what its fix would save (None where the saving is not modelled), and the step they are part of."""
+
+    seconds: float  # the ops at the finding's lines, every occurrence, forward, backward and recomputation
+    saves: float | None  # what the rule's fix would save per step; None: not modelled for this rule
+    step_seconds: float  # the whole step on that device
+    device: str  # the device's label
+    batch: int | None = None  # the step's batch size, when the inputs have one
+
+
+@dataclass(frozen=True)
 class Finding:
     """One problem at one source location; `occurrences` counts how often the capture met it there.
 
@@ -102,6 +114,7 @@ class Finding:
     fix: Fix | None = None  # the rewrite the rule offers, still to be proven on the model
     no_fix: str = ""  # why a rule that fixes such findings could not rewrite this one
     saves_bytes: int = 0  # activation memory its fix would keep less for backward, over every occurrence
+    cost: Cost | None = None  # its time per step on a device the user named (check --gpu); None: none named
 
     def sort_key(self) -> tuple:
         loc = self.location
@@ -262,4 +275,5 @@ def finding_from_wire(data: dict) -> Finding:
         "fix": None if data["fix"] is None else Fix(data["fix"]["message"],
                                                     tuple(Edit(**e) for e in data["fix"]["edits"]),
                                                     data["fix"].get("applicability", SAFE)),
+        "cost": None if data.get("cost") is None else Cost(**data["cost"]),
     })

@@ -1,4 +1,4 @@
-"""Byte counts as people write them (`24GiB`, `80GB`, `512MiB`, `1.5 TiB`, a plain number of bytes) and as
+"""Byte counts (and seconds) as people write them (`24GiB`, `80GB`, `512MiB`, `1.5 TiB`, a plain number of bytes) and as
 graphlint prints them. Imports nothing heavy: the configuration reads budgets with it."""
 
 from __future__ import annotations
@@ -38,3 +38,16 @@ def format_bytes(count: int | float) -> str:
             return f"{size:.3g} {unit}"
         size /= 1024
     return f"{size:.3g} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """`1.25 s`, `3.1 ms`, `820 µs`: two significant figures under a second."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{_two_figures(seconds * 1e3)} ms"
+    return f"{_two_figures(seconds * 1e6)} µs"
+
+
+def _two_figures(value: float) -> str:
+    return f"{float(f'{value:.2g}'):g}"  # 368 → "370", never "3.7e+02"

@@ -10,7 +10,7 @@ import json
 
 import graphlint
 from graphlint.files import path_in_project, writable
-from graphlint.results import Fix, Location, Report
+from graphlint.results import Cost, Fix, Location, Report
 
 VERSION = 1
 
@@ -35,6 +35,7 @@ def render_json(report: Report) -> str:
                 "fix": _fix(f.fix, root) if f.fix is not None else None,
                 "no_fix": f.no_fix or None,
                 "saves_bytes": f.saves_bytes or None,
+                **({"cost": _cost(f.cost)} if f.cost is not None else {}),  # only when a device was named
             }
             for f in report.findings
         ],
@@ -56,6 +57,11 @@ def _fix(fix: Fix, root: str) -> dict:
     return {"message": fix.message, "applicability": fix.applicability,
             "edits": [{**_location(Location(e.path, e.line, e.column, e.end_line, e.end_column), root), "text": e.text}
                       for e in fix.edits]}
+
+
+def _cost(cost: Cost) -> dict:
+    return {"time_per_step": cost.seconds, "fix_saves": cost.saves, "step_seconds": cost.step_seconds,
+            "device": cost.device, "batch": cost.batch}
 
 
 def _summary(report: Report) -> dict:

@@ -106,8 +106,16 @@ def _result(finding: Finding, index: dict[str, int], columns: SourceColumns, roo
         occurrence_count=finding.occurrences,
         fixes=[_fix(finding.fix, columns, root)] if finding.fix is not None else None,
         properties={"targets": list(finding.targets),
-                    **({"savesBytes": finding.saves_bytes} if finding.saves_bytes else {})},
+                    **({"savesBytes": finding.saves_bytes} if finding.saves_bytes else {}),
+                    **(_cost(finding.cost) if finding.cost is not None else {})},
     )
+
+
+def _cost(cost) -> dict:
+    """A priced finding's properties (check --gpu): seconds per step, what the fix saves (absent: not modelled)."""
+    return {"timePerStep": cost.seconds, **({"fixSaves": cost.saves} if cost.saves is not None else {}),
+            "stepSeconds": cost.step_seconds, "costDevice": cost.device,
+            **({"costBatch": cost.batch} if cost.batch is not None else {})}
 
 
 def _fix(fix: Fix, columns: SourceColumns, root: Path) -> sarif.Fix:

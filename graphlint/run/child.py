@@ -99,7 +99,8 @@ def _lint(job: LintJob, connection) -> TargetResult:
         _lower_priority()
 
     return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
-                       job.vary, job.memory_budget, job.compile_memo, early if job.partial else None)
+                       job.vary, job.memory_budget, job.compile_memo, early if job.partial else None,
+                       job.cost_gpu)
 
 
 # The torch.compile analysis after an early result is background work: the server publishing that result comes first.

@@ -36,14 +36,15 @@ class LintJob:
     pythonpath: tuple[str, ...] = ()  # the folders the target imports from (graphlint.project)
     compile_memo: str = ""  # the folder of torch.compile analyses kept across runs; "": none (--no-cache)
     partial: bool = False  # send the other rules' findings (`Partial`) before the torch.compile analysis
+    cost_gpu: str | None = None  # price the findings' time per step on this GPU (graphlint.costs); None: no cost
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
            debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
-           compile_memo: str = "", partial: bool = False) -> LintJob:
+           compile_memo: str = "", partial: bool = False, cost_gpu: str | None = None) -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
                    tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath),
-                   compile_memo, partial)
+                   compile_memo, partial, cost_gpu)
 
     def project(self) -> Project:
         return _project(self)
