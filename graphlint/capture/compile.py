@@ -12,6 +12,7 @@ torch's registry `graph_break_registry.json` maps to a `GBnnnn` ID) and the guar
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -417,7 +418,10 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
     only give what compiling the whole model gives (graphlint.capture.compile_regions).
 
     With a `memo` (graphlint.capture.compile_memo.CompileMemo), an earlier run's analysis of the same model,
-    calls and traced code is returned instead, and a new one is kept for the next run."""
+    calls and traced code is returned instead, and a new one is kept for the next run.
+
+    On meta, the dimensions the grown calls change are dynamic from the first compilation on (`_traced_once`), so
+    a model that does not specialise on them is traced once."""
     from graphlint.capture.compile_memo import traced_code_recorded
 
     planned = _calls(made, device, vary)
@@ -434,16 +438,119 @@ def analyse_target(made, device: str, vary: tuple[str, ...] | None = DEFAULT_VAR
     with traced_code_recorded(traced) if key is not None else contextlib.nullcontext(), _as_torch_compile_leaves(), \
             contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         calls, dropped = _accepted(made.model, planned, device)
-        analysis = _shortcut(made.model, calls, device)
+        analysis = _traced_once(made.model, calls, device)
         if analysis is None:
-            analysis = analyse_compile(made.model, calls)
-        if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
-            with torch.device(device):
-                analysis = analyse_compile(made.model, calls)
+            analysis = _analysed(made.model, calls, device)
     analysis.dropped = dropped
     if key is not None and not analysis.unavailable:
         memo.store(key, analysis, traced)
     return analysis
+
+
+def _traced_once(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis | None:
+    """The analysis with the grown calls' dimensions dynamic from the first compilation on
+    (`dynamic_from_the_start`), on a copy of the model; None where it might differ from the analysis without them,
+    which then runs on the untouched model. It stands only when nothing compiled again: no recompile, no
+    recompile-limit hit (nor a limit of 1), no failing call, and no module state or global that changed across the
+    calls. Compiled without the marks, such a model compiles once more on the first grown call (its one-off size
+    recompile, which no rule reports) and only checks guards otherwise; any recompile means the model specialises on
+    something, and its analysis, with every reason and call GL302 names, is the one without the marks. On meta
+    only, where a copy of the model costs no memory."""
+    from graphlint.capture.compile_regions import globals_kept, module_state
+
+    kinds = {label.split()[0] for label, _, _ in calls[1:] if label.split()[0] in dimensions.DIMENSIONS}
+    if device != "meta" or not kinds:
+        return None
+    with globals_kept(model) as kept:
+        try:
+            copied = copy.deepcopy(model)
+        except Exception:  # a model deepcopy refuses: analysed without the marks, as before
+            return None
+        before = module_state(copied)
+        with dynamic_from_the_start(calls[0][1], calls[0][2], kinds) as marked:
+            if not marked:
+                return None
+            analysis = _analysed(copied, calls, device)
+        # Unmarked, the grown call's one-off recompile would reach a recompile_limit of 1: that limit is reported.
+        settled = not (analysis.unavailable or analysis.recompiles or analysis.limit_hit or
+                       any("(failed under" in call for call in analysis.calls)) and analysis.recompile_limit > 1
+        kept.keep = settled and module_state(copied) == before and not kept.changed()
+    return analysis if kept.keep else None
+
+
+def _analysed(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis:
+    """The repeated-block shortcut where it holds, else the whole model compiled; on a device other than the CPU,
+    a forward that fails on the first call is compiled again inside that device's default-device mode."""
+    analysis = _shortcut(model, calls, device)
+    if analysis is None:
+        analysis = analyse_compile(model, calls)
+    if device != "cpu" and analysis.calls and "(failed under" in analysis.calls[0]:
+        with torch.device(device):
+            analysis = analyse_compile(model, calls)
+    return analysis
+
+
+@contextlib.contextmanager
+def dynamic_from_the_start(args: tuple, kwargs: dict, kinds: set[str]):
+    """The dimensions that the grown calls change (`kinds`: "batch", "seq"; graphlint.capture.dimensions) marked
+    with dynamo's `maybe_mark_dynamic` on these inputs' tensors, so that the first compilation already treats them
+    as symbolic and a grown call only checks guards: one trace instead of a static one and a dynamic one. Where
+    the model specialises on a size (a Python loop over it) dynamo keeps it static, as `maybe_` allows without an
+    error, and the grown calls compile again. Yields whether a tensor was marked; the marks are attributes of the
+    inputs, so they are put back as they were. Sizes 0 and 1, dimensions the user marked static, tensor subclasses
+    that wrap others, and a dynamo configured without automatic dynamic shapes get no marks."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    found = dimensions.sizes(args, kwargs) if kinds and _automatic_dynamic_shapes() else {}
+    marks: dict[int, tuple[torch.Tensor, list[int]]] = {}
+    for tensor in dimensions.input_tensors(args, kwargs):
+        if is_traceable_wrapper_subclass(tensor):
+            continue
+        static = tensor.__dict__.get("_dynamo_static_indices", set())  # the user's `mark_static` stands
+        # Dynamo keeps sizes 0 and 1 static even when marked: such a size is left to its automatic dynamic shapes.
+        dims = sorted({dim for kind in kinds if kind in found for dim in dimensions.carried(tensor, kind, found[kind])
+                       if dim not in static and tensor.shape[dim] >= 2})
+        if dims:
+            marks[id(tensor)] = (tensor, dims)
+    saved = [(tensor, {name: _attribute(tensor, name) for name in _DYNAMO_MARKS}) for tensor, _ in marks.values()]
+    try:
+        if marks:
+            from torch._dynamo import maybe_mark_dynamic
+
+            for tensor, dims in marks.values():
+                maybe_mark_dynamic(tensor, dims)
+        yield bool(marks)
+    finally:
+        for tensor, attributes in saved:
+            for name, (present, value, contents) in attributes.items():
+                if not present:
+                    tensor.__dict__.pop(name, None)
+                    continue
+                if isinstance(value, set):
+                    value.clear()
+                    value.update(contents)
+                setattr(tensor, name, value)
+
+
+def _automatic_dynamic_shapes() -> bool:
+    """Whether dynamo, as configured in this process, compiles a frame again with a changed size symbolic (its
+    automatic dynamic shapes, on by default): only then do the marks compile what the grown call would."""
+    from torch._dynamo import config
+
+    return bool(getattr(config, "automatic_dynamic_shapes", False)) and \
+        getattr(config, "automatic_dynamic_shapes_mark_as", "dynamic") == "dynamic"
+
+
+# The attributes `torch._dynamo.maybe_mark_dynamic` sets on a tensor.
+_DYNAMO_MARKS = ("_dynamo_weak_dynamic_indices", "_has_dynamo_dim_marking")
+
+
+def _attribute(tensor: torch.Tensor, name: str) -> tuple[bool, Any, Any]:
+    """(present, value, a copy of its contents when it is a set) of a tensor's own attribute."""
+    if name not in tensor.__dict__:
+        return False, None, None
+    value = tensor.__dict__[name]
+    return True, value, set(value) if isinstance(value, set) else None
 
 
 @contextlib.contextmanager
