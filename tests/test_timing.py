@@ -399,3 +399,7 @@ def test_a_cpu_prices_convolutions_and_attention_from_their_own_curves_by_direct
     assert op_seconds(op("aten.convolution.default", "conv", "bfloat16"), cpu)[0] == pytest.approx(1e9 / 100e9)
     backward = op("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "attention")
     assert op_seconds(backward, cpu)[0] == pytest.approx(1e9 / 10e9)
+    lstm = OpRecord("aten.mkldnn_rnn_layer_backward.default", 0, 8, 0, "float32", "backward", False, None, None,
+                    "matmul", 10**9, 10**6)
+    cpu.recurrent["backward"] = [(1e3, 5e9), (1e12, 5e9)]
+    assert op_seconds(lstm, cpu)[0] == pytest.approx(1e9 / 5e9)  # its work, at the recurrent layers' rate

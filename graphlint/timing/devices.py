@@ -103,13 +103,19 @@ class CpuPeaks:
     conv: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     # the same for float32 scaled_dot_product_attention's fused kernel
     attention: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # oneDNN's float32 LSTM layer: FLOPs of one time step's hidden product -> FLOP/s of the layer's work
+    recurrent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
-        convolution or a fused attention from its class's curve of its direction (scaled by the dtype's product rate against
-        float32's), every other op from the products'."""
+        convolution or a fused attention from its class's curve of its direction (scaled by the dtype's product
+        rate against float32's), a recurrent layer's work from its own (`flops`: its grain), every other op from
+        the products'."""
         curve = self.matmul.get(dtype) or self.matmul["float32"]
-        own = {"conv": self.conv, "attention": self.attention}.get(kind, {}).get(direction)
+        own = {"conv": self.conv, "attention": self.attention, "recurrent": self.recurrent}.get(kind, {}).get(
+            direction)
+        if own and kind == "recurrent":
+            return _interpolate(own, flops)  # oneDNN's bfloat16 layer does not follow the products' bfloat16 rate
         if own:
             scale = _interpolate(curve, flops) / _interpolate(self.matmul["float32"], flops)
             return _interpolate(own, flops) * scale
@@ -162,7 +168,8 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
                         matmul={k: [tuple(p) for p in v] for k, v in data["matmul"].items()},
                         copy=[tuple(p) for p in data["copy"]], launch=dict(data["launch"]), view=data["view"],
                         conv={k: [tuple(p) for p in v] for k, v in data.get("conv", {}).items()},
-                        attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()})
+                        attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()},
+                        recurrent={k: [tuple(p) for p in v] for k, v in data.get("recurrent", {}).items()})
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -176,11 +183,12 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 4  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 5  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
 ATTENTION_SIZES = ((2, 4, 32, 16), (2, 8, 128, 64), (4, 12, 256, 64))
+RECURRENT_SIZES = ((32, 4, 16), (128, 16, 32), (256, 32, 32))
 ELEMENTWISE_POOL = 16 << 20  # bytes of operands taken in turn: more than a core's nearest caches hold
 CHAIN = 32  # tiny ops in the micro-step that measures the fixed cost per op
 
@@ -220,9 +228,40 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
             copy = [_elementwise(size, clock, plain) for size in COPY_SIZES]
         conv = _convolutions(clock)
         attention = _attention(clock)
+        recurrent = _recurrent(clock)
     finally:
         torch.set_num_threads(previous)
-    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention)
+    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent)
+
+
+def _recurrent(clock) -> dict[str, list[tuple[float, float]]]:
+    """FLOP/s of a float32 LSTM layer's work (graphlint.timing.record.WORK_FORMULAS) at RECURRENT_SIZES (width,
+    batch, steps), forward (with autograd recording) and backward, keyed by one time step's hidden product."""
+    import torch
+
+    from graphlint.timing.record import OpRecorder
+
+    curves = {"forward": [], "backward": []}
+    for width, batch, steps in RECURRENT_SIZES:
+        layer = torch.nn.LSTM(width, width)
+        x = torch.randn(steps, batch, width, requires_grad=True)
+
+        def forward(layer=layer, x=x):
+            return layer(x)[0]
+
+        def both():
+            forward().sum().backward()
+
+        with OpRecorder() as recorder:
+            both()
+        work = {phase: [r for r in recorder.records if r.work_flops and r.phase == phase] for phase in curves}
+        if not (work["forward"] and work["backward"]):
+            continue  # no oneDNN layer in this build: its recurrent layers are priced by their parts
+        ahead = _best(forward, clock, budget=0.1, median=True)
+        behind = max(_best(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
+        for phase, seconds in (("forward", ahead), ("backward", behind)):
+            curves[phase].append((work[phase][0].work_grain, sum(r.work_flops for r in work[phase]) / seconds))
+    return curves
 
 
 def _attention(clock) -> dict[str, list[tuple[float, float]]]:

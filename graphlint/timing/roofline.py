@@ -27,7 +27,8 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
         compute = (record.flops / device.flops_at(record.dtype, record.flops, record.kind, direction)
                    if record.flops else 0.0)
         if record.work_flops:
-            compute += record.work_flops / device.flops_at(record.dtype, record.work_grain or record.work_flops)
+            compute += record.work_flops / device.flops_at(record.dtype, record.work_grain or record.work_flops,
+                                                           "recurrent", direction)
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
         return max(compute, transfer) + device.launch[record.phase], transfer >= compute
     if record.kind == "view":
