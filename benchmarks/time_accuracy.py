@@ -15,7 +15,8 @@ optimizer's state made by a first step, then zero_grad(set_to_none=True), forwar
   torch's own attention formula (graphlint.timing.record.flop_counter_mapping; torch's registry has no entry for
   it and counts 0 for attention on CPU).
 - Seconds: the prediction against the median of REPEATS real steps after WARMUP, on one thread (the CPU's peaks
-  measured for one thread, graphlint.timing.devices.cpu_peaks). On a machine other work shares, wall time counts
+  measured for one thread by graphlint.timing.devices.measure_cpu at the start of the same run, not read from
+  the cache, so that the peaks and the steps are measured under the same load). On a machine other work shares, wall time counts
   the time other processes take the core; the table gives the thread's own CPU time (time.thread_time) as the
   measured step, and the wall-clock median beside it.
 """
@@ -44,7 +45,7 @@ from graphlint.capture.loss import choose_loss  # noqa: E402
 from graphlint.memory.measure import Request  # noqa: E402
 from graphlint.memory.step import make_optimizer  # noqa: E402
 from graphlint.target import normalize_factory_result  # noqa: E402
-from graphlint.timing.devices import cpu_peaks  # noqa: E402
+from graphlint.timing.devices import measure_cpu  # noqa: E402
 from graphlint.timing.measure import time_step  # noqa: E402
 from graphlint.timing.record import flop_counter_mapping  # noqa: E402
 
@@ -99,7 +100,7 @@ def real_step(file: str, factory: str, optimizer: str, autocast: str | None) -> 
 def table(only: str | None = None) -> tuple[str, str]:
     """The FLOPs table and the seconds table, as markdown."""
     torch.set_num_threads(THREADS)
-    device = cpu_peaks(THREADS)
+    device = measure_cpu(THREADS)  # measured now, not read from the cache: peaks and steps under the same load
     flops_rows = ["| model | graphlint | FlopCounterMode | equal |", "|---|---:|---:|---|"]
     time_rows = ["| model | predicted | measured (thread) | ratio | measured (wall) |", "|---|---:|---:|---:|---:|"]
     equal, ratios = [], []

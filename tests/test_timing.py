@@ -361,3 +361,45 @@ def test_the_answer_is_cached_under_every_option(models, tmp_path):
     assert again.stdout == first.stdout
     assert json.loads(other.stdout)["targets"][0]["device"] == "NVIDIA L4 24GB"
     assert json.loads(bigger.stdout)["flops"] == 8 * json.loads(first.stdout)["flops"]
+
+
+def test_an_lstm_layer_is_priced_by_its_gate_products_counted_by_hand():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(24, 32, batch_first=True)
+    x = torch.randn(5, 7, 24, requires_grad=True)  # batch 5, 7 steps
+    with OpRecorder() as recorder:
+        lstm(x)[0].sum().backward()
+    layers = [r for r in recorder.records if r.work_flops]
+    # every token (5 x 7) meets both gate matrices, 4 gates x 32 rows of width 24 and 32, one multiply-add each;
+    # the backward twice that (the inputs' gradient and the weights')
+    forward = 2 * 5 * 7 * (4 * 32 * 24 + 4 * 32 * 32)
+    assert [(r.phase, r.flops, r.work_flops, r.kind) for r in layers] == [
+        ("forward", 0, forward, "matmul"), ("backward", 0, 2 * forward, "matmul")]
+    assert all(r.work_grain == 2 * 5 * 4 * 32 * 32 for r in layers)  # one step's hidden product: the batch's 5 rows
+    cpu = CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 1e9)]}, [(1e3, 1e12), (1e9, 1e12)],
+                   dict.fromkeys(("forward", "backward", "optimizer"), 0.0), 0.0)
+    assert op_seconds(layers[0], cpu)[0] == pytest.approx(forward / 1e9)
+    assert op_seconds(layers[0], ACCELERATORS["a100"])[0] > 5e-6  # more than its launch
+
+
+def test_a_cpu_prices_convolutions_and_attention_from_their_own_curves_by_direction():
+    flat = [(1e3, 100e9), (1e12, 100e9)]
+    cpu = CpuPeaks("test cpu", 1, {"float32": flat, "bfloat16": [(1e3, 200e9), (1e12, 200e9)]}, [(1e3, 1e15)],
+                   dict.fromkeys(("forward", "backward", "optimizer"), 0.0), 0.0,
+                   conv={"forward": [(1e3, 50e9), (1e12, 50e9)], "backward": [(1e3, 25e9), (1e12, 25e9)]},
+                   attention={"forward": [(1e3, 20e9), (1e12, 20e9)], "backward": [(1e3, 10e9), (1e12, 10e9)]})
+
+    def op(name, kind, dtype="float32"):
+        return OpRecord(name, 10**9, 8, 0, dtype, "forward", False, None, None, kind)
+
+    assert op_seconds(op("aten.mm.default", "matmul"), cpu)[0] == pytest.approx(1e9 / 100e9)
+    assert op_seconds(op("aten.convolution.default", "conv"), cpu)[0] == pytest.approx(1e9 / 50e9)
+    assert op_seconds(op("aten.convolution_backward.default", "conv"), cpu)[0] == pytest.approx(1e9 / 25e9)
+    # a bfloat16 convolution: the convolutions' curve scaled as bfloat16's products are against float32's
+    assert op_seconds(op("aten.convolution.default", "conv", "bfloat16"), cpu)[0] == pytest.approx(1e9 / 100e9)
+    backward = op("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "attention")
+    assert op_seconds(backward, cpu)[0] == pytest.approx(1e9 / 10e9)
+    lstm = OpRecord("aten.mkldnn_rnn_layer_backward.default", 0, 8, 0, "float32", "backward", False, None, None,
+                    "matmul", 10**9, 10**6)
+    cpu.recurrent["backward"] = [(1e3, 5e9), (1e12, 5e9)]
+    assert op_seconds(lstm, cpu)[0] == pytest.approx(1e9 / 5e9)  # its work, at the recurrent layers' rate

@@ -14,6 +14,7 @@ import math
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -98,10 +99,26 @@ class CpuPeaks:
     copy: list[tuple[float, float]] = field(default_factory=list)
     launch: dict[str, float] = field(default_factory=dict)
     view: float = 0.0
+    # achieved FLOP/s of a float32 3x3 convolution per direction ("forward", "backward": FLOPs of the op -> FLOP/s)
+    conv: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # the same for float32 scaled_dot_product_attention's fused kernel
+    attention: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # oneDNN's float32 LSTM layer: FLOPs of one time step's hidden product -> FLOP/s of the layer's work
+    recurrent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
-    def flops_at(self, dtype: str, flops: float) -> float:
-        """The FLOP/s a product of this dtype and size reaches, read from the measured curve (log-linear)."""
+    def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
+        """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
+        convolution or a fused attention from its class's curve of its direction (scaled by the dtype's product
+        rate against float32's), a recurrent layer's work from its own (`flops`: its grain), every other op from
+        the products'."""
         curve = self.matmul.get(dtype) or self.matmul["float32"]
+        own = {"conv": self.conv, "attention": self.attention, "recurrent": self.recurrent}.get(kind, {}).get(
+            direction)
+        if own and kind == "recurrent":
+            return _interpolate(own, flops)  # oneDNN's bfloat16 layer does not follow the products' bfloat16 rate
+        if own:
+            scale = _interpolate(curve, flops) / _interpolate(self.matmul["float32"], flops)
+            return _interpolate(own, flops) * scale
         return _interpolate(curve, flops)
 
     def bandwidth_at(self, nbytes: float) -> float:
@@ -149,7 +166,10 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
         data = json.loads(path.read_text())
         return CpuPeaks(label=data["label"], threads=data["threads"],
                         matmul={k: [tuple(p) for p in v] for k, v in data["matmul"].items()},
-                        copy=[tuple(p) for p in data["copy"]], launch=dict(data["launch"]), view=data["view"])
+                        copy=[tuple(p) for p in data["copy"]], launch=dict(data["launch"]), view=data["view"],
+                        conv={k: [tuple(p) for p in v] for k, v in data.get("conv", {}).items()},
+                        attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()},
+                        recurrent={k: [tuple(p) for p in v] for k, v in data.get("recurrent", {}).items()})
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -163,22 +183,26 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 2  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 5  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
+CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
+ATTENTION_SIZES = ((2, 4, 32, 16), (2, 8, 128, 64), (4, 12, 256, 64))
+RECURRENT_SIZES = ((32, 4, 16), (128, 16, 32), (256, 32, 32))
+ELEMENTWISE_POOL = 16 << 20  # bytes of operands taken in turn: more than a core's nearest caches hold
 CHAIN = 32  # tiny ops in the micro-step that measures the fixed cost per op
 
 
 def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
-    """Measure this CPU with `threads` threads: square matrix products per dtype at MATMUL_SIZES, copies at
-        COPY_SIZES, a view, and the fixed cost per op of a micro-step on 4-wide tensors (CHAIN / 2 tiny Linear and
-    GELU modules, forward with autograd recording, backward, and an AdamW step over their parameters), its ops
-    counted by graphlint.timing.record as a step's are. Each is the median of repeated batches, the statistic a
-    step's time is judged by; rates are net of the fixed cost of a no-grad op. With one thread, time is the
-    thread's own CPU time, which other processes' use of the core does not lengthen. The thread count is given
-    back."""
+    """Measure this CPU with `threads` threads: square matrix products per dtype at MATMUL_SIZES (the median of a
+    Linear's three layouts), memory-bound ops at COPY_SIZES (the median of a mix, see _elementwise), 3x3
+    convolutions and fused attention forward and backward (_convolutions, _attention), a view, and the fixed cost
+    per op of a micro-step on 4-wide tensors (CHAIN / 2 tiny Linear and GELU modules, forward with autograd
+    recording, backward, and an AdamW step over their parameters), its ops counted by graphlint.timing.record as a
+    step's are. Each is the median of repeated batches, the statistic a step's time is judged by; rates are net of
+    the fixed cost of a no-grad op. With one thread, time is the thread's own CPU time, which other processes' use
+    of the core does not lengthen. The thread count is given back."""
     import torch
-
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -195,18 +219,137 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
                 for n in MATMUL_SIZES:
                     a = torch.randn(n, n).to(dtype)
                     b = torch.randn(n, n).to(dtype)
-                    seconds = _best(lambda a=a, b=b: torch.mm(a, b), clock, budget=0.15, median=True)
+                    # a Linear's three products: x @ w.t() forward, grad @ w and grad.t() @ x backward
+                    seconds = statistics.median(
+                        _best(lambda left=left, right=right: torch.mm(left, right), clock, budget=0.05, median=True)
+                        for left, right in ((a, b.t()), (a, b), (a.t(), b)))
                     points.append((2.0 * n * n * n, 2.0 * n * n * n / max(seconds - plain, seconds / 10)))
                 matmul[str(dtype).removeprefix("torch.")] = points
-            copy = []
-            for size in COPY_SIZES:
-                source = torch.empty(size // 8, dtype=torch.float32).fill_(1.0)
-                target = torch.empty_like(source)
-                seconds = _best(lambda s=source, t=target: t.copy_(s), clock, budget=0.2, median=True)
-                copy.append((2.0 * source.nbytes, 2.0 * source.nbytes / max(seconds - plain, seconds / 10)))
+            copy = [_elementwise(size, clock, plain) for size in COPY_SIZES]
+        conv = _convolutions(clock)
+        attention = _attention(clock)
+        recurrent = _recurrent(clock)
     finally:
         torch.set_num_threads(previous)
-    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view)
+    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent)
+
+
+def _recurrent(clock) -> dict[str, list[tuple[float, float]]]:
+    """FLOP/s of a float32 LSTM layer's work (graphlint.timing.record.WORK_FORMULAS) at RECURRENT_SIZES (width,
+    batch, steps), forward (with autograd recording) and backward, keyed by one time step's hidden product."""
+    import torch
+
+    from graphlint.timing.record import OpRecorder
+
+    curves = {"forward": [], "backward": []}
+    for width, batch, steps in RECURRENT_SIZES:
+        layer = torch.nn.LSTM(width, width)
+        x = torch.randn(steps, batch, width, requires_grad=True)
+
+        def forward(layer=layer, x=x):
+            return layer(x)[0]
+
+        def both():
+            forward().sum().backward()
+
+        with OpRecorder() as recorder:
+            both()
+        work = {phase: [r for r in recorder.records if r.work_flops and r.phase == phase] for phase in curves}
+        if not (work["forward"] and work["backward"]):
+            continue  # no oneDNN layer in this build: its recurrent layers are priced by their parts
+        ahead = _best(forward, clock, budget=0.1, median=True)
+        behind = max(_best(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
+        for phase, seconds in (("forward", ahead), ("backward", behind)):
+            curves[phase].append((work[phase][0].work_grain, sum(r.work_flops for r in work[phase]) / seconds))
+    return curves
+
+
+def _attention(clock) -> dict[str, list[tuple[float, float]]]:
+    """FLOP/s of float32 causal scaled_dot_product_attention at ATTENTION_SIZES (batch, heads, sequence, head
+    width), forward (with autograd recording, as in training) and backward, its FLOPs as the recorder counts them."""
+    import torch
+    import torch.nn.functional as F
+
+    from graphlint.timing.record import OpRecorder
+
+    curves = {"forward": [], "backward": []}
+    for batch, heads, sequence, width in ATTENTION_SIZES:
+        q, k, v = (torch.randn(batch, heads, sequence, width, requires_grad=True) for _ in range(3))
+
+        def forward(q=q, k=k, v=v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def both():
+            y = forward()
+            y.backward(torch.ones_like(y))
+
+        with OpRecorder() as recorder:
+            both()
+        flops = {phase: sum(r.flops for r in recorder.records if r.kind == "attention" and r.phase == phase)
+                 for phase in curves}
+        ahead = _best(forward, clock, budget=0.1, median=True)
+        behind = max(_best(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
+        if flops["forward"] and flops["backward"]:
+            curves["forward"].append((flops["forward"], flops["forward"] / ahead))
+            curves["backward"].append((flops["backward"], flops["backward"] / behind))
+    return curves
+
+
+def _convolutions(clock) -> dict[str, list[tuple[float, float]]]:
+    """FLOP/s of a float32 3x3 convolution (padding 1) at CONV_SIZES (batch, channels in and out, side), forward
+    alone and its backward (the input's and the weight's gradients: twice the forward's FLOPs), as
+    FlopCounterMode counts them."""
+    import torch
+    import torch.nn.functional as F
+
+    curves = {"forward": [], "backward": []}
+    for batch, channels, side in CONV_SIZES:
+        x = torch.randn(batch, channels, side, side, requires_grad=True)
+        w = torch.randn(channels, channels, 3, 3, requires_grad=True)
+        flops = 2.0 * batch * channels * side * side * channels * 9
+        with torch.no_grad():
+            forward = _best(lambda x=x, w=w: F.conv2d(x, w, padding=1), clock, budget=0.1, median=True)
+
+        def both(x=x, w=w):
+            y = F.conv2d(x, w, padding=1)
+            y.backward(torch.ones_like(y))
+
+        backward = max(_best(both, clock, budget=0.1, median=True) - forward, forward / 10)
+        curves["forward"].append((flops, flops / forward))
+        curves["backward"].append((2 * flops, 2 * flops / backward))
+    return curves
+
+
+def _elementwise(size: int, clock, plain: float) -> tuple[float, float]:
+    """(bytes moved, bytes/s) of a memory-bound op as a step runs it, on operands of `size` // 2 bytes: the median
+    of a mix of kernels (a copy, a sum of two tensors, a scaling, exp, SiLU, a row sum, a softmax), each allocating
+    its output and reading inputs that other work has pushed out of the nearest cache (a pool of ELEMENTWISE_POOL
+    bytes in turn), net of a no-grad op's fixed cost."""
+    import torch
+    import torch.nn.functional as F
+
+    count = size // 8
+    pool = max(1, min(32, ELEMENTWISE_POOL // size))
+    xs = [torch.randn(max(count // 64, 1), 64) for _ in range(pool)]
+    ys = [torch.randn(max(count // 64, 1), 64) for _ in range(pool)]
+    turn = [0]
+
+    def next_x():
+        turn[0] = (turn[0] + 1) % pool
+        return xs[turn[0]]
+
+    def next_y():
+        return ys[turn[0]]
+
+    element = xs[0].nbytes
+    kernels = ((lambda: next_x().clone(), 2), (lambda: torch.add(next_x(), next_y()), 3), (lambda: next_x() * 0.5, 2),
+               (lambda: next_x().exp(), 2), (lambda: F.silu(next_x()), 2), (lambda: next_x().sum(-1), 1),
+               (lambda: next_x().softmax(-1), 2))
+    rates = []
+    for run, operands in kernels:
+        seconds = _best(run, clock, budget=0.04, median=True)
+        rates.append(operands * element / max(seconds - plain, seconds / 10))
+    return 2.0 * element, statistics.median(rates)
 
 
 def _fixed_costs(clock, view: float) -> dict[str, float]:

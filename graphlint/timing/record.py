@@ -38,6 +38,24 @@ CPU_ATTENTION = {
 }
 # The registry FlopCounterMode uses, plus those.
 FLOP_FORMULAS = {**flop_registry, **CPU_ATTENTION}
+
+
+def _rnn_work(input: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, passes: int) -> tuple[int, int]:
+    """(FLOPs, FLOPs of one time step's hidden product) of a recurrent layer: every token meets both gate
+    matrices (gates x hidden rows of input width and of hidden width), one multiply-add each, `passes` times
+    (1 forward; 2 backward: the gradient of the inputs and of the weights)."""
+    tokens = input.numel() // max(input.shape[-1], 1)
+    flops = 2 * tokens * (w_ih.numel() + w_hh.numel()) * passes
+    batch = input.shape[1] if input.dim() == 3 else 1  # the layer is given time-major input, batch_first or not
+    return flops, 2 * batch * w_hh.numel()
+
+
+# Ops whose arithmetic torch.utils.flop_counter does not count: their work, for pricing only (the step's `flops`
+# stays FlopCounterMode's). Each takes the op's arguments and gives (FLOPs, FLOPs of the product it is made of).
+WORK_FORMULAS = {
+    aten.mkldnn_rnn_layer: lambda *a, **k: _rnn_work(a[0], a[1], a[2], 1),
+    aten.mkldnn_rnn_layer_backward: lambda *a, **k: _rnn_work(a[0], a[1], a[2], 2),
+}
 # What FlopCounterMode passes by without counting or decomposing (metadata queries).
 _PASSED = {aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
            aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
@@ -57,7 +75,8 @@ _OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "bernoulli_", "
 
 @dataclass(frozen=True, slots=True)
 class OpRecord:
-    """One aten op of the step. `kind`: "matmul", "conv" or "attention" for the ops with a FLOP formula,
+    """One aten op of the step. `kind`: "matmul", "conv" or "attention" for the ops with a FLOP formula (or a
+    work estimate: a recurrent layer is "matmul"),
     "memory" for the others that run a kernel, "view" for those that move no bytes."""
 
     op: str  # the overload's name, "aten.mm.default"
@@ -70,6 +89,10 @@ class OpRecord:
     file: str | None  # the user's source line the op belongs to; None when none does (the optimizer's loops)
     line: int | None
     kind: str
+    # Arithmetic FlopCounterMode leaves out (oneDNN's LSTM), priced but not in `flops`; and the FLOPs of the
+    # products it is made of (what sets its efficiency: an LSTM's per-step hidden product, not the whole sequence).
+    work_flops: int = 0
+    work_grain: int = 0
 
     @property
     def bytes(self) -> int:
@@ -130,6 +153,8 @@ class OpRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         formula = FLOP_FORMULAS.get(func._overloadpacket)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        work = WORK_FORMULAS.get(func._overloadpacket)
+        work_flops, work_grain = work(*args, **kwargs) if work is not None and not flops else (0, 0)
         recompute = phase == "backward" and torch.is_grad_enabled()
         where = None
         if phase == "backward" and not recompute:
@@ -145,12 +170,13 @@ class OpRecorder(TorchDispatchMode):
         name = func.__name__.split(".")[0]
         moves = not (func.is_view or name in _NO_TRAFFIC)
         read, written = _traffic(func, name, args, kwargs, out) if moves else (0, 0)
-        if flops:
+        if flops or work_flops:
             kind = "attention" if "attention" in name else "conv" if "conv" in name else "matmul"
         else:
             kind = "memory" if read or written else "view"
         self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
-                                     where[0] if where else None, where[1] if where else None, kind))
+                                     where[0] if where else None, where[1] if where else None, kind,
+                                     work_flops, work_grain))
         return out
 
     def _user_line(self) -> tuple[str, int] | None:

@@ -23,13 +23,18 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
     if isinstance(device, CpuPeaks):
         if record.kind == "view":
             return device.view, False
-        compute = record.flops / device.flops_at(record.dtype, record.flops) if record.flops else 0.0
+        direction = "backward" if "backward" in record.op else "forward"
+        compute = (record.flops / device.flops_at(record.dtype, record.flops, record.kind, direction)
+                   if record.flops else 0.0)
+        if record.work_flops:
+            compute += record.work_flops / device.flops_at(record.dtype, record.work_grain or record.work_flops,
+                                                           "recurrent", direction)
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
         return max(compute, transfer) + device.launch[record.phase], transfer >= compute
     if record.kind == "view":
         return 0.0, False
-    compute = (record.flops / (device.peak(record.dtype, record.kind) * GPU_EFFICIENCY[record.kind])
-               if record.flops else 0.0)
+    work = record.flops + record.work_flops
+    compute = work / (device.peak(record.dtype, record.kind) * GPU_EFFICIENCY[record.kind]) if work else 0.0
     transfer = record.bytes / (device.bandwidth * GPU_EFFICIENCY["memory"])
     return max(compute, transfer) + GPU_LAUNCH, transfer >= compute
 
