@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -31,11 +33,24 @@ SLOW_CATEGORIES = ("proof", "transformers", "server", "packaging", "compile", "c
 def pytest_collection_modifyitems(config, items):
     """Every test of a slow category is also `slow`, so that the fast loop needs one marker expression; a test
     that starts the real command in a fresh process is `command`, since each pays for a new interpreter and torch."""
+    unlisted = sorted({str(item.path) for item in items if item.get_closest_marker("cli")
+                       and not _CLI_MARK.search(_source_of(item.path))})
+    if unlisted:  # .ci/run's wheel part collects only the files whose text marks a test `cli`
+        raise pytest.UsageError(f"{', '.join(unlisted)}: mark command-line tests with pytest.mark.cli in the test "
+                                "file itself, so that CI's wheel part collects the file")
     for item in items:
         if _starts_the_command(item):
             item.add_marker(pytest.mark.command)
         if any(item.get_closest_marker(category) for category in SLOW_CATEGORIES):
             item.add_marker(pytest.mark.slow)
+
+
+_CLI_MARK = re.compile(r"pytest\.mark\.cli\b")  # what .ci/run greps for
+
+
+@functools.cache
+def _source_of(path) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 # How a test starts the command (or pytest, or the action's shell steps) in a fresh process, as its source spells it.

@@ -18,54 +18,47 @@ from test_cli import ATTENTION, CLEAN
 WITHOUT_TORCH = "import sys; sys.modules['torch'] = None; from graphlint.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def run_without_torch(*args: str, cwd) -> subprocess.CompletedProcess:
+def run_without_torch(*args: str, cwd, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env={**os.environ, **(env or {})})
 
 
-def test_a_second_run_with_nothing_changed_comes_from_the_cache_without_torch(project_dir):
+# One project's run of commands: each checks what its comment says; together they start torch as few times as
+# those checks need (a run the cache answers in full imports none).
+def test_the_cache_answers_unchanged_runs_and_later_settings_without_torch_and_ignores_corrupt_entries(project_dir):
     write(project_dir, "model.py", ATTENTION)
+    pyproject = (project_dir / "pyproject.toml").read_text(encoding="utf-8")
     first = run_graphlint("check", "model.py:make", "--format", "json", cwd=project_dir)
+    # A second run with nothing changed is answered from the cache, in full, without torch; the cache ignores itself.
     second = run_without_torch("check", "model.py:make", "--format", "json", cwd=project_dir)
     assert second.returncode == first.returncode == 1, second.stderr
     assert second.stdout == first.stdout
     assert (project_dir / ".graphlint_cache" / ".gitignore").read_text().strip().endswith("*")
-
-
-def test_editing_an_imported_file_or_the_configuration_lints_again(project_dir):
-    write(project_dir, "layers.py", ATTENTION.replace("def make():", "def unused():"))
-    write(project_dir, "model.py", "import torch\nfrom layers import Attention\n\n\n"
-                                   "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
-    assert run_graphlint("check", "model.py:make", cwd=project_dir).returncode == 1
-    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode == 1  # cached
-
-    fused = ATTENTION.replace("def make():", "def unused():").replace(
-        "torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v",
-        "torch.nn.functional.scaled_dot_product_attention(q, k, v)")
-    write(project_dir, "layers.py", fused)
-    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode != 1  # needs a capture
-    fixed = run_graphlint("check", "model.py:make", cwd=project_dir)  # the new code: only the print's graph break
-    assert fixed.returncode == 1 and " GL101 " not in fixed.stdout and " GL301 " in fixed.stdout, fixed.stdout
-
-    write(project_dir, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\nselect = ["GL2"]\n')
-    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode == 2  # other rules: capture again
-
-
-def test_settings_applied_after_the_capture_answer_from_the_cache(project_dir):
-    write(project_dir, "model.py", ATTENTION)
-    assert run_graphlint("check", "model.py:make", cwd=project_dir).returncode == 1
-    pyproject = '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\n'
-    write(project_dir, "pyproject.toml", pyproject + '[tool.graphlint.severity]\nGL101 = "note"\nGL301 = "note"\n')
+    # Settings applied after the capture (severity, per-file-ignores and fail-on, a baseline) come from the cache.
+    settings = '[project]\nname = "p"\nversion = "0"\n\n[tool.graphlint]\n'
+    write(project_dir, "pyproject.toml", settings + '[tool.graphlint.severity]\nGL101 = "note"\nGL301 = "note"\n')
     as_note = run_without_torch("check", "model.py:make", cwd=project_dir)
     assert as_note.returncode == 0 and "GL101" in as_note.stdout, as_note.stderr
     ignores = 'per-file-ignores = { "model.py" = ["GL101", "GL301"] }\n'
-    write(project_dir, "pyproject.toml", pyproject + 'fail-on = "error"\n' + ignores)
+    write(project_dir, "pyproject.toml", settings + 'fail-on = "error"\n' + ignores)
     ignored = run_without_torch("check", "model.py:make", cwd=project_dir)
     assert ignored.returncode == 0 and "GL101" not in ignored.stdout, ignored.stderr
-    write(project_dir, "pyproject.toml", pyproject)
+    write(project_dir, "pyproject.toml", settings)
     run_graphlint("check", "model.py:make", "--write-baseline", "baseline.json", cwd=project_dir)
     baselined = run_without_torch("check", "model.py:make", "--baseline", "baseline.json", cwd=project_dir)
     assert baselined.returncode == 0 and "GL101" not in baselined.stdout, baselined.stderr
+    # Corrupt entries are ignored: the target is captured again, with the first run's report.
+    write(project_dir, "pyproject.toml", pyproject)
+    for entry in (project_dir / ".graphlint_cache").rglob("*.json"):
+        entry.write_text("{ this is not json")
+    damaged = run_graphlint("check", "model.py:make", "--format", "json", cwd=project_dir)
+    assert (damaged.returncode, damaged.stdout) == (first.returncode, first.stdout)
+    assert "Traceback" not in damaged.stderr
+    # So is a cache folder that cannot be made: the same report.
+    write(project_dir, "not-a-folder", "a file where the cache folder should be\n")
+    unwritable = run_graphlint("check", "model.py:make", "--format", "json", "--cache-dir", "not-a-folder",
+                               cwd=project_dir)
+    assert (unwritable.returncode, unwritable.stdout) == (first.returncode, first.stdout)
 
 
 HAND_WRITTEN = "torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v"
@@ -119,34 +112,33 @@ def test_a_library_installed_from_a_local_path_is_tracked_by_content(project_dir
     assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 0
 
 
-def test_no_cache_always_captures(project_dir):
+def test_the_cache_folder_moves_with_an_option_or_the_environment_no_cache_captures_and_progress_is_on_terminals(
+        project_dir, tmp_path):
     write(project_dir, "model.py", CLEAN)
-    assert run_graphlint("check", "model.py:make", cwd=project_dir).returncode == 0
-    assert run_without_torch("check", "model.py:make", cwd=project_dir).returncode == 0
-    without = run_without_torch("check", "model.py:make", "--no-cache", cwd=project_dir)
+    moved = tmp_path / "moved"
+    # --cache-dir moves the cache out of the project; piped, the run shows no progress.
+    piped = run_graphlint("check", "model.py:make", "--cache-dir", str(moved), cwd=project_dir)
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert list(moved.rglob("targets/*.json"))
+    # $GRAPHLINT_CACHE_DIR moves it too: the same folder answers in full, without torch.
+    by_env = {"GRAPHLINT_CACHE_DIR": str(moved)}
+    assert run_without_torch("check", "model.py:make", cwd=project_dir, env=by_env).returncode == 0
+    assert not (project_dir / ".graphlint_cache").exists()
+    # --no-cache always captures: without torch it cannot, and says so in one line.
+    without = run_without_torch("check", "model.py:make", "--no-cache", cwd=project_dir, env=by_env)
     assert without.returncode == 2
     assert without.stderr.startswith("graphlint: error: cannot import torch") and "Traceback" not in without.stderr
-
-
-def test_corrupt_or_unwritable_caches_are_ignored(project_dir):
-    write(project_dir, "model.py", ATTENTION)
-    expected = run_graphlint("check", "model.py:make", cwd=project_dir)
-    for entry in (project_dir / ".graphlint_cache").rglob("*.json"):
-        entry.write_text("{ this is not json")
-    damaged = run_graphlint("check", "model.py:make", cwd=project_dir)
-    assert (damaged.returncode, damaged.stdout) == (expected.returncode, expected.stdout)
-    assert "Traceback" not in damaged.stderr
-    write(project_dir, "not-a-folder", "a file where the cache folder should be\n")
-    unwritable = run_graphlint("check", "model.py:make", "--cache-dir", "not-a-folder", cwd=project_dir)
-    assert (unwritable.returncode, unwritable.stdout) == (expected.returncode, expected.stdout)
-
-
-def test_the_cache_folder_can_be_moved_with_an_option_or_the_environment(project_dir, tmp_path):
-    write(project_dir, "model.py", CLEAN)
-    run_graphlint("check", "model.py:make", "--cache-dir", str(tmp_path / "by-option"), cwd=project_dir)
-    run_graphlint("check", "model.py:make", cwd=project_dir, env={"GRAPHLINT_CACHE_DIR": str(tmp_path / "by-env")})
-    assert list((tmp_path / "by-option").rglob("targets/*.json")) and list((tmp_path / "by-env").rglob("targets/*.json"))
-    assert not (project_dir / ".graphlint_cache").exists()
+    # Progress is shown on a terminal (and not when piped: the first run).
+    controller, terminal = pty.openpty()
+    try:
+        on_terminal = subprocess.run([sys.executable, "-m", "graphlint", "check", "model.py:make", "--no-cache"],
+                                     cwd=project_dir, stdout=subprocess.PIPE, stderr=terminal, timeout=300)
+        os.close(terminal)
+        shown = os.read(controller, 65536).decode()
+    finally:
+        os.close(controller)
+    assert on_terminal.returncode == 0
+    assert "capturing model.py:make" in shown and "model.py:make: captured on meta in" in shown
 
 
 HANGS = '''
@@ -191,22 +183,6 @@ def test_parallel_targets_keep_their_order_and_survive_a_hang_and_a_crash(projec
     assert errors["crashes.py:make"].startswith("its process aborted (SIGABRT")
     assert "during the factory" in errors["crashes.py:make"]
     assert report["summary"]["targets"] == 4 and report["summary"]["failed_targets"] == 2
-
-
-def test_progress_is_shown_on_a_terminal_only(project_dir):
-    write(project_dir, "model.py", CLEAN)
-    controller, terminal = pty.openpty()
-    try:
-        on_terminal = subprocess.run([sys.executable, "-m", "graphlint", "check", "model.py:make", "--no-cache"],
-                                     cwd=project_dir, stdout=subprocess.PIPE, stderr=terminal, timeout=300)
-        os.close(terminal)
-        shown = os.read(controller, 65536).decode()
-    finally:
-        os.close(controller)
-    assert on_terminal.returncode == 0
-    assert "capturing model.py:make" in shown and "model.py:make: captured on meta in" in shown
-    piped = run_graphlint("check", "model.py:make", "--no-cache", cwd=project_dir)
-    assert piped.stderr == ""
 
 
 def test_runs_given_one_warm_parent_start_every_child_from_it(tmp_path, monkeypatch):

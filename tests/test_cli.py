@@ -102,16 +102,20 @@ def test_a_clean_model_exits_zero(project_dir):
     assert result.stdout == "No findings in 1 target.\n"
 
 
-def test_bad_targets_are_one_line_each_and_the_good_target_is_still_reported(project_dir):
+def test_bad_targets_are_one_line_each_and_the_good_target_is_still_reported_in_sarif_on_stdout(project_dir):
     write(project_dir, "model.py", ATTENTION)
     write(project_dir, "raises.py", "def make():\n    raise ValueError('no weights here')\n")
     write(project_dir, "broken.py", "def make(:\n    pass\n")
     write(project_dir, "shape.py", "import torch\n\n\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(2)\n")
     targets = ["model.py:make", "missing.py:make", "model.py", "raises.py:make", "broken.py:make",
                "model.py:nothing", "shape.py:make"]
-    result = run_graphlint("check", *targets, "--format", "sarif", "--output", "out.sarif", cwd=project_dir)
+    # SARIF on stdout and, from the same run, in a file (--report); the good target's forward prints, and stdout
+    # stays SARIF all the same.
+    result = run_graphlint("check", *targets, "--format", "sarif", "--report", "sarif=out.sarif", cwd=project_dir)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+    assert "the forward prints to stdout" in result.stderr
+    assert json.loads(result.stdout) == json.loads((project_dir / "out.sarif").read_text())
     errors = [line for line in result.stderr.splitlines() if line.startswith("graphlint: error: ")]
     assert len(errors) == 6
     expected = {
@@ -133,14 +137,6 @@ def test_bad_targets_are_one_line_each_and_the_good_target_is_still_reported(pro
     assert len([n for n in invocation["toolExecutionNotifications"] if n["level"] == "error"]) == 6
 
 
-def test_sarif_on_stdout_stays_parsable_when_the_forward_prints(project_dir):
-    write(project_dir, "model.py", ATTENTION)
-    result = run_graphlint("check", "model.py:make", "--format", "sarif", cwd=project_dir)
-    assert result.returncode == 1
-    validate_sarif(json.loads(result.stdout))
-    assert "the forward prints to stdout" in result.stderr
-
-
 def test_targets_come_from_pyproject_also_from_a_subfolder(tmp_path):
     write(tmp_path, "pyproject.toml", '[tool.graphlint]\ntargets = ["models/model.py:make", "models/clean.py:make"]\n')
     write(tmp_path, "models/model.py", ATTENTION)
@@ -159,11 +155,12 @@ def test_a_target_file_can_import_its_siblings_and_a_module_target_works(project
                                        "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
     write(project_dir, "pkg/factories.py", "import torch\nfrom pkg.layers import Attention\n\n\n"
                                            "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
-    by_file = run_graphlint("check", "pkg/entry.py:make", cwd=project_dir)
-    by_module = run_graphlint("check", "pkg.factories:make", cwd=project_dir)
-    for result in (by_file, by_module):
-        assert result.returncode == 1, result.stderr
-        assert result.stdout.startswith("pkg/layers.py:")
+    # Both in one run: an error of either would be a line on stderr and exit 2; each one's findings are the sibling's.
+    result = run_graphlint("check", "pkg/entry.py:make", "pkg.factories:make", "--format", "json", cwd=project_dir)
+    assert result.returncode == 1, result.stderr
+    findings = json.loads(result.stdout)["findings"]
+    for target in ("pkg/entry.py:make", "pkg.factories:make"):
+        assert {f["location"]["path"] for f in findings if target in f["targets"]} == {"pkg/layers.py"}, findings
 
 
 @pytest.mark.parametrize(

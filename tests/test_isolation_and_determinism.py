@@ -11,7 +11,7 @@ import sys
 import numpy
 import torch
 
-from conftest import lint_file, run_graphlint, write
+from conftest import lint_file, write
 from test_several_problems import MESSY
 
 MESSES_WITH_EVERYTHING = '''
@@ -76,32 +76,31 @@ def test_a_target_cannot_change_global_state_for_the_next_or_for_the_caller(tmp_
     assert [name for name in before if after[name] != before[name]] == []
 
 
-def test_reports_are_byte_identical_across_runs_and_hash_seeds(project_dir):
+def test_reports_are_byte_identical_across_runs_and_hash_seeds_and_a_run_writes_nothing_but_its_cache(
+        project_dir, tmp_path_factory):
     write(project_dir, "messy.py", MESSY.code)
-    outputs = {}
+    reports = tmp_path_factory.mktemp("reports")  # outside the project, which must not change
+    before = sorted(p.name for p in project_dir.iterdir())
+    runs = []
+    for run, seed in enumerate(("0", "1", "4242")):
+        # The first run writes the cache; the others capture again (--no-cache), under other hash seeds.
+        result = subprocess.run([sys.executable, "-m", "graphlint", "check", "messy.py:make", "--format", "sarif",
+                                 "--report", f"json={reports / seed}.json", *(["--no-cache"] if run else [])],
+                                cwd=project_dir, capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed},
+                                timeout=300)
+        assert result.returncode == 1, result.stderr
+        runs.append({"sarif": result.stdout.decode(), "json": (reports / f"{seed}.json").read_text(encoding="utf-8")})
+        if not run:  # a run writes nothing in the project but its cache
+            after = sorted(p.name for p in project_dir.iterdir())
+            assert set(after) - set(before) <= {".graphlint_cache", "__pycache__"}
     for output_format in ("sarif", "json"):
-        runs = [
-            subprocess.run([sys.executable, "-m", "graphlint", "check", "messy.py:make", "--no-cache",
-                            "--format", output_format], cwd=project_dir, capture_output=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300).stdout
-            for seed in ("0", "1", "4242")
-        ]
-        assert runs[0] == runs[1] == runs[2], f"{output_format} differs between runs"
-        outputs[output_format] = runs[0].decode()
-    assert str(project_dir) not in outputs["sarif"] and str(project_dir) not in outputs["json"]
-    assert "time" not in json.loads(outputs["sarif"])["runs"][0]["invocations"][0]
+        assert runs[0][output_format] == runs[1][output_format] == runs[2][output_format], \
+            f"{output_format} differs between runs"
+    assert str(project_dir) not in runs[0]["sarif"] and str(project_dir) not in runs[0]["json"]
+    assert "time" not in json.loads(runs[0]["sarif"])["runs"][0]["invocations"][0]
 
 
 def test_findings_come_in_a_stable_order(tmp_path):
     report = lint_file(write(tmp_path, "messy.py", MESSY.code))
     keys = [(f.location.path, f.location.line, f.location.column, f.rule_id) for f in report.findings]
     assert keys == sorted(keys)
-
-
-def test_a_run_writes_nothing_in_the_project_but_its_cache(project_dir):
-    write(project_dir, "model.py", MESSY.code)
-    before = sorted(p.name for p in project_dir.iterdir())
-    result = run_graphlint("check", "model.py:make", cwd=project_dir)
-    assert result.returncode == 1
-    after = sorted(p.name for p in project_dir.iterdir())
-    assert set(after) - set(before) <= {".graphlint_cache", "__pycache__"}

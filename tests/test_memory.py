@@ -206,11 +206,12 @@ def test_batch_and_seq_resize_the_inputs(tmp_path):
     assert longer.activation_bytes == pytest.approx(4 * small.activation_bytes, rel=0.01)
 
 
-def test_memory_json_names_the_target_its_peak_and_the_breakdown(tmp_path):
+def test_memory_reports_name_the_target_its_peak_the_breakdown_the_loop_assumed_and_whether_it_fits(tmp_path):
     path = write(tmp_path, "net.py", MODEL)
-    result = run_graphlint("memory", f"{path}:make", "--format", "json", "--optimizer", "sgd-momentum", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    [one] = json.loads(result.stdout)
+    # The JSON report names the target, the optimizer, the peak and its breakdown, and says the loop keeps the output.
+    held = run_graphlint("memory", f"{path}:make", "--format", "json", "--optimizer", "sgd-momentum", cwd=tmp_path)
+    assert held.returncode == 0, held.stderr
+    [one] = json.loads(held.stdout)
     assert one["target"] == f"{path}:make"
     assert one["optimizer"] == "sgd-momentum"
     assert one["peak_bytes"] == sum(one["at_peak"].values())
@@ -218,26 +219,19 @@ def test_memory_json_names_the_target_its_peak_and_the_breakdown(tmp_path):
     modules = {line["module"]: line for line in one["activations_by_module"]}
     assert modules["*"]["count"] == 3  # the three Blocks of the Sequential, not its Embedding or its Linear
     assert "0" in modules and "4" in modules
-
-
-def test_the_report_says_which_loop_it_assumed(tmp_path):
-    path = write(tmp_path, "net.py", MODEL)
-    held = run_graphlint("memory", f"{path}:make", "--format", "json", cwd=tmp_path)
-    released = run_graphlint("memory", f"{path}:make", "--format", "json", "--release-output", cwd=tmp_path)
-    assert held.returncode == released.returncode == 0, released.stderr
+    # --release-output: the report says which loop it assumed, and the peak is no higher.
+    released = run_graphlint("memory", f"{path}:make", "--format", "json", "--optimizer", "sgd-momentum",
+                             "--release-output", cwd=tmp_path)
+    assert released.returncode == 0, released.stderr
     [held], [released] = json.loads(held.stdout), json.loads(released.stdout)
     assert held["output_held"] is True and released["output_held"] is False
     assert released["peak_bytes"] <= held["peak_bytes"]
-    text = run_graphlint("memory", f"{path}:make", "--release-output", cwd=tmp_path)
+    # The text says the loop it assumed, where the peak falls and whether it fits (exit 1 when it does not).
+    text = run_graphlint("memory", f"{path}:make", "--release-output", "--device-memory", "1KiB", cwd=tmp_path)
+    assert text.returncode == 1, text.stderr
     assert "keeps only the loss" in text.stdout
-
-
-def test_memory_text_says_where_the_peak_falls_and_whether_it_fits(tmp_path):
-    path = write(tmp_path, "net.py", MODEL)
-    result = run_graphlint("memory", f"{path}:make", "--device-memory", "1KiB", cwd=tmp_path)
-    assert result.returncode == 1, result.stderr
-    assert "peak" in result.stdout and "does not fit in 1 KiB" in result.stdout
-    assert "the largest batch that fits: 0" in result.stdout
+    assert "peak" in text.stdout and "does not fit in 1 KiB" in text.stdout
+    assert "the largest batch that fits: 0" in text.stdout
 
 
 @pytest.mark.parametrize("options, message", [
@@ -482,11 +476,12 @@ def test_the_closure_keeps_its_own_labels_after_the_step():
 @pytest.mark.cli
 def test_labels_held_where_the_batch_search_cannot_grow_them_are_the_targets_error(tmp_path):
     write(tmp_path, "net.py", LABELS_IN_A_CLOSURE)
-    grows = run_graphlint("memory", "net.py:make", "--device-memory", "64MiB", "--format", "json", cwd=tmp_path)
-    assert grows.returncode == 0, grows.stderr
-    assert json.loads(grows.stdout)[0]["largest_batch"] > 8
-    for options in (["--device-memory", "64MiB"], ["--batch", "32"]):
-        fails = run_graphlint("memory", "net.py:global_labels", *options, cwd=tmp_path)
+    # The batch search grows labels the loss closes over (`make`), in the same run as the one it cannot grow.
+    grows = run_graphlint("memory", "net.py:make", "net.py:global_labels", "--device-memory", "64MiB", "--format",
+                          "json", cwd=tmp_path)
+    [measured] = json.loads(grows.stdout)
+    assert measured["target"] == "net.py:make" and measured["largest_batch"] > 8
+    for fails in (grows, run_graphlint("memory", "net.py:global_labels", "--batch", "32", cwd=tmp_path)):
         assert fails.returncode == 2, fails.stderr
         assert "internal error" not in fails.stderr and "Traceback" not in fails.stderr
         assert "Expected input batch_size" in fails.stderr and "labels kept elsewhere" in fails.stderr

@@ -7,7 +7,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import hypothesmith
 import pytest
 import tomli_w
 from hypothesis import HealthCheck, example, given, settings
@@ -33,7 +32,16 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 fragments = st.sampled_from(["x", " ", "\t", "@", "(", ")", "#", "'", '"', "é", "😀", "𝔘", "\r", "\n", "\r\n",
                              "q @ k", ".softmax(-1)", "torch.matmul(a, b)", "def f():", "    ", "x[0] = 1"])
 texts = st.lists(fragments, max_size=60).map("".join)
-sources = st.one_of(hypothesmith.from_grammar(), texts)
+
+
+def _python_sources():
+    import hypothesmith
+
+    return hypothesmith.from_grammar()
+
+
+# Python's grammar takes seconds to build: built when the test first draws, not when each worker collects the file.
+sources = st.one_of(st.deferred(_python_sources), texts)
 positions = st.one_of(st.none(), st.integers(min_value=-3, max_value=300))
 
 

@@ -204,13 +204,17 @@ async def a_child_of(client) -> int:
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads processes from /proc")
 
 
+# One server and one project for several behaviours, each checked where its comment says: a server's start is
+# what these tests cost.
 @pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
-async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_columns(servers, tmp_path):
+async def test_gl101_shows_in_utf16_columns_with_its_documentation_and_goes_and_comes_with_saves_and_syntax_errors(
+        servers, tmp_path):
     model = project_with(tmp_path, attention())
     client = await servers(tmp_path)
     open_file(client, model)
+    # Opening a model file shows GL101 at the softmax call, in UTF-16 columns.
     [diagnostic] = await diagnostics_until(client, model, has("GL101"))
     line = line_of(model, "F.softmax")
     text = model.read_text(encoding="utf-8").splitlines()[line - 1]
@@ -228,6 +232,30 @@ async def test_opening_a_model_file_shows_gl101_at_the_softmax_call_in_utf16_col
     assert "attention scores: matmul" in related
     assert related["attention scores: matmul"].range.start.line == line_of(model, "q @ k.transpose") - 1
     assert client.messages == []
+    # Hovering the diagnostic shows its rule's documentation; hovering elsewhere shows nothing.
+    hover = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=diagnostic.range.start))
+    assert hover.contents.kind == types.MarkupKind.Markdown
+    assert hover.contents.value.startswith("# GL101 unfused-attention")
+    assert "## Why it matters" in hover.contents.value and "## Use instead" in hover.contents.value
+    elsewhere = await client.text_document_hover_async(types.HoverParams(
+        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=types.Position(line=0, character=0)))
+    assert elsewhere is None
+    # A syntax error is one diagnostic at its line, and the server keeps serving.
+    broken = attention().replace("def make():", "def make(:")
+    save_file(client, model, broken)
+    [diagnostic] = await diagnostics_until(client, model, lambda d: len(d) == 1 and d[0].code is None)
+    assert "syntax error" in diagnostic.message and "model.py:make" in diagnostic.message
+    assert diagnostic.severity == types.DiagnosticSeverity.Error
+    assert diagnostic.range.start.line == line_of(model, "def make(:") - 1
+    save_file(client, model, attention())
+    await diagnostics_until(client, model, has("GL101"))
+    # Saving a fix clears the diagnostic, and saving the bug again brings it back.
+    save_file(client, model, attention(FUSED))
+    assert await diagnostics_until(client, model, lambda d: not d) == []
+    save_file(client, model, attention())
+    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
+    assert diagnostic.range.start.line == line_of(model, "F.softmax") - 1
 
 
 @pytest.mark.server
@@ -240,39 +268,6 @@ async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_pa
     [diagnostic] = await diagnostics_until(client, model, has("GL101"))
     text = model.read_text(encoding="utf-8").splitlines()[line_of(model, "F.softmax") - 1]
     assert diagnostic.range.start.character == len(text[:text.index("F.softmax")].encode("utf-8"))
-
-
-@pytest.mark.server
-@pytest.mark.cli
-@pytest.mark.asyncio
-async def test_saving_a_fix_clears_the_diagnostic_and_saving_the_bug_again_brings_it_back(servers, tmp_path):
-    model = project_with(tmp_path, attention())
-    client = await servers(tmp_path)
-    open_file(client, model)
-    await diagnostics_until(client, model, has("GL101"))
-    save_file(client, model, attention(FUSED))
-    assert await diagnostics_until(client, model, lambda d: not d) == []
-    save_file(client, model, attention())
-    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
-    assert diagnostic.range.start.line == line_of(model, "F.softmax") - 1
-
-
-@pytest.mark.server
-@pytest.mark.cli
-@pytest.mark.asyncio
-async def test_a_syntax_error_is_one_diagnostic_at_its_line_and_the_server_keeps_serving(servers, tmp_path):
-    model = project_with(tmp_path, attention())
-    client = await servers(tmp_path)
-    open_file(client, model)
-    await diagnostics_until(client, model, has("GL101"))
-    broken = attention().replace("def make():", "def make(:")
-    save_file(client, model, broken)
-    [diagnostic] = await diagnostics_until(client, model, lambda d: len(d) == 1 and d[0].code is None)
-    assert "syntax error" in diagnostic.message and "model.py:make" in diagnostic.message
-    assert diagnostic.severity == types.DiagnosticSeverity.Error
-    assert diagnostic.range.start.line == line_of(model, "def make(:") - 1
-    save_file(client, model, attention())
-    await diagnostics_until(client, model, has("GL101"))
 
 
 @pytest.mark.server
@@ -310,11 +305,12 @@ async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp
 @pytest.mark.server
 @pytest.mark.cli
 @pytest.mark.asyncio
-async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(servers, tmp_path):
+async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line_until_the_line_changes(servers, tmp_path):
     model = project_with(tmp_path, GATE)
     client = await servers(tmp_path)
     open_file(client, model)
     [diagnostic] = await diagnostics_until(client, model, has("GL201"))
+    # The saved file's finding offers one quick fix, which rewrites its line.
     actions = await client.text_document_code_action_async(types.CodeActionParams(
         text_document=types.TextDocumentIdentifier(uri=model.as_uri()), range=diagnostic.range,
         context=types.CodeActionContext(diagnostics=[diagnostic])))
@@ -327,16 +323,7 @@ async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line(serve
     lines = model.read_text(encoding="utf-8").splitlines()
     lines[line] = lines[line][:edit.range.start.character] + edit.new_text + lines[line][edit.range.end.character:]
     assert lines[line] == "        gate = gate * 2"
-
-
-@pytest.mark.server
-@pytest.mark.cli
-@pytest.mark.asyncio
-async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(servers, tmp_path):
-    model = project_with(tmp_path, GATE)
-    client = await servers(tmp_path)
-    open_file(client, model)
-    [diagnostic] = await diagnostics_until(client, model, has("GL201"))
+    # No quick fix once the finding's line changed in the editor since the save.
     client.text_document_did_change(types.DidChangeTextDocumentParams(
         text_document=types.VersionedTextDocumentIdentifier(uri=model.as_uri(), version=2),
         content_changes=[types.TextDocumentContentChangeWholeDocument(text="# edited\n" + GATE)]))
@@ -344,24 +331,6 @@ async def test_no_quick_fix_for_a_finding_whose_line_changed_since_the_save(serv
         text_document=types.TextDocumentIdentifier(uri=model.as_uri()), range=diagnostic.range,
         context=types.CodeActionContext(diagnostics=[diagnostic])))
     assert actions is None
-
-
-@pytest.mark.server
-@pytest.mark.cli
-@pytest.mark.asyncio
-async def test_hovering_a_diagnostic_shows_its_rules_documentation(servers, tmp_path):
-    model = project_with(tmp_path, attention())
-    client = await servers(tmp_path)
-    open_file(client, model)
-    [diagnostic] = await diagnostics_until(client, model, has("GL101"))
-    hover = await client.text_document_hover_async(types.HoverParams(
-        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=diagnostic.range.start))
-    assert hover.contents.kind == types.MarkupKind.Markdown
-    assert hover.contents.value.startswith("# GL101 unfused-attention")
-    assert "## Why it matters" in hover.contents.value and "## Use instead" in hover.contents.value
-    elsewhere = await client.text_document_hover_async(types.HoverParams(
-        text_document=types.TextDocumentIdentifier(uri=model.as_uri()), position=types.Position(line=0, character=0)))
-    assert elsewhere is None
 
 
 GATED = UNFUSED + """
