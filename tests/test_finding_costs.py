@@ -83,6 +83,7 @@ def priced_json(model_dir):
     return json.loads(done.stdout)
 
 
+@pytest.mark.cli
 def test_unfused_attention_on_an_h100_carries_its_time_and_its_fix_saving_in_json(priced_json):
     attention = next(f for f in priced_json["findings"] if f["rule"] == "GL101")
     cost = attention["cost"]
@@ -90,6 +91,7 @@ def test_unfused_attention_on_an_h100_carries_its_time_and_its_fix_saving_in_jso
     assert 0 < cost["fix_saves"] < cost["time_per_step"] < cost["step_seconds"]
 
 
+@pytest.mark.cli
 def test_priced_findings_keep_everything_else_of_the_unpriced_run(model_dir, priced_json):
     plain = _check(model_dir, "--format", "json")
     assert plain.returncode == 1, plain.stderr
@@ -99,6 +101,7 @@ def test_priced_findings_keep_everything_else_of_the_unpriced_run(model_dir, pri
     assert priced_json == json.loads(plain.stdout)
 
 
+@pytest.mark.cli
 def test_sarif_carries_the_cost_as_properties_and_stays_valid(model_dir):
     done = _check(model_dir, "--gpu", "h100", "--format", "sarif")
     log = json.loads(done.stdout)
@@ -109,6 +112,7 @@ def test_sarif_carries_the_cost_as_properties_and_stays_valid(model_dir):
     assert properties["costDevice"] == "NVIDIA H100 SXM5 80GB"
 
 
+@pytest.mark.cli
 def test_sort_cost_puts_the_costliest_finding_first_and_text_says_the_cost(model_dir):
     by_line = _check(model_dir, "--gpu", "h100")
     by_cost = _check(model_dir, "--gpu", "h100", "--sort", "cost")
@@ -118,6 +122,7 @@ def test_sort_cost_puts_the_costliest_finding_first_and_text_says_the_cost(model
     assert "per step on NVIDIA H100 SXM5 80GB at batch 4; the fix saves about " in attention
 
 
+@pytest.mark.cli
 def test_a_model_without_performance_findings_carries_no_cost(tmp_path):
     write(tmp_path, "model.py", CLEAN)
     done = _check(tmp_path, "--gpu", "h100", "--format", "json", "--extend-select", "GL203")
@@ -126,6 +131,7 @@ def test_a_model_without_performance_findings_carries_no_cost(tmp_path):
     assert "cost" not in findings[0]
 
 
+@pytest.mark.cli
 def test_the_result_cache_answers_another_gpu_anew(model_dir, tmp_path):
     cache = ["--cache-dir", str(tmp_path / "cache")]
     answers = {}
@@ -138,6 +144,7 @@ def test_the_result_cache_answers_another_gpu_anew(model_dir, tmp_path):
     assert answers[None] is None
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("args, said", [
     (("--sort", "cost"), "--sort cost orders the findings"),
     (("--gpu", "tpu9"), "unknown GPU 'tpu9'"),
