@@ -232,9 +232,12 @@ def test_a_forward_that_never_returns_is_stopped_by_the_timeout(project_dir):
     write(project_dir, "good.py", ATTENTION)
     write(project_dir, "hangs.py", MODEL + "class Hangs(nn.Module):\n    def forward(self, x):\n        while True:\n"
                                            "            x = x + 0\n\n\ndef make():\n    return Hangs(), (torch.ones(2),)\n")
-    result = run_graphlint("check", "hangs.py:make", "good.py:make", "--timeout", "3", "--no-cache", cwd=project_dir)
+    # --timeout bounds every target: the good one leaves out the torch.compile analysis (GL3), which is not what this
+    # test is about and alone can take longer than the bound on a loaded machine
+    result = run_graphlint("check", "hangs.py:make", "good.py:make", "--timeout", "5", "--ignore", "GL3", "--no-cache",
+                           cwd=project_dir)
     assert result.returncode == 2
-    assert "graphlint: error: hangs.py:make: did not finish within 3 s (--timeout)" in result.stderr
+    assert "graphlint: error: hangs.py:make: did not finish within 5 s (--timeout)" in result.stderr
     assert result.stdout.startswith("good.py:")
     assert "Traceback" not in result.stderr
 
