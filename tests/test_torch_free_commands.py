@@ -231,6 +231,18 @@ def test_a_second_identical_memory_is_answered_from_the_cache_without_torch(mode
     assert not torch_imported
 
 
+@pytest.mark.parametrize("options", [["--gpu", "H100"], ["--gpu", "L4", "--format", "json", "--batch", "8"]])
+def test_a_second_identical_time_is_answered_from_the_cache_without_torch(model, options):
+    first = run_graphlint("time", "model.py:make", *options, cwd=model)
+    assert first.returncode == 0, first.stderr
+    calls = made(model)
+    assert calls > 0
+    second, torch_imported = run_watched("time", "model.py:make", *options, cwd=model)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout and made(model) == calls
+    assert not torch_imported
+
+
 def test_a_memory_measured_with_other_threads_is_not_answered_from_the_cache(model):
     first = run_graphlint("memory", "model.py:make", "--train-on", "cpu", "--format", "json", cwd=model)
     assert first.returncode == 0, first.stderr

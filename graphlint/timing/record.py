@@ -25,7 +25,6 @@ from torch.utils.flop_counter import flop_registry
 
 from graphlint.files import is_hidden_file
 
-PHASES = ("forward", "backward", "optimizer")
 aten = torch.ops.aten
 # Autograd's next sequence number; a torch without it places backward ops at no line
 _sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -84,7 +83,7 @@ class OpRecord:
     read: int  # bytes
     written: int  # bytes
     dtype: str  # "float32", "bfloat16"...
-    phase: str  # one of PHASES
+    phase: str  # one of graphlint.timing.phases.PHASES
     recompute: bool  # a checkpointed forward op run again during backward
     file: str | None  # the user's source line the op belongs to; None when none does (the optimizer's loops)
     line: int | None

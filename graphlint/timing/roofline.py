@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphlint.timing.devices import GPU_EFFICIENCY, GPU_LAUNCH, Accelerator, CpuPeaks
-from graphlint.timing.record import PHASES, OpRecord
+from graphlint.timing.phases import PHASES
+
+if TYPE_CHECKING:
+    from graphlint.timing.record import OpRecord
 
 TOP_LINES = 10
 

@@ -7,7 +7,7 @@ import linecache
 import os
 
 from graphlint.sizes import format_bytes
-from graphlint.timing.record import PHASES
+from graphlint.timing.phases import PHASES
 from graphlint.timing.roofline import TOP_LINES, StepTime
 
 
