@@ -720,9 +720,9 @@ def _rules(args: argparse.Namespace) -> int:
 
 
 def _rule(args: argparse.Namespace) -> int:
-    from graphlint.engine import listed_rules, rule_by_id
+    from graphlint.engine import described_rule, listed_rules
 
-    rule = rule_by_id(args.rule_id)
+    rule = described_rule(args.rule_id)
     if rule is None:
         known = ", ".join(r.id for r in listed_rules())
         raise UsageError(f"no rule {args.rule_id!r}; the rules are {known} (graphlint rules lists them)")

@@ -108,7 +108,14 @@ def _plugin_rules(entry) -> list[type[Rule]]:
 
 
 def rule_by_id(rule_id: str) -> type[Rule] | None:
-    """The rule with this ID (any case), as `listed_rules` gives it; None when there is none."""
+    """The rule with this ID (any case), imported, as `load_rules` gives it: one that can check a capture; None
+    when there is none."""
+    return next((rule for rule in load_rules() if rule.id == rule_id.upper()), None)
+
+
+def described_rule(rule_id: str) -> type[Rule] | None:
+    """The rule with this ID (any case), as `listed_rules` gives it: its metadata and docs, read without importing
+    torch (it may have no `check`); None when there is none."""
     return next((rule for rule in listed_rules() if rule.id == rule_id.upper()), None)
 
 
