@@ -562,13 +562,7 @@ def _memory(args: argparse.Namespace) -> int:
 
     if args.optimizer not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-    sizes = {}
-    for name in ("batch", "seq"):
-        value = getattr(args, name)
-        if value is not None:
-            if not value.isdigit() or int(value) < 1:
-                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
-            sizes[name] = int(value)
+    sizes = _step_sizes(args)
     device_memory = None
     if args.device_memory is not None:
         device_memory = parse_bytes(args.device_memory)
@@ -605,6 +599,18 @@ def _memory(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def _step_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """--batch and --seq of `memory` and `time`, checked: the sizes the step's inputs are given."""
+    sizes = {}
+    for name in ("batch", "seq"):
+        value = getattr(args, name)
+        if value is not None:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
+            sizes[name] = int(value)
+    return sizes
+
+
 def _gpu_names() -> list[str]:
     from graphlint.timing.devices import ACCELERATORS
 
@@ -632,13 +638,7 @@ def _time(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown optimizer {args.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     if args.top < 1:
         raise UsageError("--top must be 1 or more")
-    sizes = {}
-    for name in ("batch", "seq"):
-        value = getattr(args, name)
-        if value is not None:
-            if not value.isdigit() or int(value) < 1:
-                raise UsageError(f"--{name} must be a whole number of 1 or more, not {value!r}")
-            sizes[name] = int(value)
+    sizes = _step_sizes(args)
     project = _discover(args)
     config = project.config.overridden(timeout=args.timeout)
     targets, base = _picked(args, project, config, list(args.targets))
