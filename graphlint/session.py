@@ -373,11 +373,14 @@ class Runner:
     `Options.timeout`. A session makes its own; the language server gives every project's session the same one,
     so that they share the warm parent and the limit, and reads their results from `finished`.
 
-    `close_in_children` are file descriptors that a forked child closes first (the server's protocol pipes)."""
+    `close_in_children` are file descriptors that a forked child closes first (the server's protocol pipes);
+    `open_ended`: targets keep coming for as long as it lives (the language server), not all put at once."""
 
-    def __init__(self, parent: WarmParent | None = None, close_in_children: tuple[int, ...] = ()) -> None:
+    def __init__(self, parent: WarmParent | None = None, close_in_children: tuple[int, ...] = (),
+                 open_ended: bool = False) -> None:
         self.parent = parent
         self.close_in_children = close_in_children
+        self.open_ended = open_ended
         self.jobs = 1
         self._scheduler = None  # made when a target first needs a child (multiprocessing is not free)
         self._answered: list[tuple[Session, str, TargetResult]] = []  # answered without a child, not delivered
@@ -508,7 +511,7 @@ class Runner:
 
             self._scheduler = Scheduler(lambda: Children(self.warm_parent(), None), self.jobs, self._job,
                                         timeout=lambda session: session.options.timeout or None,
-                                        started=lambda key: key[0]._started(key[1]))
+                                        started=lambda key: key[0]._started(key[1]), open_ended=self.open_ended)
         return self._scheduler
 
     def _job(self, key: tuple[Session, Item], session: Session) -> Job | None:

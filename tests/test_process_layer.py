@@ -3,6 +3,8 @@ failures that carry their file, line and stage, and the scheduler the command li
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 
 from conftest import fix_plan, lint_file, write
@@ -80,10 +82,12 @@ class _Children:
         self.started: list[object] = []
         self.killed: list[object] = []
         self.live: list[object] = []
+        self.more: list[bool] = []
 
-    def start(self, job, timeout=None, key=None) -> None:
+    def start(self, job, timeout=None, key=None, more=True) -> None:
         self.started.append(key)
         self.live.append(key)
+        self.more.append(more)
 
     def wait(self, also=None):
         return [(self.live.pop(0), "answer")] if self.live else []
@@ -113,6 +117,45 @@ def test_the_scheduler_starts_touched_targets_first_and_a_newer_save_supersedes_
     while scheduler:
         finished += [key for key, _, _ in scheduler.wait()]
     assert finished == ["a", "c", "b"] and children.started == ["a", "a", "c", "b"]
+
+
+def test_the_warm_parent_warms_dynamo_up_only_for_jobs_still_to_come(monkeypatch):
+    """A run of one target has no later child to warm dynamo up for (a second of CPU the child competes with); the
+    language server's jobs keep coming, so it warms up after its first child as before."""
+    children = _Children()
+    scheduler = Scheduler(lambda: children, 1, lambda key, item: f"job {key}")
+    scheduler.put([("a", 1), ("b", 2)])
+    while scheduler:
+        scheduler.wait()
+    assert children.started == ["a", "b"] and children.more == [True, False]
+    server = _Children()
+    scheduler = Scheduler(lambda: server, 1, lambda key, item: f"job {key}", open_ended=True)
+    scheduler.put([("a", 1)])
+    scheduler.wait()
+    assert server.more == [True]
+
+    warmed = []
+    parent = parent_module.WarmParent.__new__(parent_module.WarmParent)  # its start() alone: no torch warm-up
+    parent.context, parent.close_in_children = multiprocessing.get_context("fork"), ()
+    parent._tried, parent._wanted, parent._compile_warm = set(), [], False
+    monkeypatch.setattr(parent, "_warm_compile", lambda: warmed.append(True))
+    monkeypatch.setattr(parent_module, "_needs_compile", lambda job: True)
+    monkeypatch.setattr(parent.context, "Process", _NoProcess)
+    job = LintJob("model.py:make", ".", ".", (), "meta", ("GL301",))
+    parent.start(job, more=False)
+    assert warmed == []
+    parent.start(job)
+    assert warmed == [True]
+
+
+class _NoProcess:
+    """A process that never starts (the warm parent's decision is what is tested)."""
+
+    def __init__(self, target=None, args=(), daemon=None) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
 
 
 def test_the_scheduler_leaves_jobs_the_caller_answered_itself_and_drops_unwanted_ones():

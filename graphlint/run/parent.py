@@ -41,8 +41,9 @@ class WarmParent:
         self._wanted: list[str] = []
         self._compile_warm = False
 
-    def start(self, job: Job):
-        """(the child process running `job`, the parent's end of its pipe)."""
+    def start(self, job: Job, more: bool = True):
+        """(the child process running `job`, the parent's end of its pipe); `more`: other lint jobs may follow, so
+        that warming dynamo up for them is worth its CPU (a run of one target has no child to give it to)."""
         receiving, sending = self.context.Pipe(duplex=False)
         sys.stdout.flush()  # a forked child would otherwise write the parent's buffered output again
         sys.stderr.flush()
@@ -50,7 +51,7 @@ class WarmParent:
         warm_compile = False
         if self.context.get_start_method() == "fork":
             self._import_wanted()
-            warm_compile = not self._compile_warm and isinstance(job, LintJob) and _needs_compile(job)
+            warm_compile = more and not self._compile_warm and isinstance(job, LintJob) and _needs_compile(job)
             # A forked child cannot use the parent's OpenMP thread pool if the parent ever ran parallel CPU work
             # (graphlint.session.check in a test session, a notebook): its first parallel op would wait forever. The
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one

@@ -51,10 +51,10 @@ class Children:
     def __len__(self) -> int:
         return len(self.running)
 
-    def start(self, job: Job, timeout: float | None = None, key: object = None) -> None:
+    def start(self, job: Job, timeout: float | None = None, key: object = None, more: bool = True) -> None:
         """Start a child that runs `job`, known as `key` (default: the job's target); `timeout` overrides the
-        default limit for this one."""
-        process, connection = self.parent.start(job)
+        default limit for this one; `more`: other jobs may follow (graphlint.run.parent.WarmParent.start)."""
+        process, connection = self.parent.start(job, more)
         self.running.append(_Child(job.target if key is None else key, job, process, connection, time.monotonic(),
                                    self.timeout if timeout is None else timeout))
 
@@ -126,12 +126,15 @@ class Scheduler:
 
     `children()` gives the warm parent's `Children`, asked for when a job first has to start; `start(key, item)`
     makes the job for a waiting item, or None when the caller answered it without a child (the result cache);
-    `timeout(item)` is its time limit (None: the children's default); `started(key)` is told once it runs."""
+    `timeout(item)` is its time limit (None: the children's default); `started(key)` is told once it runs.
+    `open_ended`: jobs keep coming after those put (the language server); else a job that starts with none
+    waiting is the last, and the warm parent warms nothing up for later ones."""
 
     def __init__(self, children: Callable[[], Children], jobs: int, start: Callable[[object, object], Job | None],
                  timeout: Callable[[object], float | None] = lambda item: None,
-                 started: Callable[[object], None] = lambda key: None) -> None:
+                 started: Callable[[object], None] = lambda key: None, open_ended: bool = False) -> None:
         self._children = children
+        self.open_ended = open_ended
         self.jobs = max(jobs, 1)
         self._start = start
         self._timeout = timeout
@@ -172,7 +175,7 @@ class Scheduler:
                 continue
             if self._made is None:
                 self._made = self._children()
-            self._made.start(job, timeout=self._timeout(item), key=key)
+            self._made.start(job, timeout=self._timeout(item), key=key, more=self.open_ended or bool(self.waiting))
             self.running[key] = item
             self._started(key)
 

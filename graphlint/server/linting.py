@@ -51,7 +51,7 @@ class Linter:
         self.publish = publish
         self.tell = tell
         self.unit = "utf-16"  # how the client counts columns
-        self.runner = Runner()  # every project's session lints in it: one warm parent, one limit
+        self.runner = Runner(open_ended=True)  # every project's session lints in it: one warm parent, one limit
         self.workspace = Workspace(settings, self.runner)
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_reader, self._wake_writer = Pipe(duplex=False)
