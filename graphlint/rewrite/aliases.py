@@ -6,9 +6,10 @@ reads the old tensor after the write."""
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.contract import FixSite, Refused, code_of, names_read
-from graphlint.rewrite.source import all_parameters, binds, path_to
+from graphlint.rewrite.source import all_parameters, binds, collect, path_to
 
 # Methods whose result shares the receiver's memory: a write into the result reaches the receiver.
 VIEWS = frozenset({"view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "narrow", "select",
@@ -118,47 +119,20 @@ def is_read_after(site: FixSite, statement: cst.BaseSmallStatement, name: str) -
 
 
 def lines_of(root: cst.CSTNode | None) -> list[cst.SimpleStatementLine]:
-    found: list[cst.SimpleStatementLine] = []
-
-    class _Lines(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            found.append(line)
-            return False
-
-    if root is not None:
-        root.visit(_Lines())
-    return found
+    """The statement lines in `root`, in source order."""
+    line = m.SimpleStatementLine()
+    return collect(root, line, prune=line) if root is not None else []
 
 
 def _ordered(function: cst.FunctionDef) -> list[tuple[cst.BaseSmallStatement, tuple[cst.CSTNode, ...]]]:
-    """The function's small statements in source order, each with the loops around it."""
-    found: list = []
-
-    class _Walk(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.loops: list[cst.CSTNode] = []
-
-        def visit_For(self, node: cst.For) -> None:
-            self.loops.append(node)
-
-        def leave_For(self, node: cst.For) -> None:
-            self.loops.pop()
-
-        def visit_While(self, node: cst.While) -> None:
-            self.loops.append(node)
-
-        def leave_While(self, node: cst.While) -> None:
-            self.loops.pop()
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function  # a nested function's statements are not this one's
-
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            found.extend((small, tuple(self.loops)) for small in line.body)
-            return False
-
-    function.visit(_Walk())
-    return found
+    """The function's small statements in source order, each with the loops around it, outermost first."""
+    own = m.FunctionDef() | m.SimpleStatementLine()  # a nested function's statements are not this one's
+    loops: dict[int, list[cst.CSTNode]] = {}
+    for loop in collect(function.body, m.For() | m.While(), prune=m.FunctionDef()):  # outer loops come first
+        for line in collect(loop, m.SimpleStatementLine(), prune=own):
+            loops.setdefault(id(line), []).append(loop)
+    return [(small, tuple(loops.get(id(line), ()))) for line in collect(function.body, m.SimpleStatementLine(), prune=own)
+            for small in line.body]
 
 
 def _bindings(small: cst.BaseSmallStatement) -> list[tuple[str, cst.BaseExpression | None]]:
@@ -180,10 +154,10 @@ def _kept(small: cst.BaseSmallStatement, name: str) -> str:
     """The code of a statement that stores `name` (or a view of it) in an object: `self.cache = y`,
     `outputs.append(y)`; "" for any other statement."""
     stored = []
-    if isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Attribute) for t in small.targets):
+    kept_by = m.Attribute(attr=m.Name("append") | m.Name("extend") | m.Name("insert"))
+    if m.matches(small, m.Assign(targets=[m.ZeroOrMore(), m.AssignTarget(target=m.Attribute()), m.ZeroOrMore()])):
         stored = [small.value]
-    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and \
-            isinstance(small.value.func, cst.Attribute) and small.value.func.attr.value in ("append", "extend", "insert"):
+    elif m.matches(small, m.Expr(value=m.Call(func=kept_by))):
         stored = [a.value for a in small.value.args]
     for value in stored:
         source = viewed(value)
@@ -206,21 +180,12 @@ def _registered(classdef: cst.ClassDef | None, target: cst.Attribute) -> str:
     if classdef is None or not (isinstance(target.value, cst.Name) and target.value.value == "self"):
         return ""
     name = target.attr.value
-    found = []
-
-    class _Registrations(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            method = call.func.attr.value if isinstance(call.func, cst.Attribute) else ""
-            first = call.args[0].value if call.args else None
-            if method in ("register_buffer", "register_parameter") and isinstance(first, cst.SimpleString) and \
-                    first.evaluated_value == name:
-                found.append(method.removeprefix("register_"))
-
-        def visit_Assign(self, node: cst.Assign) -> None:
-            called = node.value.func if isinstance(node.value, cst.Call) else None
-            if any(code_of(t.target) == f"self.{name}" for t in node.targets) and called is not None and \
-                    code_of(called).split(".")[-1] == "Parameter":
-                found.append("parameter")
-
-    classdef.visit(_Registrations())
-    return found[0] if found else ""
+    registration = m.Call(func=m.Attribute(attr=m.Name("register_buffer") | m.Name("register_parameter")),
+                          args=[m.Arg(value=m.SimpleString()), m.ZeroOrMore()])
+    for node in collect(classdef, registration | m.Assign(value=m.Call())):
+        if isinstance(node, cst.Call) and node.args[0].value.evaluated_value == name:
+            return node.func.attr.value.removeprefix("register_")
+        if isinstance(node, cst.Assign) and any(code_of(t.target) == f"self.{name}" for t in node.targets) and \
+                code_of(node.value.func).split(".")[-1] == "Parameter":
+            return "parameter"
+    return ""

@@ -14,6 +14,7 @@ from functools import cached_property
 from collections.abc import Callable
 
 import libcst as cst
+import libcst.matchers as m
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ class Refused(Exception):
     """Raised deep inside a fixer's reading when the rewrite cannot be exact; the message says why, in the user's
     terms, and the fixer returns it as its reason."""
 
+
+# `from x import y`, not `from . import y` nor `from x import *`: the imports that bind a name graphlint can name.
+ABSOLUTE_IMPORT_FROM = m.ImportFrom(module=m.DoesNotMatch(None), relative=[], names=m.DoesNotMatch(m.ImportStar()))
 
 # Expressions that need no parentheses as an operand, a receiver or after a unary operator.
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
@@ -162,38 +166,33 @@ class ImportNames:
             if name not in found:
                 found.append(name)
 
-        class _Imports(cst.CSTVisitor):
-            def visit_Import(self, node: cst.Import) -> None:
-                for alias in node.names:
-                    dotted = code_of(alias.name)
-                    bound = code_of(alias.asname.name) if alias.asname is not None else dotted.split(".")[0]
-                    add(modules, bound)
-                    if alias.asname is None:
-                        if dotted.split(".")[0] == "torch":
-                            add(torch, "torch")
-                    elif dotted == "torch":
-                        add(torch, bound)
-                    elif dotted == "torch.nn":
-                        add(nn, bound)
-                    elif dotted == "torch.nn.functional":
-                        add(functional, bound)
-
-            def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-                if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
-                    return
-                source = code_of(node.module)
-                for alias in node.names:
-                    name = code_of(alias.name)
-                    bound = code_of(alias.asname.name) if alias.asname is not None else name
-                    if (source, name) == ("torch", "nn"):
-                        add(nn, bound)
-                    elif (source, name) in (("torch.nn", "functional"), ("torch", "functional")):
-                        add(functional, bound)
-
-        module.visit(_Imports())
-        names = frozenset(n.value for n in _all_names(module))
+        names = set()
+        for node in m.findall(module, m.Name() | m.Import() | ABSOLUTE_IMPORT_FROM):
+            if isinstance(node, cst.Name):
+                names.add(node.value)
+                continue
+            for alias in node.names:
+                name = code_of(alias.name)
+                asname = code_of(alias.asname.name) if alias.asname is not None else None
+                if isinstance(node, cst.ImportFrom):
+                    imported = (code_of(node.module), name)
+                    if imported == ("torch", "nn"):
+                        add(nn, asname or name)
+                    elif imported in (("torch.nn", "functional"), ("torch", "functional")):
+                        add(functional, asname or name)
+                    continue
+                add(modules, asname or name.split(".")[0])
+                if asname is None:
+                    if name.split(".")[0] == "torch":
+                        add(torch, "torch")
+                elif name == "torch":
+                    add(torch, asname)
+                elif name == "torch.nn":
+                    add(nn, asname)
+                elif name == "torch.nn.functional":
+                    add(functional, asname)
         return cls(tuple(sorted(torch, key=lambda n: n != "torch")), tuple(nn),
-                   tuple(sorted(functional, key=lambda n: n != "F")), tuple(modules), names)
+                   tuple(sorted(functional, key=lambda n: n != "F")), tuple(modules), frozenset(names))
 
     @property
     def namespaces(self) -> frozenset[str]:
@@ -230,34 +229,17 @@ class ImportNames:
         return text
 
 
-def _all_names(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
-
-    node.visit(_Collector())
-    return found
-
-
 def names_read(node: cst.CSTNode) -> list[cst.Name]:
     """The variable names in `node`: not attribute names (`mask` of `self.mask`) nor keyword names."""
     found: list[cst.Name] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
+    others: set[int] = set()  # the attributes and keywords met so far: source order puts them after their owner
+    for name in m.findall(node, m.Name() | m.Attribute() | m.Arg(keyword=m.Name())):
+        if isinstance(name, cst.Attribute):
+            others.add(id(name.attr))
+        elif isinstance(name, cst.Arg):
+            others.add(id(name.keyword))
+        elif id(name) not in others:
             found.append(name)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)
-            return False
-
-        def visit_Arg(self, argument: cst.Arg) -> bool:
-            argument.value.visit(self)
-            return False
-
-    node.visit(_Collector())
     return found
 
 
@@ -272,16 +254,15 @@ def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode | tuple,
     inside = {id(n) for part in olds for n in names_read(part)}
     candidates = {n.value for part in olds for n in names_read(part)} - kept
     removed: list = []
+    assigned = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name(m.MatchIfTrue(
+        lambda name: name in candidates)))])])  # `name = ...` alone on its line, of a name still a candidate
     changed = True
     while changed:
         changed = False
         for statement in function.body.body:
-            if statement in removed or not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            if statement in removed or not m.matches(statement, assigned):
                 continue
             small = statement.body[0]
-            if not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
-                    not isinstance(small.targets[0].target, cst.Name) or small.targets[0].target.value not in candidates:
-                continue
             name = small.targets[0].target
             others = [n for n in names_read(function) if n.value == name.value and n is not name and id(n) not in inside]
             if not others:

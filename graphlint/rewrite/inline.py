@@ -12,10 +12,11 @@ import builtins
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.contract import ImportNames, Refused, call_parts, code_of, names_read
-from graphlint.rewrite.source import (all_nodes, all_parameters, assigned_names, bound_arguments, class_of, functions_in,
-                                      import_bindings, statements_of, substituted)
+from graphlint.rewrite.source import (all_parameters, assigned_names, bound_arguments, class_of, find, functions_in,
+                                      import_bindings, plain_name_assignment, statements_of, substituted)
 
 _BUILTINS = frozenset(dir(builtins))
 
@@ -51,9 +52,8 @@ def inlined(call: cst.Call, statement: cst.BaseStatement, scopes: list[Inlined],
         return None
     module, function = found[0]
     body = statements_of(function)
-    last = body[-1] if body else None
-    if not isinstance(last, cst.SimpleStatementLine) or len(last.body) != 1 or not isinstance(last.body[0], cst.Return) \
-            or last.body[0].value is None or any(isinstance(n, cst.Return) for s in body[:-1] for n in all_nodes(s)):
+    returns = m.SimpleStatementLine(body=[m.Return(value=m.DoesNotMatch(None))])
+    if not body or not m.matches(body[-1], returns) or any(find(s, m.Return()) for s in body[:-1]):
         raise Refused(f"the scores come from `{name}`, which graphlint reads only when it ends in its one `return`")
     args = bound_arguments(function, call)
     if args is None:
@@ -95,18 +95,16 @@ def in_caller_terms(node: cst.BaseExpression, scopes: list[Inlined], function: c
 
 def upcast_only(statement: cst.CSTNode) -> bool:
     """`if flag:` (no else) whose every statement is `x = x.float()` or `x = x.to(torch.float32)`."""
-    if not isinstance(statement, cst.If) or statement.orelse is not None or \
-            not isinstance(statement.body, cst.IndentedBlock) or not statement.body.body:
+    if not m.matches(statement, m.If(orelse=None, body=m.IndentedBlock(body=[m.AtLeastN(n=1)]))):
         return False
     for line in statement.body.body:
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or \
-                not isinstance(line.body[0], cst.Assign) or len(line.body[0].targets) != 1:
+        if not plain_name_assignment(line):
             return False
         target, value = line.body[0].targets[0].target, line.body[0].value
         name, receiver, positional, keywords = call_parts(value)
         upcast = (name == "float" and not positional) or \
             (name == "to" and [code_of(a) for a in positional] in (["torch.float32"], ["torch.float"]))
-        if not isinstance(target, cst.Name) or not upcast or keywords or code_of(receiver) != target.value:
+        if not upcast or keywords or code_of(receiver) != target.value:
             return False
     return True
 

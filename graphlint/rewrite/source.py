@@ -1,13 +1,69 @@
 """Reading Python source as libcst trees: what a statement assigns or changes, the functions a module or class
 defines and how a call binds their parameters, and paths between nodes. The fixes read the user's code with
 these, so that a chain written across statements, `if` blocks and helpers is followed the same way everywhere.
+
+Shapes are said with libcst matchers (`libcst.matchers`); the walks over a tree are `collect` (every node a
+matcher matches) and `find` (the path down to the first one), which the fixers use too.
 """
 
 from __future__ import annotations
 
-import libcst as cst
+from collections.abc import Callable
 
-from graphlint.rewrite.contract import atom, call_parts, code_of, names_read
+import libcst as cst
+import libcst.matchers as m
+
+from graphlint.rewrite.contract import ABSOLUTE_IMPORT_FROM, atom, call_parts, code_of, names_read
+
+# What `collect` and `find` match nodes with: `m.Call()`, `m.Name("x") | m.Attribute()`, `m.MatchIfTrue(f)`.
+Matcher = m.BaseMatcherNode | m.MatchIfTrue
+
+
+class _Walk(cst.CSTVisitor):
+    """The one walk behind `collect` and `find`, keeping the path from the root down to the node it is at."""
+
+    def __init__(self, matcher: Matcher | None, prune: Matcher | None, first: bool) -> None:
+        super().__init__()
+        self.matcher, self.prune, self.first = _test(matcher), _test(prune), first
+        self.path: list[cst.CSTNode] = []
+        self.found: list = []  # the matched nodes, or with `first` the path down to the one matched
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.path.append(node)
+        if self.first and self.found:
+            return False
+        if self.matcher is None or self.matcher(node):
+            self.found.append(list(self.path) if self.first else node)
+            if self.first:
+                return False
+        return self.prune is None or not self.prune(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.path.pop()
+
+
+def _test(matcher: Matcher | None) -> Callable[[cst.CSTNode], bool] | None:
+    """`matcher` as a function of the node (m.matches declines a bare MatchIfTrue, which findall takes)."""
+    if matcher is None or isinstance(matcher, m.MatchIfTrue):
+        return matcher.func if matcher is not None else None
+    return lambda node: m.matches(node, matcher)
+
+
+def collect(root: cst.CSTNode, matcher: Matcher | None = None, *, prune: Matcher | None = None) -> list[cst.CSTNode]:
+    """Every node of `root`, `root` included, that `matcher` matches (every node when None), in source order. A
+    node that `prune` matches is matched itself but not walked into: `prune=m.FunctionDef()` keeps to the code of
+    the function being walked, `prune=m.Else()` leaves `else:` blocks out."""
+    walk = _Walk(matcher, prune, first=False)
+    root.visit(walk)
+    return walk.found
+
+
+def find(root: cst.CSTNode, matcher: Matcher, *, prune: Matcher | None = None) -> list[cst.CSTNode] | None:
+    """The path from `root` down to the first node in source order that `matcher` matches, both included (the
+    node is its last element, what is around it the others); None when no node matches. `prune` as in `collect`."""
+    walk = _Walk(matcher, prune, first=True)
+    root.visit(walk)
+    return walk.found[0] if walk.found else None
 
 
 def is_number(node: cst.BaseExpression, values: tuple[float, ...] = ()) -> bool:
@@ -21,9 +77,12 @@ def is_number(node: cst.BaseExpression, values: tuple[float, ...] = ()) -> bool:
 
 def plain_assignment(statement: cst.CSTNode, name: str) -> bool:
     """`name = ...` alone on its line."""
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-        isinstance(statement.body[0].targets[0].target, cst.Name) and statement.body[0].targets[0].target.value == name
+    return m.matches(statement, _assigned_alone(m.Name(name)))
+
+
+def _assigned_alone(target: m.BaseMatcherNode) -> m.SimpleStatementLine:
+    """A line that is one `target = ...`, with a single target."""
+    return m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=target)])])
 
 
 def functions_in(node: cst.Module | cst.ClassDef) -> list[cst.FunctionDef]:
@@ -33,23 +92,17 @@ def functions_in(node: cst.Module | cst.ClassDef) -> list[cst.FunctionDef]:
 
 
 def all_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
+    """Every node of `node`, itself included, in source order."""
+    return collect(node)
 
-    class _Collector(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            found.append(child)
-            return True
 
-    node.visit(_Collector())
-    return found
+_DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
 
 
 def statements_of(function: cst.FunctionDef) -> list[cst.BaseStatement]:
     """A function's statements, its docstring left out."""
     body = list(function.body.body) if isinstance(function.body, cst.IndentedBlock) else []
-    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and \
-            isinstance(body[0].body[0], cst.Expr) and \
-            isinstance(body[0].body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+    if body and m.matches(body[0], _DOCSTRING):
         body = body[1:]
     return body
 
@@ -66,36 +119,21 @@ def import_bindings(module: cst.Module) -> dict[str, str]:
     """Each name a module's imports bind → what it is bound to (`np` → `numpy`, `F` → `torch.nn.functional`,
     `sqrt` → `math.sqrt`)."""
     found: dict[str, str] = {}
-
-    class _Imports(cst.CSTVisitor):
-        def visit_Import(self, node: cst.Import) -> None:
-            for alias in node.names:
-                dotted = code_of(alias.name)
-                if alias.asname is not None:
-                    found[code_of(alias.asname.name)] = dotted
-                else:
-                    found[dotted.split(".")[0]] = dotted.split(".")[0]
-
-        def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-            if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
-                return
-            for alias in node.names:
-                name = code_of(alias.name)
+    for node in collect(module, m.Import() | ABSOLUTE_IMPORT_FROM):
+        for alias in node.names:
+            name = code_of(alias.name)
+            if isinstance(node, cst.ImportFrom):
                 found[code_of(alias.asname.name) if alias.asname is not None else name] = f"{code_of(node.module)}.{name}"
-
-    module.visit(_Imports())
+            elif alias.asname is not None:
+                found[code_of(alias.asname.name)] = name
+            else:
+                found[name.split(".")[0]] = name.split(".")[0]
     return found
 
 
 def calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class _Collector(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Collector())
-    return found
+    """Every call in `node`, in source order."""
+    return collect(node, m.Call())
 
 
 def calls_function(call: cst.Call, function: cst.FunctionDef, modules: tuple[str, ...] = ()) -> bool:
@@ -156,13 +194,12 @@ IN_PLACE = ("masked_fill_", "add_", "mul_", "div_")
 def redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     """What a statement alone on its line sets `name` to: the value of `name = ...`, `name + b` for
     `name += b`, `name.masked_fill(...)` for `name.masked_fill_(...)`; None for any other statement."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    if not m.matches(statement, m.SimpleStatementLine(body=[m.DoNotCare()])):
         return None
     small = statement.body[0]
     if plain_assignment(statement, name):
         return small.value
-    if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name) and small.target.value == name and \
-            type(small.operator) in AUGMENTED:
+    if m.matches(small, m.AugAssign(target=m.Name(name), operator=m.MatchIfTrue(lambda op: type(op) in AUGMENTED))):
         return cst.BinaryOperation(left=cst.Name(name), operator=AUGMENTED[type(small.operator)](), right=atom(small.value))
     if changed_in_place(statement, name):
         call = small.value
@@ -175,82 +212,72 @@ def redefinition(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None
 
 def filled_where(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     """`c` of `name[c] = value` alone on its line."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
-            not isinstance(statement.body[0], cst.Assign) or len(statement.body[0].targets) != 1:
-        return None
-    target = statement.body[0].targets[0].target
-    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and target.value.value == name and \
-            len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
-        return target.slice[0].slice.value
-    return None
+    filled = m.Subscript(value=m.Name(name), slice=[m.SubscriptElement(slice=m.Index(value=m.SaveMatchedNode(
+        m.DoNotCare(), "condition")))])
+    found = m.extract(statement, _assigned_alone(filled))
+    return found["condition"] if found is not None else None
 
 
 def changed_in_place(statement: cst.CSTNode, name: str) -> bool:
     """`name.masked_fill_(...)` (or `add_`, `mul_`, `div_`) alone on its line."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
-            not isinstance(statement.body[0], cst.Expr):
-        return False
-    call = statement.body[0].value
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in IN_PLACE and \
-        isinstance(call.func.value, cst.Name) and call.func.value.value == name
+    method = m.Attribute(value=m.Name(name), attr=m.Name(m.MatchIfTrue(IN_PLACE.__contains__)))
+    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=method))]))
 
 
 def deletes(statement: cst.CSTNode) -> bool:
     """`del x` alone on its line."""
-    return isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, cst.Del) for s in statement.body)
+    return m.matches(statement, m.SimpleStatementLine(body=[m.ZeroOrMore(m.Del())]))
 
 
 def mutated_in_place(statement: cst.CSTNode, name: str) -> bool:
     """Whether a statement (or a block inside it) changes `name` in place: `name.masked_fill_(...)`,
     `name[c] = v`."""
-    for n in all_nodes(statement):
-        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) and \
-                n.func.value.value == name and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_"):
-            return True
-        if isinstance(n, (cst.AssignTarget, cst.AugAssign)):
-            target = n.target
-            while isinstance(target, (cst.Subscript, cst.Attribute)):
-                target = target.value
-            if isinstance(target, cst.Name) and target.value == name and target is not n.target:
-                return True
-    return False
+    in_place = m.Name(m.MatchIfTrue(lambda method: method.endswith("_") and not method.startswith("_")))
+    # `name[c] = v`, `name.data = v`, `name[i].x += v`: the object is changed, not rebound.
+    of_name = m.MatchIfTrue(lambda value: _object_of(value) == name)
+    written = m.Subscript(value=of_name) | m.Attribute(value=of_name)
+    return find(statement, m.Call(func=m.Attribute(value=m.Name(name), attr=in_place)) |
+                m.AssignTarget(target=written) | m.AugAssign(target=written)) is not None
+
+
+def _object_of(target: cst.BaseExpression) -> str | None:
+    """`x` of `x`, `x[i]`, `x.a[i]`: the variable whose object a write into `target` changes."""
+    while isinstance(target, (cst.Subscript, cst.Attribute)):
+        target = target.value
+    return target.value if isinstance(target, cst.Name) else None
 
 
 def plain_name_assignment(statement: cst.CSTNode) -> bool:
     """`name = ...` alone on its line, whatever the name."""
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-        isinstance(statement.body[0], cst.Assign) and len(statement.body[0].targets) == 1 and \
-        isinstance(statement.body[0].targets[0].target, cst.Name)
+    return m.matches(statement, _assigned_alone(m.Name()))
 
 
 def inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
+    """Whether `node` is `root` or in it."""
     return path_to(root, node) is not None
 
 
 def substituted(expression: cst.BaseExpression, values: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
     """`expression` with each variable of `values` replaced by its value (parenthesised where needed)."""
-    class _Substitute(cst.CSTTransformer):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            return False  # `self.mask`'s `mask` is not the variable; the receiver is substituted on leaving
+    # Only variables: `self.mask`'s `mask` and the keyword of `f(mask=m)` are other names.
+    variables = {id(n) for n in names_read(expression) if n.value in values}
 
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
-            return updated.with_changes(value=original.value.visit(self))
+    def value_of(name: cst.Name, _: dict) -> cst.BaseExpression:
+        value = values[name.value]
+        return atom(value.with_changes(lpar=[], rpar=[]) if value.lpar else value)
 
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-            return updated.with_changes(keyword=original.keyword)
+    return m.replace(expression, m.MatchIfTrue(lambda node: id(node) in variables), value_of)
 
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-            value = values.get(original.value)
-            return updated if value is None else atom(value.with_changes(lpar=[], rpar=[]) if value.lpar else value)
 
-    return expression.visit(_Substitute())
+# `None` and `self` as written, not `(None)`: what the code compared them with.
+_NONE = m.Name("None", lpar=[])
+_SELF = m.Name("self", lpar=[])
 
 
 def presence_test(guard: cst.BaseExpression | None) -> str | None:
     """`m` of `m is not None` and of `exists(m)`: a guard that asks whether a mask was given."""
-    if isinstance(guard, cst.Comparison) and len(guard.comparisons) == 1 and \
-            isinstance(guard.comparisons[0].operator, cst.IsNot) and code_of(guard.comparisons[0].comparator) == "None" \
-            and isinstance(guard.left, cst.Name):
+    given = m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=_NONE)])
+    if guard is not None and m.matches(guard, given):
         return guard.left.value
     name, receiver, positional, keywords = call_parts(guard) if guard is not None else (None, None, [], {})
     if name == "exists" and receiver is None and len(positional) == 1 and not keywords and isinstance(positional[0], cst.Name):
@@ -269,79 +296,43 @@ def keeps_a_tensor(statement: cst.CSTNode, name: str) -> bool:
 
 def binding_names(node: cst.CSTNode) -> list[cst.Name]:
     """The names `node` assigns to (targets of `=`, `+=`, `for`)."""
+    return _bound_names(node, _BINDINGS)
+
+
+_BINDINGS = m.AssignTarget() | m.AugAssign(target=m.Name()) | m.For()
+
+
+def _bound_names(node: cst.CSTNode, bindings: m.OneOf) -> list[cst.Name]:
+    """The names bound by the nodes of `node` that `bindings` matches, in source order."""
     found: list[cst.Name] = []
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
-            found.extend(n for n in names_read(target.target) if binds(target.target, n))
-
-        def visit_AugAssign(self, assign: cst.AugAssign) -> None:
-            if isinstance(assign.target, cst.Name):
-                found.append(assign.target)
-
-        def visit_For(self, loop: cst.For) -> None:
-            found.extend(names_read(loop.target))
-
-    node.visit(_Targets())
+    for binding in collect(node, bindings):
+        if isinstance(binding, cst.AssignTarget):
+            found.extend(n for n in names_read(binding.target) if binds(binding.target, n))
+        elif isinstance(binding, cst.For):
+            found.extend(names_read(binding.target))
+        else:  # `x += ...`, `x: int = ...`
+            found.append(binding.target)
     return found
 
 
 def block_of(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
     """The statement list that holds the statement of `node`, and that statement."""
-    found: list = []
-
-    class _Finder(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.blocks: list = []
-
-        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.blocks.append(block)
-
-        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.blocks.pop()
-
-        def visit_SimpleStatementLine(self, line: cst.SimpleStatementLine) -> bool:
-            if not found and path_to(line, node) is not None:
-                found.append((self.blocks[-1].body if self.blocks else (), line))
-            return False
-
-    function.visit(_Finder())
-    if not found:
+    path = path_to(function, node) or []
+    line = next((n for n in path if isinstance(n, cst.SimpleStatementLine)), None)
+    if line is None:
         raise ValueError("the node is not in a plain statement of the function")
-    return found[0]
+    blocks = [n for n in path[:path.index(line)] if isinstance(n, cst.IndentedBlock)]
+    return (blocks[-1].body if blocks else (), line)
 
 
 def path_to(root: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode] | None:
     """The nodes from `root` down to `target`, both included; None when `target` is not inside."""
-    if root is target:
-        return [root]
-    for child in root.children:
-        path = path_to(child, target)
-        if path is not None:
-            return [root, *path]
-    return None
+    return find(root, m.MatchIfTrue(lambda node: node is target))
 
 
 def assigned_names(statement: cst.CSTNode) -> set[str]:
-    names = set()
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> None:
-            names.update(n.value for n in names_read(target.target) if binds(target.target, n))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name):
-                names.add(node.target.value)
-
-        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            if isinstance(node.target, cst.Name):
-                names.add(node.target.value)
-
-        def visit_For(self, node: cst.For) -> None:
-            names.update(n.value for n in names_read(node.target))
-
-    statement.visit(_Targets())
-    return names
+    """The names `statement` assigns to: targets of `=`, `+=`, `x: int = ...` and `for`."""
+    return {n.value for n in _bound_names(statement, _BINDINGS | m.AnnAssign(target=m.Name()))}
 
 
 def binds(target: cst.BaseExpression, name: cst.Name) -> bool:
@@ -354,6 +345,7 @@ def binds(target: cst.BaseExpression, name: cst.Name) -> bool:
 
 
 def is_target(statement: cst.SimpleStatementLine, name: cst.Name) -> bool:
+    """Whether the `=` that begins `statement` binds `name`."""
     small = statement.body[0]
     return isinstance(small, cst.Assign) and any(binds(t.target, name) for t in small.targets)
 
@@ -373,37 +365,28 @@ def root_name(node: cst.BaseExpression) -> str | None:
 
 def local_assignments(scope: cst.CSTNode, name: str) -> list[cst.BaseExpression]:
     """What the plain variable `name` is set to anywhere in `scope` (a class's methods, a function)."""
-    found = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            if any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets):
-                found.append(node.value)
-
-    scope.visit(_Finder())
-    return found
+    to_name = m.AssignTarget(target=m.Name(name))
+    return [node.value for node in collect(scope, m.Assign(targets=[m.ZeroOrMore(), to_name, m.ZeroOrMore()]))]
 
 
 def self_assignments(classdef: cst.ClassDef, attribute: str) -> list[cst.BaseExpression]:
     """What `self.<attribute>` is set to in the class: `self.x = ...` and `self.register_buffer("x", ...)`."""
     found = []
-
-    class _Finder(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                if code_of(target.target) == f"self.{attribute}":
-                    found.append(node.value)
-                elif isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
-                        len(target.target.elements) == len(node.value.elements):  # `self.h, self.scale = h, d ** -0.5`
-                    found.extend(v.value for e, v in zip(target.target.elements, node.value.elements, strict=True)
-                                 if code_of(e.value) == f"self.{attribute}")
-
-        def visit_Call(self, node: cst.Call) -> None:
-            name, receiver, positional, keywords = call_parts(node)
-            if name == "register_buffer" and receiver is not None and code_of(receiver) == "self" and \
-                    len(positional) >= 2 and isinstance(positional[0], cst.SimpleString) and \
+    written = f"self.{attribute}"
+    registered = m.Call(func=m.Attribute(value=_SELF, attr=m.Name("register_buffer")))
+    for node in collect(classdef, m.Assign() | registered):
+        if isinstance(node, cst.Call):
+            positional = call_parts(node)[2]
+            if len(positional) >= 2 and isinstance(positional[0], cst.SimpleString) and \
                     positional[0].evaluated_value == attribute:
                 found.append(positional[1])
-
-    classdef.visit(_Finder())
+            continue
+        for target in node.targets:
+            if code_of(target.target) == written:
+                found.append(node.value)
+            elif isinstance(target.target, cst.Tuple) and isinstance(node.value, cst.Tuple) and \
+                    len(target.target.elements) == len(node.value.elements):  # `self.h, self.scale = h, d ** -0.5`
+                found.extend(v.value for e, v in zip(target.target.elements, node.value.elements, strict=True)
+                             if code_of(e.value) == written)
     return found
+

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.contract import code_of
-from graphlint.rewrite.source import functions_in, self_assignments
+from graphlint.rewrite.source import collect, functions_in, self_assignments
 
 if TYPE_CHECKING:
     from graphlint.capture.modules import ModuleInfo
@@ -47,8 +48,7 @@ class Dropped:
 
 def self_calls(node: cst.CSTNode, in_else: bool = True) -> list[cst.Call]:
     """The calls `self.NAME(...)` in `node` (outside its `else:` blocks unless `in_else`)."""
-    return [call for call in _calls(node, in_else) if isinstance(call.func, cst.Attribute)
-            and isinstance(call.func.value, cst.Name) and call.func.value.value == "self"]
+    return _calls(node, in_else, m.Call(func=m.Attribute(value=m.Name("self"))))
 
 
 def module_kind(classdef: cst.ClassDef | None, name: str) -> str | None:
@@ -104,19 +104,9 @@ def dropped_module_calls(olds: Iterable[cst.CSTNode], news: Iterable[cst.CSTNode
     return list(dropped.values())
 
 
-def _calls(node: cst.CSTNode, in_else: bool = True) -> list[cst.Call]:
-    """Every call in `node` (outside its `else:` blocks unless `in_else`)."""
-    found: list[cst.Call] = []
-
-    class _Calls(cst.CSTVisitor):
-        def visit_Else(self, node: cst.Else) -> bool:
-            return in_else
-
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(_Calls())
-    return found
+def _calls(node: cst.CSTNode, in_else: bool = True, call: m.Call | None = None) -> list[cst.Call]:
+    """Every call in `node` that `call` matches (outside its `else:` blocks unless `in_else`)."""
+    return collect(node, m.Call() if call is None else call, prune=None if in_else else m.Else())
 
 
 def _modules_passed(name: str, function: cst.FunctionDef | None, module: cst.Module,
