@@ -37,7 +37,7 @@ class Request:
     """What to measure: the optimizer, the device policy, and input sizes to use instead of the factory's."""
 
     optimizer: str = "adamw"
-    train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
+    train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.choices.TRAIN_DEVICES)
     autocast: str | None = None  # "bf16" or "fp16": the forward and loss under autocast to that dtype
     release_output: bool = False  # the loop drops the model's output once the loss is made (only the loss is held)
     device: str = "auto"

@@ -27,8 +27,6 @@ from graphlint.capture.patches import compiled_code_eager
 from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, cuda_workspace_note
 from graphlint.memory.modes import call_inside
 
-# Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
-TRAIN_DEVICES = ("cuda", "cpu")
 # The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
 KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
 PHASES = ("forward", "loss", "backward", "optimizer step")
