@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from graphlint.memory.choices import DDP_BUCKET_MB
 from graphlint.memory.estimate import repeated_children
-from graphlint.memory.step import Block, _Tracker, closure_tensors_replaced
+from graphlint.memory.step import Block, Tracker, closure_tensors_replaced
 
 # Where FSDP2 allocates, by the function of torch.distributed.fsdp._fully_shard that made the block.
 _FSDP_ROLES = {
@@ -62,13 +62,12 @@ class Distribution:
     no_gradient: int = 0  # filled in (DDP): trainable parameters the step gave no gradient
 
 
-class FsdpTracker(_Tracker):
+class FsdpTracker(Tracker):
     """The step's tracker for a model whose parameters are DTensors: their local shards are what a rank holds;
     FSDP's storage resizes end a block and begin another; blocks made inside FSDP say what they are for."""
 
     def __init__(self, model, device) -> None:
         super().__init__(model, device)
-        self.roles: dict[int, str] = {}  # id(block) -> FSDP role
         self._resize = None
 
     def __enter__(self):
@@ -88,17 +87,17 @@ class FsdpTracker(_Tracker):
         torch.UntypedStorage.resize_ = self._resize
         return super().__exit__(*exc)
 
-    def _track(self, tensor, phase, module, op, made=None):
+    def track(self, tensor, phase, module, op, made=None):
         if is_traceable_wrapper_subclass(tensor):  # a DTensor: the rank holds its local tensor
             names, _ = tensor.__tensor_flatten__()
             block = None
             for name in names:
                 inner = getattr(tensor, name, None)
                 if isinstance(inner, torch.Tensor):
-                    block = self._track(inner, phase, module, op, made) or block
+                    block = self.track(inner, phase, module, op, made) or block
             return block
-        fresh = self._block_of(tensor) is None
-        block = super()._track(tensor, phase, module, op, made)
+        fresh = self.block_of(tensor) is None
+        block = super().track(tensor, phase, module, op, made)
         if block is not None and fresh:
             role = _fsdp_role()
             if role:
@@ -118,26 +117,10 @@ class FsdpTracker(_Tracker):
                 self.roles[id(block)] = "sharded optimizer state"
 
     def _resized(self, storage, size: int) -> None:
-        key = id(storage)
-        old = self._known.pop(key, None)
-        if old is not None and old.freed is None:
-            old.freed = self.clock
-            self.clock += 1
+        old = self.end_block(storage)
         if size > 0:
-            block = Block(size, self.clock, self.current, self._modules[-1] if self._modules else "", "resize_",
-                          old.dtype if old is not None else torch.uint8, (size,))
-            self.clock += 1
-            self._known[key] = block
-            self.blocks.append(block)
+            block = self.new_block(storage, size, "resize_", old.dtype if old is not None else torch.uint8)
             self.roles[id(block)] = self.roles.get(id(old), "") if old is not None else "unsharded parameter"
-            import weakref
-
-            weakref.finalize(storage, self._freed, key, block)
-
-    def _freed(self, key, block) -> None:
-        if block.freed is not None:  # ended already by a resize to 0
-            return
-        super()._freed(key, block)
 
 
 @dataclass
