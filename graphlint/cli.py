@@ -28,7 +28,7 @@ from graphlint.config import DEVICES, FAIL_ON, memory_budget, split_codes
 from graphlint.errors import UsageError, single_line
 from graphlint.memory.choices import STEP_DEVICES, TRAIN_DEVICES
 from graphlint.project import Project
-from graphlint.report import FORMATS
+from graphlint.report import FORMATS, GRAPH_FORMATS, MEMORY_FORMATS
 from graphlint.target import parse_init, parse_vary, target_text
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def _graph_command(commands) -> None:
                                             "kernels, AccumulateGrad sinks and saved activation memory.")
     graph.add_argument("target", nargs="?", metavar="TARGET", help="default: the one target in [tool.graphlint]")
     _model_options(graph)
-    _output_options(graph, ("text", "json", "dot", "svg"))
+    _output_options(graph, GRAPH_FORMATS)
     _device_option(graph, DEVICES)
     _vary_option(graph, choices=("batch", "seq"))
     graph.add_argument("--depth", type=int, metavar="N", help="picture: one box per module path cut at depth N")
@@ -150,7 +150,7 @@ def _memory_command(commands) -> None:
                              "reduction")
     memory.add_argument("--bucket-cap-mb", metavar="MB",
                         help="with --ddp: DistributedDataParallel's bucket_cap_mb (default: 25)")
-    _output_options(memory, ("text", "json"))
+    _output_options(memory, MEMORY_FORMATS)
     _device_option(memory, STEP_DEVICES)
     _process_options(memory, jobs=1)
 
@@ -542,10 +542,7 @@ class _Progress:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    import json
-
-    from graphlint.graph.dot import render_dot, render_svg
-    from graphlint.graph.text import render_graph_text
+    from graphlint.report.graph import render_graph
     from graphlint.session import Session
 
     project = _discover(args)
@@ -562,24 +559,14 @@ def _graph(args: argparse.Namespace) -> int:
         for error in result.errors:  # a failure of the capture with a larger input names that input
             print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
         return EXIT_ERROR
-    if args.format == "svg":
-        rendered = render_svg(render_dot(report, collapse=not args.no_collapse, depth=args.depth))
-    elif args.format == "dot":
-        rendered = render_dot(report, collapse=not args.no_collapse, depth=args.depth).encode()
-    elif args.format == "json":
-        rendered = (json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
-    else:
-        rendered = render_graph_text(report).encode()
-    _write(rendered, args.output)
+    _write(render_graph(report, args.format, collapse=not args.no_collapse, depth=args.depth), args.output)
     return EXIT_CLEAN
 
 
 def _memory(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be measured: an estimate from the cache never does.
-    import json
-
     from graphlint.memory.choices import OPTIMIZERS
-    from graphlint.memory.text import render_memory_text
+    from graphlint.report.memory import render_memory
     from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.sizes import parse_bytes
@@ -615,11 +602,7 @@ def _memory(args: argparse.Namespace) -> int:
             failed = True
         else:
             results.append(estimate)
-    if args.format == "json":
-        rendered = json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
-    else:
-        rendered = "\n".join(render_memory_text(r) for r in results)
-    _write(rendered, args.output)
+    _write(render_memory(results, args.format), args.output)
     if failed:
         return EXIT_ERROR
     if device_memory is not None and any(not r.fits for r in results):

@@ -112,7 +112,7 @@ def test_a_cuda_autocast_region_the_machine_cannot_run_is_named_in_the_notes(tmp
         def net():
             return graphlint.Target(Net(), (torch.randn(32, 64),), loss=lambda out: out.float().square().mean())
     """)
-    from graphlint.memory.text import render_memory_text
+    from graphlint.report.memory import render_memory_text
 
     plain = measure(f"{path}:net", tmp_path, Request(train_on="cuda"))
     assert any('torch.autocast("cuda")' in note and "float32" in note for note in plain.to_dict()["notes"])

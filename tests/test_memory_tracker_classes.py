@@ -128,7 +128,7 @@ def test_the_kernel_probes_leave_no_profiler_lines_on_stderr_and_the_models_own_
 
 
 def _noted(factory: str, train_on: str):
-    from graphlint.memory.text import render_memory_text
+    from graphlint.report.memory import render_memory_text
 
     result = memory_accuracy.measure(f"{memory_class_models.__file__}:{factory}", memory_accuracy.HERE,
                                      memory_accuracy.Request(train_on=train_on))
