@@ -19,6 +19,7 @@ import memory_zoo_models  # noqa: E402
 
 from graphlint.memory import kernels  # noqa: E402
 from graphlint.memory.audit import audit  # noqa: E402
+from graphlint.memory.registry import KERNEL_MEMORY  # noqa: E402
 from graphlint.target import normalize_factory_result  # noqa: E402
 
 
@@ -55,7 +56,8 @@ def test_the_audit_passes_on_a_stride_0_gradient_into_a_matrix_product():
 
 
 def test_the_audit_names_the_matrix_product_without_its_copy_model(monkeypatch):
-    monkeypatch.setattr(kernels, "_BLAS", {})
+    for op in kernels._BLAS:  # the products' entries of the registry, removed for this test
+        monkeypatch.delitem(KERNEL_MEMORY, op)
     findings = audit(*_head())
     assert findings  # the two products of the head's backward (the weight's and the input's gradients)
     for finding in findings:
@@ -65,7 +67,8 @@ def test_the_audit_names_the_matrix_product_without_its_copy_model(monkeypatch):
 
 
 def test_the_audit_names_the_convolutions_without_their_measured_scratch(monkeypatch):
-    monkeypatch.setattr(kernels, "_PROBED", {})
+    for op in (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default):
+        monkeypatch.delitem(KERNEL_MEMORY, op)
     ops = {finding.op for finding in audit(*_zoo("conv1d_audio"))}
     assert "convolution.default" in ops or "convolution_backward.default" in ops
 
