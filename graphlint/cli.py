@@ -32,6 +32,7 @@ from graphlint.report import FORMATS, GRAPH_FORMATS, MEMORY_FORMATS
 from graphlint.target import parse_init, parse_vary, target_text
 
 if TYPE_CHECKING:
+    from graphlint.memory.request import Distribution
     from graphlint.results import Report
     from graphlint.session import Session
 
@@ -566,6 +567,7 @@ def _graph(args: argparse.Namespace) -> int:
 def _memory(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be measured: an estimate from the cache never does.
     from graphlint.memory.choices import OPTIMIZERS
+    from graphlint.memory.request import Request
     from graphlint.report.memory import render_memory
     from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
@@ -586,14 +588,14 @@ def _memory(args: argparse.Namespace) -> int:
     targets, base = _picked(args, project, config, list(args.targets))
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = _step_device(config, "memory")
-    if config.distributed == "ddp" and not distribution:
+    if config.distributed == "ddp" and distribution is None:
         print('graphlint: note: [tool.graphlint] distributed = "ddp" names no number of ranks, so memory measures '
               "one device's step; --ddp N measures one rank's of N", file=sys.stderr)
     # Children measure CPU kernels with the threads torch gives the warm parent, as a step run here would.
-    answers = session.memory(targets, optimizer=args.optimizer, train_on=args.train_on or "cuda",
-                             autocast=args.autocast,
-                             device=device, device_memory=device_memory, release_output=args.release_output,
-                             distribution=distribution, threads=PARENT_THREADS, **sizes)
+    request = Request(optimizer=args.optimizer, train_on=args.train_on or "cuda", autocast=args.autocast,
+                      release_output=args.release_output, device=device, device_memory=device_memory,
+                      distribution=distribution, **sizes)
+    answers = session.memory(targets, request, threads=PARENT_THREADS)
     results, failed = [], False
     for result, estimate in answers:
         for error in result.errors:
@@ -644,6 +646,7 @@ def _time(args: argparse.Namespace) -> int:
     import json
 
     from graphlint.memory.choices import OPTIMIZERS
+    from graphlint.memory.request import Request
     from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.timing.devices import accelerator, cpu_label
@@ -670,9 +673,10 @@ def _time(args: argparse.Namespace) -> int:
     gpu = accelerator(args.gpu).name if args.gpu is not None else None
     train_on = args.train_on or ("cuda" if gpu is not None else "cpu")
     # Children measure the CPU with the threads torch gives the warm parent, as a step run here would.
-    answers = session.time(targets, gpu=gpu, optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
-                           release_output=args.release_output, device=device, threads=PARENT_THREADS,
-                           cpu="" if gpu is not None else cpu_label(), **sizes)
+    request = Request(optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
+                      release_output=args.release_output, device=device, **sizes)
+    answers = session.time(targets, request, gpu=gpu, threads=PARENT_THREADS,
+                           cpu="" if gpu is not None else cpu_label())
     results, failed = [], False
     for result, step in answers:
         for error in result.errors:
@@ -690,9 +694,8 @@ def _time(args: argparse.Namespace) -> int:
     return EXIT_ERROR if failed else EXIT_CLEAN
 
 
-def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
-    """--fsdp N or --ddp N and their options, checked, as the (field, value) pairs of a
-    graphlint.memory.distributed.Distribution; () for the step of one device."""
+def _distribution(args: argparse.Namespace) -> Distribution | None:
+    """--fsdp N or --ddp N and their options, checked; None for the step of one device."""
     if args.fsdp is not None and args.ddp is not None:
         raise UsageError("--fsdp and --ddp are two ways to train on N devices; pass one of them")
     fsdp_only = [name for name, value in (("--fsdp-wrap", args.fsdp_wrap),
@@ -703,8 +706,9 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
     if args.bucket_cap_mb is not None and args.ddp is None:
         raise UsageError("--bucket-cap-mb applies only with --ddp N")
     if args.fsdp is None and args.ddp is None:
-        return ()
+        return None
     from graphlint.memory.choices import DDP_BUCKET_MB
+    from graphlint.memory.request import Distribution
 
     if args.ddp is not None:
         cap = DDP_BUCKET_MB
@@ -715,14 +719,14 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
                 cap = 0
             if not cap > 0:
                 raise UsageError(f"--bucket-cap-mb must be a number of MiB above 0, not {args.bucket_cap_mb!r}")
-        return ("kind", "ddp"), ("world", world_size(args.ddp, "--ddp")), ("bucket_cap_mb", cap)
+        return Distribution("ddp", world_size(args.ddp, "--ddp"), bucket_cap_mb=cap)
     wrap = tuple(part.strip() for part in (args.fsdp_wrap or "").split(",") if part.strip())
     if args.fsdp_wrap is not None and not wrap:
         raise UsageError("--fsdp-wrap takes module class names, comma-separated (LlamaDecoderLayer)")
-    return (("kind", "fsdp"), ("world", world_size(args.fsdp, "--fsdp")), ("wrap", wrap),
-            ("reshard_after_forward", None if args.reshard_after_forward is None
-             else args.reshard_after_forward == "true"),
-            ("mixed_precision", args.mixed_precision))
+    return Distribution("fsdp", world_size(args.fsdp, "--fsdp"), wrap=wrap,
+                        reshard_after_forward=None if args.reshard_after_forward is None
+                        else args.reshard_after_forward == "true",
+                        mixed_precision=args.mixed_precision)
 
 
 def _rules(args: argparse.Namespace) -> int:

@@ -85,13 +85,16 @@ def test_the_audit_names_the_lstm_without_its_workspace(monkeypatch):
 
 def test_the_estimate_of_a_sum_loss_into_an_lm_head_counts_the_copy():
     from graphlint.memory.estimate import estimate
+    from graphlint.memory.request import Request
     from graphlint.memory.step import run_step
 
     model, args, _, loss = _head()
     with torch.device("meta"):
         meta_model = Head()
-    with_copy = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss, "none", "cpu")).peak_bytes
-    without = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss, "none", "cuda")).peak_bytes
+    with_copy = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss,
+                                  Request(optimizer="none", train_on="cpu"))).peak_bytes
+    without = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss,
+                                Request(optimizer="none", train_on="cuda"))).peak_bytes
     logits = 8 * 64 * 4000 * 4
     assert with_copy - without >= 0.9 * logits  # the CPU kernel's copy of the expanded gradient is in the CPU step
 

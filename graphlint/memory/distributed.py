@@ -23,14 +23,14 @@ import contextlib
 import os
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from graphlint.memory.choices import DDP_BUCKET_MB
 from graphlint.memory.estimate import repeated_children
-from graphlint.memory.step import Block, Tracker, closure_tensors_replaced
+from graphlint.memory.request import Distribution, Request
+from graphlint.memory.step import Block, StepTrace, Tracker, closure_tensors_replaced
 
 # Where FSDP2 allocates, by the function of torch.distributed.fsdp._fully_shard that made the block.
 _FSDP_ROLES = {
@@ -44,22 +44,6 @@ _FSDP_ROLES = {
     "foreach_reduce_scatter_copy_in": "reduce-scatter buffer",
 }
 _FSDP_FOLDER = "_fully_shard"
-
-
-@dataclass
-class Distribution:
-    """How the step is distributed: `kind` "fsdp" or "ddp" over `world` ranks, and the strategy's options."""
-
-    kind: str
-    world: int
-    wrap: tuple[str, ...] = ()  # FSDP: module class names to shard one by one (default: the repeated blocks)
-    # None: fully_shard's own default, which differs from True: every block reshards after forward but the root
-    # keeps its parameters unsharded into backward (FSDP2 does so only when the argument is left out).
-    reshard_after_forward: bool | None = None
-    mixed_precision: str | None = None  # FSDP: "bf16" parameters (and fp32 gradient reduction)
-    bucket_cap_mb: float = DDP_BUCKET_MB  # DDP
-    wrapped: list[str] = field(default_factory=list)  # filled in: the module paths fully_shard was applied to
-    no_gradient: int = 0  # filled in (DDP): trainable parameters the step gave no gradient
 
 
 class FsdpTracker(Tracker):
@@ -176,8 +160,9 @@ def blocks_to_shard(model: torch.nn.Module, wrap: tuple[str, ...]) -> list[str]:
     return [name for name in types if name in outermost]  # in module order
 
 
-def shard(model: torch.nn.Module, distribution: Distribution) -> None:
-    """Apply torch's fully_shard to the chosen blocks, then to the root, on the default (fake) process group."""
+def shard(model: torch.nn.Module, distribution: Distribution) -> list[str]:
+    """Apply torch's fully_shard to the chosen blocks, then to the root, on the default (fake) process group; the
+    module paths of the blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -188,10 +173,11 @@ def shard(model: torch.nn.Module, distribution: Distribution) -> None:
     if distribution.mixed_precision == "bf16":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     modules = dict(model.named_modules())
-    distribution.wrapped = blocks_to_shard(model, distribution.wrap)
-    for name in distribution.wrapped:
+    wrapped = blocks_to_shard(model, distribution.wrap)
+    for name in wrapped:
         fully_shard(modules[name], **options)
     fully_shard(model, **options)
+    return wrapped
 
 
 def ddp_buckets(parameters: list[torch.nn.Parameter], bucket_cap_mb: float) -> list[int]:
@@ -220,14 +206,15 @@ def by_role(blocks: list[Block], roles: dict[int, str], event: int) -> dict[str,
     return dict(sorted(alive.items(), key=lambda item: -item[1]))
 
 
-def distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
-                     autocast: torch.dtype | None, release_output: bool):
-    """The step of one rank: `made` (built on meta, inputs resized) sharded by FSDP2 on a fake process group and
-    run under FakeTensorMode, or run whole with DDP's buckets beside it."""
+def distributed_step(made, request: Request) -> StepTrace:
+    """The step of one rank under `request.distribution`: `made` (built on meta, inputs resized) sharded by FSDP2
+    on a fake process group and run under FakeTensorMode, or run whole with DDP's buckets beside it. What the
+    distribution made of the model (the blocks sharded, the parameters without a gradient) is the trace's
+    `distributed`."""
     from graphlint.memory.kernels import probe_threads
 
     with probe_threads(rank_threads()):
-        return _distributed_step(made, distribution, optimizer, train_on, autocast, release_output)
+        return _distributed_step(made, request)
 
 
 def rank_threads() -> int:
@@ -238,15 +225,14 @@ def rank_threads() -> int:
         return 1
 
 
-def _distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
-                      autocast: torch.dtype | None, release_output: bool):
+def _distributed_step(made, request: Request) -> StepTrace:
     from graphlint.memory.step import run_step
 
+    distribution = request.distribution
     if distribution.kind == "ddp":
-        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer, train_on, autocast,
-                         release_output)
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, request)
         trainable = [p for p in made.model.parameters() if p.requires_grad]
-        distribution.no_gradient = len(trainable) - trace.trainable
+        trace.distributed["no_gradient"] = len(trainable) - trace.trainable
         for index, size in enumerate(ddp_buckets(trainable, distribution.bucket_cap_mb)):
             block = Block(size, -1, "", "", f"DDP bucket {index}", torch.uint8, (size,), kind="gradient")
             trace.blocks.append(block)
@@ -255,13 +241,14 @@ def _distributed_step(made, distribution: Distribution, optimizer: str, train_on
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with fake_world(distribution.world), torch.device("cpu"):
-        shard(made.model, distribution)
+        wrapped = shard(made.model, distribution)
         with FakeTensorMode(allow_non_fake_inputs=True):
             made.model.to_empty(device="cpu")
             args, kwargs = torch.utils._pytree.tree_map(_fake, (made.args, made.kwargs))
             with closure_tensors_replaced(made.loss, _fake):  # its labels, fake like the inputs
-                trace = run_step(made.model, args, kwargs, made.loss, optimizer, train_on, autocast,
-                                 release_output, tracker_class=FsdpTracker, stepped=local_shard)
+                trace = run_step(made.model, args, kwargs, made.loss, request, tracker_class=FsdpTracker,
+                                 stepped=local_shard)
+    trace.distributed["wrapped"] = wrapped
     return trace
 
 
@@ -302,20 +289,21 @@ def describe(trace, distribution: Distribution) -> dict:
     info = {"strategy": distribution.kind, "world_size": distribution.world, "rank": 0,
             "at_peak_by_role": roles}
     if distribution.kind == "fsdp":
-        info.update({"sharded_modules": list(distribution.wrapped) + ["(root)"],
+        info.update({"sharded_modules": list(trace.distributed["wrapped"]) + ["(root)"],
                      "reshard_after_forward": distribution.reshard_after_forward,
                      "mixed_precision": distribution.mixed_precision})
     else:
         info["bucket_cap_mb"] = distribution.bucket_cap_mb
         info["bucket_bytes"] = sum(b.nbytes for b in trace.blocks if trace.roles.get(id(b)) == "DDP gradient bucket")
-        info["parameters_without_gradient"] = distribution.no_gradient
+        info["parameters_without_gradient"] = trace.distributed["no_gradient"]
     return info
 
 
-def notes(distribution: Distribution) -> list[str]:
+def notes(trace: StepTrace, distribution: Distribution) -> list[str]:
     """What the reader of a distributed estimate should know."""
-    if distribution.kind == "ddp" and distribution.no_gradient:
-        return [f"{distribution.no_gradient} trainable parameters get no gradient in this step: "
+    no_gradient = trace.distributed.get("no_gradient", 0)
+    if distribution.kind == "ddp" and no_gradient:
+        return [f"{no_gradient} trainable parameters get no gradient in this step: "
                 "DistributedDataParallel without find_unused_parameters=True fails at the second step "
                 f"(graphlint check --ddp {distribution.world} names them at their lines, GL402)"]
     return []

@@ -27,9 +27,11 @@ from graphlint.capture.patches import compiled_code_eager
 from graphlint.memory.kernels import CpuKernelMemory, cuda_workspace_note
 from graphlint.memory.modes import StandIns, call_inside
 from graphlint.memory.registry import stand_in
+from graphlint.memory.request import Request
 
 # The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
 KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # Request.autocast -> the dtype
 PHASES = ("forward", "loss", "backward", "optimizer step")
 
 
@@ -68,6 +70,9 @@ class StepTrace:
     unseen_autocast: list[str] = field(default_factory=list)
     # What the estimate rests on that graphlint could not see, each said as one sentence for the report's notes.
     notes: list[str] = field(default_factory=list)
+    # What a distributed step made of the model (graphlint.memory.distributed): the blocks FSDP sharded
+    # ("wrapped"), the trainable parameters DDP's step gave no gradient ("no_gradient").
+    distributed: dict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -94,19 +99,22 @@ def _cell_contents(cell):
         return None
 
 
-def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
-             train_on: str = "cuda", autocast: torch.dtype | None = None,
-             release_output: bool = False, tracker_class: type | None = None,
+def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None,
+             request: Request | None = None, tracker_class: type[Tracker] | None = None,
              stepped: Callable[[torch.Tensor], torch.Tensor] | None = None,
              observer: contextlib.AbstractContextManager | None = None) -> StepTrace:
-    """Run the steady-state step on the model's device and return what it allocated and freed, with the
-    kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
-    `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
-    output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
-    calls it); `tracker_class`, a `Tracker` subclass (graphlint.memory.distributed's, for sharded models);
-    `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
+    """Run the steady-state step on the model's device as `request` asks (default: `Request()`) and return what
+    it allocated and freed: its optimizer, with the kernels torch would choose on its `train_on`; with its
+    `autocast`, the forward and the loss run as under `torch.autocast("cuda", dtype=...)`; with `release_output`,
+    the loop keeps only the loss, the model's output going once the loss is made (a loss function that returns
+    only the loss, as Hugging Face's Trainer calls it); its device and sizes are the caller's
+    (graphlint.memory.measure). `tracker_class`, a `Tracker` subclass (graphlint.memory.distributed's, for
+    sharded models); `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
     (graphlint.memory.distributed's: a sharded parameter's local shard), else the parameters themselves;
     `observer`, a context entered around the measured step only, innermost (graphlint.timing's op recorder)."""
+    request = request or Request()
+    optimizer, train_on = request.optimizer, request.train_on
+    autocast = AUTOCAST.get(request.autocast)
     trainable = [p for p in model.parameters() if p.requires_grad]
     updated = [stepped(p) for p in trainable] if stepped is not None else trainable
     optim = make_optimizer(optimizer, updated, foreach=train_on == "cuda")
@@ -148,7 +156,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
         loss = choose_loss(output, loss_fn)
         if forced is not None:
             forced.end_forward()
-        if release_output:
+        if request.release_output:
             output = None
         if loss is not None:
             tracker.name_keepers(loss)
