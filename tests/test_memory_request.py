@@ -59,3 +59,27 @@ def test_the_step_receives_the_request_the_job_was_given(tmp_path, monkeypatch):
     assert not answer.result.errors and answer.report["batch"] == 3
     assert seen == [request]
 
+
+ESTIMATED = '''
+import sys
+from types import SimpleNamespace
+
+from graphlint.memory.estimate import estimate
+
+blocks = [SimpleNamespace(nbytes=64, made=-1, phase="", module="", op="", dtype="float32", shape=(4, 4),
+                          kind="parameter", freed=None, saved_by=[]),
+          SimpleNamespace(nbytes=32, made=0, phase="forward", module="0", op="addmm.default", dtype="float32",
+                          shape=(2, 4), kind="activation", freed=3, saved_by=["AddmmBackward0"])]
+trace = SimpleNamespace(blocks=blocks, events=4, phase_starts={"forward": 0, "loss": 1, "backward": 2},
+                        optimizer="sgd", device="meta", trainable=1, loss_found=True, module_types={"0": "Linear"},
+                        module_inputs={}, roles={}, unseen_autocast=[], notes=[], distributed={})
+print(estimate(trace).peak_bytes, "torch" in sys.modules)
+'''
+
+
+def test_an_estimate_is_read_from_a_trace_without_torch():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ESTIMATED], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["96", "False"], done.stderr

@@ -15,7 +15,6 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch._prims_common
@@ -29,10 +28,7 @@ from graphlint.memory.modes import StandIns, call_inside
 from graphlint.memory.registry import stand_in
 from graphlint.memory.request import Request
 
-# The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
-KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # Request.autocast -> the dtype
-PHASES = ("forward", "loss", "backward", "optimizer step")
 
 
 @dataclass(eq=False)
@@ -695,9 +691,3 @@ def _saved_attributes(node) -> tuple[str, ...]:
         names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
         _attribute_names[type(node)] = names
     return names
-
-
-def describe_block(block: Block) -> dict[str, Any]:
-    """A block as plain data, for the report."""
-    return {"bytes": block.nbytes, "kind": block.kind, "phase": block.phase, "module": block.module,
-            "op": block.op, "dtype": str(block.dtype).removeprefix("torch."), "shape": list(block.shape)}
