@@ -1,5 +1,5 @@
 """How `graphlint time` compares with the real thing, on CPU: its FLOPs against FlopCounterMode's, and its
-predicted `--device cpu` step time against the measured step.
+predicted `--cpu` step time against the measured step.
 
     python benchmarks/time_accuracy.py                  # both tables (several minutes on 2 cores)
     python benchmarks/time_accuracy.py --only gpt       # the rows whose factory contains "gpt"
@@ -7,7 +7,7 @@ predicted `--device cpu` step time against the measured step.
 
 Models: the memory zoo (benchmarks/memory_zoo_models.py, with its optimizers and autocast), the transformers zoo
 (benchmarks/transformers_zoo.py, AdamW) and benchmarks/models.py's GPT-2 small at batch 1 and 2 (its other models
-do not run a real step on this machine). Each row is one target, as `graphlint time --device cpu` times it
+do not run a real step on this machine). Each row is one target, as `graphlint time --cpu` times it
 (built on the meta device, `--train-on cpu`), against the same steady-state step run for real on CPU: the
 optimizer's state made by a first step, then zero_grad(set_to_none=True), forward, loss, backward, optimizer step.
 

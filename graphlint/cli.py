@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING
 import graphlint
 from graphlint.config import DEVICES, FAIL_ON, memory_budget, split_codes
 from graphlint.errors import UsageError, single_line
+from graphlint.memory.choices import STEP_DEVICES, TRAIN_DEVICES
 from graphlint.project import Project
-from graphlint.report import FORMATS
+from graphlint.report import FORMATS, GRAPH_FORMATS, MEMORY_FORMATS
 from graphlint.target import parse_init, parse_vary, target_text
 
 if TYPE_CHECKING:
+    from graphlint.memory.request import Distribution
     from graphlint.results import Report
     from graphlint.session import Session
 
@@ -45,23 +47,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"graphlint {graphlint.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    check = commands.add_parser("check", help="lint targets", description="Lint targets and report findings.")
-    check.add_argument(
-        "targets", nargs="*", metavar="TARGET",
-        help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args), or a model class "
-             "with --input; default: [tool.graphlint] targets in the nearest pyproject.toml",
+    _check_command(commands)
+    _graph_command(commands)
+    _memory_command(commands)
+    _time_command(commands)
+    listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
+    _output_options(listing, ("text", "markdown"), output=False)
+    one = commands.add_parser("rule", help="show one rule's documentation", description="Show a rule's documentation.")
+    one.add_argument("rule_id", metavar="RULE", help="a rule ID, such as GL101")
+    server = commands.add_parser(
+        "server", help="run the Language Server on stdio (for editors)",
+        description="A Language Server on stdin and stdout: diagnostics for the [tool.graphlint] targets of the "
+                    "project of each opened or saved file, quick fixes and rule documentation. Needs the server "
+                    "extra: pip install 'torch-graphlint[server] @ git+https://github.com/torch-graphlint/torch-graphlint' "
+                    "(or pip install -e '.[server]' in a checkout).",
     )
+    _device_option(server, DEVICES)
+    _baseline_option(server)
+    _process_options(server, jobs=2)
+    return parser
+
+
+# Every option below is declared once, in one of these helpers, with one help text wherever it appears: a flag
+# means the same thing in every command that takes it (tests/test_cli_options.py).
+
+def _check_command(commands) -> None:
+    check = commands.add_parser("check", help="lint targets", description="Lint targets and report findings.")
+    _targets_argument(check)
     _model_options(check)
-    check.add_argument("--format", choices=tuple(FORMATS), default="text", help="output format (default: text)")
-    check.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    _output_options(check, tuple(FORMATS))
     check.add_argument("--report", action="append", default=[], metavar="FORMAT=FILE", type=_extra_report,
                        help="also write the report in FORMAT to FILE (repeatable), from the same run")
-    check.add_argument(
-        "--device", choices=DEVICES, default=None,
-        help="where to build and run the model; auto (default) uses the meta device and rebuilds on CPU "
-             "when the forward needs real values",
-    )
+    _device_option(check, DEVICES)
     check.add_argument("--select", metavar="CODES",
                        help="rules to run, comma-separated IDs or prefixes (replaces the configuration's selection)")
     check.add_argument("--extend-select", metavar="CODES", help="rules to run in addition")
@@ -69,11 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--fail-on", choices=FAIL_ON, default=None,
                        help="the lowest severity that makes the run fail with exit code 1 (default: warning)")
     check.add_argument("--show-suppressed", action="store_true", help="also report findings that comments suppress")
-    check.add_argument("--baseline", metavar="FILE", type=Path,
-                       help="report only findings that are not in this baseline file")
+    _baseline_option(check)
     check.add_argument("--write-baseline", metavar="FILE", type=Path,
                        help="write today's findings to FILE as the baseline, and exit 0")
-    _process_options(check, jobs="lint")
+    _process_options(check, jobs=1)
     check.add_argument("--fix", action="store_true",
                        help="apply the fixes that graphlint proved on the model (same outputs and gradients in "
                             "float64, the finding gone), then report what is left")
@@ -83,73 +99,47 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--unsafe-fixes", action="store_true",
                        help="with --fix or --diff, also apply fixes declared unsafe, proven or unprovable (never one "
                             "whose proof found different results); with rdjson, also suggest them")
-    check.add_argument("--vary", metavar="DIMS",
-                       help="input dimensions the torch.compile rules (GL3xx) grow by one and two: batch, seq, "
-                            "batch,seq or none (default: batch, or vary in [tool.graphlint])")
+    _vary_option(check, metavar="DIMS")
     check.add_argument("--memory-budget", metavar="SIZE",
                        help="GL401: fail when a target's training step peaks above SIZE (24GiB, 80GB); default: "
                             "memory-budget in [tool.graphlint]")
-    check.add_argument("--ddp", metavar="N",
-                       help="the targets are trained with DistributedDataParallel over N ranks: turns on GL402 "
-                            "(parameters without a gradient, which DDP refuses); default: distributed in "
-                            "[tool.graphlint]")
-    check.add_argument("--gpu", metavar="NAME",
-                       help="say what each performance finding (GL101-GL107, GL204, GL301) costs per training step "
-                            "on this GPU (h100, h200, a100, l4, rtx4090, mi300x) and what its fix saves, as "
-                            "graphlint time prices the step; default: no cost")
+    _ddp_option(check)
+    _gpu_option(check)
     check.add_argument("--sort", choices=("location", "cost"), default="location",
                        help="order of the findings: by file and line (default), or by their time per step, most "
                             "first (needs --gpu)")
-    check.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
+
+def _graph_command(commands) -> None:
     graph = commands.add_parser("graph", help="report one target's autograd graph",
                                 description="Report one capture's autograd graph: node counts by category, fused "
                                             "kernels, AccumulateGrad sinks and saved activation memory.")
     graph.add_argument("target", nargs="?", metavar="TARGET", help="default: the one target in [tool.graphlint]")
     _model_options(graph)
-    graph.add_argument("--format", choices=("text", "json", "dot", "svg"), default="text",
-                       help="text (default), json, Graphviz dot, or svg (needs Graphviz's dot program)")
-    graph.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
-    graph.add_argument("--device", choices=DEVICES, default=None, help="as for check")
-    graph.add_argument("--vary", choices=("batch", "seq"),
-                       help="capture again with the batch or the sequence doubled in the inputs that carry it, "
-                            "and compare")
+    _output_options(graph, GRAPH_FORMATS)
+    _device_option(graph, DEVICES)
+    _vary_option(graph, choices=("batch", "seq"))
     graph.add_argument("--depth", type=int, metavar="N", help="picture: one box per module path cut at depth N")
     graph.add_argument("--no-collapse", action="store_true",
                        help="picture: draw every layer, not identical sibling layers once")
     _process_options(graph)
-    graph.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
+
+def _memory_command(commands) -> None:
     memory = commands.add_parser(
         "memory", help="the peak memory of one training step",
         description="Run one steady-state training step of each target (zero_grad, forward, loss, backward, "
                     "optimizer step) on the meta device under an allocation tracker, and report its peak memory "
                     "and what it is made of.")
-    memory.add_argument("targets", nargs="*", metavar="TARGET", help="as for check")
+    _targets_argument(memory)
     _model_options(memory)
-    memory.add_argument("--optimizer", default="adamw", metavar="NAME",
-                        help="adamw (default), adam, sgd, sgd-momentum or none")
-    memory.add_argument("--train-on", choices=("cuda", "cpu"), default="cuda",
-                        help="the device the step is meant for, whose kernels torch would choose: cuda (default; "
-                             "the optimizer's foreach implementation, fused attention) or cpu")
-    memory.add_argument("--autocast", choices=("bf16", "fp16"),
-                        help="run the forward and the loss under autocast to bfloat16 or float16, as "
-                             "torch.autocast(\"cuda\") would")
-    memory.add_argument("--release-output", action="store_true",
-                        help="the training loop keeps only the loss (a loss function that returns only the loss, as "
-                             "Hugging Face's Trainer calls it): the model's output is freed before backward; by "
-                             "default the output and loss are held until after the optimizer step")
-    memory.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
-    memory.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
-                                                   "of the same size) to T")
+    _step_options(memory)
     memory.add_argument("--device-memory", metavar="SIZE",
                         help="say whether the step fits in SIZE (80GiB, 24GB) and the largest batch that does")
     memory.add_argument("--fsdp", metavar="N",
                         help="the step of one rank of N under FSDP2 (torch's fully_shard on every repeated block, "
                              "then the root), estimated with a fake process group")
-    memory.add_argument("--ddp", metavar="N",
-                        help="the step of one rank of N under DistributedDataParallel (the whole model, plus DDP's "
-                             "gradient buckets)")
+    _ddp_option(memory)
     memory.add_argument("--fsdp-wrap", metavar="CLASSES",
                         help="with --fsdp: the module classes to shard one by one, comma-separated (default: every "
                              "repeated block)")
@@ -161,66 +151,100 @@ def _parser() -> argparse.ArgumentParser:
                              "reduction")
     memory.add_argument("--bucket-cap-mb", metavar="MB",
                         help="with --ddp: DistributedDataParallel's bucket_cap_mb (default: 25)")
-    memory.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
-    memory.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
-    memory.add_argument("--device", choices=("auto", "meta", "cpu"), default=None,
-                        help="where to run the step; auto (default) uses meta, and CPU when the forward needs "
-                             "real values")
-    _process_options(memory, jobs="measure")
-    memory.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+    _output_options(memory, MEMORY_FORMATS)
+    _device_option(memory, STEP_DEVICES)
+    _process_options(memory, jobs=1)
 
+
+def _time_command(commands) -> None:
     timing = commands.add_parser(
         "time", help="the time of one training step on a named device",
         description="Run one steady-state training step of each target (as graphlint memory does) under an op "
-                    "recorder, and report its FLOPs, bytes and estimated seconds on a GPU of graphlint's table or "
-                    "on this machine's CPU: a roofline per op plus a launch cost.")
-    timing.add_argument("targets", nargs="*", metavar="TARGET", help="as for check")
+                    "recorder, and report its FLOPs, bytes and estimated seconds on a GPU of graphlint's table "
+                    "(--gpu NAME) or on this machine's CPU (--cpu): a roofline per op plus a launch cost.")
+    _targets_argument(timing)
     _model_options(timing)
-    timing.add_argument("--gpu", metavar="NAME",
-                        help="price the step on this accelerator: " + ", ".join(_gpu_names()))
-    timing.add_argument("--device", choices=("cpu",), default=None,
-                        help="cpu: price the step on this machine's CPU, its peaks measured once and cached")
-    timing.add_argument("--optimizer", default="adamw", metavar="NAME",
-                        help="adamw (default), adam, sgd, sgd-momentum or none")
-    timing.add_argument("--train-on", choices=("cuda", "cpu"), default=None,
-                        help="the kernels torch would choose, as for memory (default: cuda with --gpu, cpu with "
-                             "--device cpu)")
-    timing.add_argument("--autocast", choices=("bf16", "fp16"),
-                        help="run the forward and the loss under autocast to bfloat16 or float16")
-    timing.add_argument("--release-output", action="store_true", help="as for memory")
-    timing.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
-    timing.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs to T, as for memory")
+    _gpu_option(timing)
+    timing.add_argument("--cpu", action="store_true",
+                        help="price the step on this machine's CPU, its peaks measured once and cached")
+    _step_options(timing)
     timing.add_argument("--top", type=int, default=10, metavar="N",
                         help="how many source lines to show (default: 10)")
-    timing.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
-    timing.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
-    _process_options(timing, jobs="time")
-    timing.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
+    _output_options(timing, ("text", "json"))
+    _device_option(timing, STEP_DEVICES)
+    _process_options(timing, jobs=1)
 
-    listing = commands.add_parser("rules", help="list the rules", description="List every rule.")
-    listing.add_argument("--format", choices=("text", "markdown"), default="text",
-                         help="markdown writes the full rule reference (docs/rules.md)")
-    one = commands.add_parser("rule", help="show one rule's documentation", description="Show a rule's documentation.")
-    one.add_argument("rule_id", metavar="RULE", help="a rule ID, such as GL101")
 
-    server = commands.add_parser(
-        "server", help="run the Language Server on stdio (for editors)",
-        description="A Language Server on stdin and stdout: diagnostics for the [tool.graphlint] targets of the "
-                    "project of each opened or saved file, quick fixes and rule documentation. Needs the server "
-                    "extra: pip install 'torch-graphlint[server] @ git+https://github.com/torch-graphlint/torch-graphlint' "
-                    "(or pip install -e '.[server]' in a checkout).",
+def _targets_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "targets", nargs="*", metavar="TARGET",
+        help="path/to/file.py:NAME or package.module:NAME, a function returning (model, args), or a model class "
+             "with --input; default: [tool.graphlint] targets in the nearest pyproject.toml",
     )
-    server.add_argument("--device", choices=DEVICES, default=None, help="as for check")
-    server.add_argument("--baseline", metavar="FILE", type=Path,
-                        help="show only findings that are not in this baseline file")
-    server.add_argument("--no-cache", action="store_true", help="capture every target again, ignoring the result cache")
-    server.add_argument("--cache-dir", metavar="DIR", help="as for check")
-    server.add_argument("--jobs", "-j", type=int, default=2, metavar="N", help="lint N targets at once (default: 2)")
-    server.add_argument("--timeout", type=float, metavar="SECONDS",
-                        help="stop a target's process after SECONDS (default: timeout in [tool.graphlint], else 600; "
-                             "0: no limit)")
-    server.add_argument("--debug", action="store_true", help="print tracebacks of internal errors on stderr")
-    return parser
+
+
+def _output_options(command: argparse.ArgumentParser, formats: tuple[str, ...], output: bool = True) -> None:
+    """--format with the command's formats, and --output."""
+    command.add_argument("--format", choices=formats, default="text",
+                         help="output format (default: text); svg needs Graphviz's dot program, markdown is the "
+                              "full rule reference (docs/rules.md)")
+    if output:
+        command.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+
+
+def _device_option(command: argparse.ArgumentParser, devices: tuple[str, ...]) -> None:
+    """--device: where the target is built and run, with the devices the command can run it on."""
+    command.add_argument("--device", choices=devices, default=None,
+                         help="where to build and run the model (default: device in [tool.graphlint], else auto): "
+                              "auto uses the meta device and rebuilds on CPU when the forward needs real values; "
+                              "memory and time run the step on meta or CPU only")
+
+
+def _baseline_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--baseline", metavar="FILE", type=Path,
+                         help="report only findings that are not in this baseline file")
+
+
+def _vary_option(command: argparse.ArgumentParser, **how) -> None:
+    command.add_argument("--vary", **how,
+                         help="input dimensions graphlint grows to see what changes: check's torch.compile rules "
+                              "(GL3xx) grow batch, seq, batch,seq or none by one and two (default: batch, or vary "
+                              "in [tool.graphlint]); graph doubles batch or seq, captures again and compares")
+
+
+def _ddp_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--ddp", metavar="N",
+                         help="the targets are trained with DistributedDataParallel over N ranks: check turns on "
+                              "GL402 (parameters without a gradient, which DDP refuses; default: distributed in "
+                              "[tool.graphlint]); memory measures one rank's step (the whole model, plus DDP's "
+                              "gradient buckets)")
+
+
+def _gpu_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--gpu", metavar="NAME",
+                         help="price the training step on this GPU (" + ", ".join(_gpu_names()) + "): time prices "
+                              "the whole step; check says what each performance finding (GL101-GL107, GL204, GL301) "
+                              "costs per step and what its fix saves (default: no cost)")
+
+
+def _step_options(command: argparse.ArgumentParser) -> None:
+    """How the training step of memory and time is run."""
+    command.add_argument("--optimizer", default="adamw", metavar="NAME",
+                         help="adamw (default), adam, sgd, sgd-momentum or none")
+    command.add_argument("--train-on", choices=TRAIN_DEVICES, default=None,
+                         help="the device the step is meant for, whose kernels torch would choose: cuda (the "
+                              "optimizer's foreach implementation, fused attention) or cpu; default: cuda, except "
+                              "for time --cpu")
+    command.add_argument("--autocast", choices=("bf16", "fp16"),
+                         help="run the forward and the loss under autocast to bfloat16 or float16, as "
+                              "torch.autocast(\"cuda\") would")
+    command.add_argument("--release-output", action="store_true",
+                         help="the training loop keeps only the loss (a loss function that returns only the loss, as "
+                              "Hugging Face's Trainer calls it): the model's output is freed before backward; by "
+                              "default the output and loss are held until after the optimizer step")
+    command.add_argument("--batch", metavar="N", help="resize dimension 0 of the inputs to N")
+    command.add_argument("--seq", metavar="T", help="resize dimension 1 of the inputs (and every later dimension "
+                                                    "of the same size) to T")
 
 
 def _model_options(command: argparse.ArgumentParser) -> None:
@@ -242,21 +266,22 @@ def _model_options(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _process_options(command: argparse.ArgumentParser, jobs: str | None = None) -> None:
-    """The result cache and the children, as check has them; `jobs` is the verb of --jobs, for a command of
-    several targets."""
+def _process_options(command: argparse.ArgumentParser, jobs: int | None = None) -> None:
+    """The result cache, the children and internal errors, as check has them; `jobs`, the default of --jobs, for a
+    command of several targets."""
     command.add_argument("--no-cache", action="store_true",
                          help="capture every target again, ignoring the result cache")
     command.add_argument("--cache-dir", metavar="DIR",
                          help="the result cache's folder (default: $GRAPHLINT_CACHE_DIR, else .graphlint_cache in the "
                               "project root)")
     if jobs is not None:
-        command.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
-                             help=f"{jobs} N targets at once (default: 1); every target runs in its own process "
-                                  "either way")
+        command.add_argument("--jobs", "-j", type=int, default=jobs, metavar="N",
+                             help="how many targets run at once (default: 1; server: 2); every target runs in its "
+                                  "own process either way")
     command.add_argument("--timeout", type=float, metavar="SECONDS",
                          help="stop a target's process after SECONDS, even inside native code (default: 600, or "
                               "timeout in [tool.graphlint]; 0: no limit)")
+    command.add_argument("--debug", action="store_true", help="print tracebacks of internal errors")
 
 
 def _run_options(args: argparse.Namespace, project: Project, config, **more):
@@ -518,10 +543,7 @@ class _Progress:
 
 
 def _graph(args: argparse.Namespace) -> int:
-    import json
-
-    from graphlint.graph.dot import render_dot, render_svg
-    from graphlint.graph.text import render_graph_text
+    from graphlint.report.graph import render_graph
     from graphlint.session import Session
 
     project = _discover(args)
@@ -538,24 +560,15 @@ def _graph(args: argparse.Namespace) -> int:
         for error in result.errors:  # a failure of the capture with a larger input names that input
             print(single_line(f"graphlint: error: {error.target}: {error.message}"), file=sys.stderr)
         return EXIT_ERROR
-    if args.format == "svg":
-        rendered = render_svg(render_dot(report, collapse=not args.no_collapse, depth=args.depth))
-    elif args.format == "dot":
-        rendered = render_dot(report, collapse=not args.no_collapse, depth=args.depth).encode()
-    elif args.format == "json":
-        rendered = (json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
-    else:
-        rendered = render_graph_text(report).encode()
-    _write(rendered, args.output)
+    _write(render_graph(report, args.format, collapse=not args.no_collapse, depth=args.depth), args.output)
     return EXIT_CLEAN
 
 
 def _memory(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be measured: an estimate from the cache never does.
-    import json
-
     from graphlint.memory.choices import OPTIMIZERS
-    from graphlint.memory.text import render_memory_text
+    from graphlint.memory.request import Request
+    from graphlint.report.memory import render_memory
     from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.sizes import parse_bytes
@@ -574,11 +587,15 @@ def _memory(args: argparse.Namespace) -> int:
     config = project.config.overridden(device=args.device, timeout=args.timeout)
     targets, base = _picked(args, project, config, list(args.targets))
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
-    device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    device = _step_device(config, "memory")
+    if config.distributed == "ddp" and distribution is None:
+        print('graphlint: note: [tool.graphlint] distributed = "ddp" names no number of ranks, so memory measures '
+              "one device's step; --ddp N measures one rank's of N", file=sys.stderr)
     # Children measure CPU kernels with the threads torch gives the warm parent, as a step run here would.
-    answers = session.memory(targets, optimizer=args.optimizer, train_on=args.train_on, autocast=args.autocast,
-                             device=device, device_memory=device_memory, release_output=args.release_output,
-                             distribution=distribution, threads=PARENT_THREADS, **sizes)
+    request = Request(optimizer=args.optimizer, train_on=args.train_on or "cuda", autocast=args.autocast,
+                      release_output=args.release_output, device=device, device_memory=device_memory,
+                      distribution=distribution, **sizes)
+    answers = session.memory(targets, request, threads=PARENT_THREADS)
     results, failed = [], False
     for result, estimate in answers:
         for error in result.errors:
@@ -587,16 +604,23 @@ def _memory(args: argparse.Namespace) -> int:
             failed = True
         else:
             results.append(estimate)
-    if args.format == "json":
-        rendered = json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
-    else:
-        rendered = "\n".join(render_memory_text(r) for r in results)
-    _write(rendered, args.output)
+    _write(render_memory(results, args.format), args.output)
     if failed:
         return EXIT_ERROR
     if device_memory is not None and any(not r.fits for r in results):
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _step_device(config, command: str) -> str:
+    """Where memory or time runs the step: the configuration's device when the step can run there; a configured
+    "cuda" (where check and graph capture) is said in a note, and the step runs as with --device auto."""
+    if config.device in STEP_DEVICES:
+        return config.device
+    print(f'graphlint: note: [tool.graphlint] device = "{config.device}" is where check and graph capture; {command} '
+          "runs the step on the meta device, or on CPU when it needs real values (as --device auto), with CUDA's "
+          "kernels unless --train-on cpu", file=sys.stderr)
+    return "auto"
 
 
 def _step_sizes(args: argparse.Namespace) -> dict[str, int]:
@@ -622,16 +646,18 @@ def _time(args: argparse.Namespace) -> int:
     import json
 
     from graphlint.memory.choices import OPTIMIZERS
+    from graphlint.memory.request import Request
     from graphlint.run.wire import PARENT_THREADS
     from graphlint.session import Session
     from graphlint.timing.devices import accelerator, cpu_label
     from graphlint.timing.text import render_time_text
 
-    if args.gpu is not None and args.device is not None:
-        raise UsageError("--gpu and --device cpu are two devices to price the step on; pass one of them")
-    if args.gpu is None and args.device is None:
-        raise UsageError(f"name the device to price the step on: --gpu NAME ({', '.join(_gpu_names())}) or "
-                         "--device cpu (this machine)")
+    if args.gpu is not None and args.cpu:
+        raise UsageError("--gpu and --cpu are two devices to price the step on; pass one of them")
+    if args.gpu is None and not args.cpu:
+        # `time --device cpu` once priced the step on the CPU: now --device says where it runs, and this names --cpu
+        raise UsageError(f"name the device to price the step on: --gpu NAME ({', '.join(_gpu_names())}) or --cpu "
+                         "(this machine; --device says where the step runs, as for memory)")
     if args.gpu is not None and accelerator(args.gpu) is None:
         raise UsageError(f"unknown GPU {args.gpu!r}; the known ones are {', '.join(_gpu_names())}")
     if args.optimizer not in OPTIMIZERS:
@@ -640,16 +666,17 @@ def _time(args: argparse.Namespace) -> int:
         raise UsageError("--top must be 1 or more")
     sizes = _step_sizes(args)
     project = _discover(args)
-    config = project.config.overridden(timeout=args.timeout)
+    config = project.config.overridden(device=args.device, timeout=args.timeout)
     targets, base = _picked(args, project, config, list(args.targets))
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
-    device = config.device if config.device in ("auto", "meta", "cpu") else "auto"
+    device = _step_device(config, "time")
     gpu = accelerator(args.gpu).name if args.gpu is not None else None
     train_on = args.train_on or ("cuda" if gpu is not None else "cpu")
     # Children measure the CPU with the threads torch gives the warm parent, as a step run here would.
-    answers = session.time(targets, gpu=gpu, optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
-                           release_output=args.release_output, device=device, threads=PARENT_THREADS,
-                           cpu="" if gpu is not None else cpu_label(), **sizes)
+    request = Request(optimizer=args.optimizer, train_on=train_on, autocast=args.autocast,
+                      release_output=args.release_output, device=device, **sizes)
+    answers = session.time(targets, request, gpu=gpu, threads=PARENT_THREADS,
+                           cpu="" if gpu is not None else cpu_label())
     results, failed = [], False
     for result, step in answers:
         for error in result.errors:
@@ -667,9 +694,8 @@ def _time(args: argparse.Namespace) -> int:
     return EXIT_ERROR if failed else EXIT_CLEAN
 
 
-def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
-    """--fsdp N or --ddp N and their options, checked, as the (field, value) pairs of a
-    graphlint.memory.distributed.Distribution; () for the step of one device."""
+def _distribution(args: argparse.Namespace) -> Distribution | None:
+    """--fsdp N or --ddp N and their options, checked; None for the step of one device."""
     if args.fsdp is not None and args.ddp is not None:
         raise UsageError("--fsdp and --ddp are two ways to train on N devices; pass one of them")
     fsdp_only = [name for name, value in (("--fsdp-wrap", args.fsdp_wrap),
@@ -680,8 +706,9 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
     if args.bucket_cap_mb is not None and args.ddp is None:
         raise UsageError("--bucket-cap-mb applies only with --ddp N")
     if args.fsdp is None and args.ddp is None:
-        return ()
+        return None
     from graphlint.memory.choices import DDP_BUCKET_MB
+    from graphlint.memory.request import Distribution
 
     if args.ddp is not None:
         cap = DDP_BUCKET_MB
@@ -692,14 +719,14 @@ def _distribution(args: argparse.Namespace) -> tuple[tuple[str, object], ...]:
                 cap = 0
             if not cap > 0:
                 raise UsageError(f"--bucket-cap-mb must be a number of MiB above 0, not {args.bucket_cap_mb!r}")
-        return ("kind", "ddp"), ("world", world_size(args.ddp, "--ddp")), ("bucket_cap_mb", cap)
+        return Distribution("ddp", world_size(args.ddp, "--ddp"), bucket_cap_mb=cap)
     wrap = tuple(part.strip() for part in (args.fsdp_wrap or "").split(",") if part.strip())
     if args.fsdp_wrap is not None and not wrap:
         raise UsageError("--fsdp-wrap takes module class names, comma-separated (LlamaDecoderLayer)")
-    return (("kind", "fsdp"), ("world", world_size(args.fsdp, "--fsdp")), ("wrap", wrap),
-            ("reshard_after_forward", None if args.reshard_after_forward is None
-             else args.reshard_after_forward == "true"),
-            ("mixed_precision", args.mixed_precision))
+    return Distribution("fsdp", world_size(args.fsdp, "--fsdp"), wrap=wrap,
+                        reshard_after_forward=None if args.reshard_after_forward is None
+                        else args.reshard_after_forward == "true",
+                        mixed_precision=args.mixed_precision)
 
 
 def _rules(args: argparse.Namespace) -> int:

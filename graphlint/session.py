@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # imported only when a child has to start: multiprocessing an
     from graphlint.fix.apply import FixPlan
     from graphlint.graph import GraphReport
     from graphlint.memory.estimate import MemoryEstimate
+    from graphlint.memory.request import Request
     from graphlint.run.parent import WarmParent
     from graphlint.run.wire import GraphJob, Job, MemoryJob, ProofJob, Proved, Reported, TimeJob
     from graphlint.timing.roofline import StepTime
@@ -293,25 +294,34 @@ class Session:
         [(result, report)] = self.reports([job])
         return result, None if report is None else GraphReport.from_wire(report)
 
-    def memory(self, targets: list[str], **measurement) -> list[tuple[TargetResult, MemoryEstimate | None]]:
-        """`graphlint memory`'s estimate of each target's training step, in the order given: from the cache, else
-        measured in children of the runner, at most `Options.jobs` at once. `measurement` are the fields of
-        graphlint.run.wire.MemoryJob (the optimizer, the device, the input sizes, the distribution...)."""
+    def memory(self, targets: list[str], request: Request | None = None, threads: int | str | None = None,
+               **fields) -> list[tuple[TargetResult, MemoryEstimate | None]]:
+        """`graphlint memory`'s estimate of each target's training step as `request` asks (else as the Request of
+        these `fields` does), in the order given: from the cache, else measured in children of the runner (CPU
+        kernels probed with `threads`, see graphlint.run.wire.MemoryJob), at most `Options.jobs` at once."""
+        from graphlint.memory.request import Request
         from graphlint.run.graph_and_memory import estimate_from_wire
         from graphlint.run.wire import MemoryJob
 
-        jobs = [MemoryJob.of(target, self.base, self.project, debug=self.options.debug, **measurement)
+        request = request or Request(**fields)
+
+        jobs = [MemoryJob.of(target, self.base, self.project, request, threads, self.options.debug)
                 for target in targets]
         return [(result, None if data is None else estimate_from_wire(data)) for result, data in self.reports(jobs)]
 
-    def time(self, targets: list[str], **timing) -> list[tuple[TargetResult, StepTime | None]]:
-        """`graphlint time`'s estimate of each target's training step, in the order given: from the cache, else
-        timed in children of the runner, at most `Options.jobs` at once. `timing` are the fields of
-        graphlint.run.wire.TimeJob (the device, the optimizer, the input sizes...)."""
+    def time(self, targets: list[str], request: Request | None = None, gpu: str | None = None,
+             threads: int | str | None = None, cpu: str = "", **fields) -> list[tuple[TargetResult, StepTime | None]]:
+        """`graphlint time`'s estimate of each target's training step as `request` asks (else as the Request of
+        these `fields` does), priced on `gpu` (else on this machine's CPU, `cpu` its model), in the order given:
+        from the cache, else timed in children of the runner, at most `Options.jobs` at once."""
+        from graphlint.memory.request import Request
         from graphlint.run.step_time import step_time_from_wire
         from graphlint.run.wire import TimeJob
 
-        jobs = [TimeJob.of(target, self.base, self.project, debug=self.options.debug, **timing) for target in targets]
+        request = request or Request(**fields)
+
+        jobs = [TimeJob.of(target, self.base, self.project, request, gpu, threads, cpu, self.options.debug)
+                for target in targets]
         return [(result, None if data is None else step_time_from_wire(data)) for result, data in self.reports(jobs)]
 
     def reports(self, jobs: list[GraphJob | MemoryJob | TimeJob]) -> list[tuple[TargetResult, dict | None]]:

@@ -40,6 +40,16 @@ def format_bytes(count: int | float) -> str:
     return f"{size:.3g} TiB"
 
 
+def human_bytes(count: int) -> str:
+    """`1.5 KiB`, `512 B`: one decimal in binary units (the graph report's sizes)."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
 def format_seconds(seconds: float) -> str:
     """`1.25 s`, `3.1 ms`, `820 µs`: two significant figures under a second."""
     if seconds >= 1:

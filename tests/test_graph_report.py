@@ -17,7 +17,7 @@ from conftest import REPO, run_graphlint, write
 from graphlint.capture import capture_model
 from graphlint.graph import describe
 from graphlint.graph.categories import CATEGORIES
-from graphlint.graph.dot import render_dot
+from graphlint.report.dot import render_dot
 from graphlint.locate.place import Locator
 from graphlint.project import Project
 from graphlint.tags import FUSABLE_ATTENTION_TAG

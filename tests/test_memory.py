@@ -20,7 +20,7 @@ from conftest import run_graphlint, write
 
 def _estimate(model, *args, optimizer="adamw", loss=None, train_on="cuda"):
     with torch.device("meta"):
-        return estimate(run_step(model, args, {}, loss, optimizer, train_on))
+        return estimate(run_step(model, args, {}, loss, Request(optimizer=optimizer, train_on=train_on)))
 
 
 def _param_bytes(model) -> int:
@@ -116,7 +116,7 @@ def test_fused_attention_keeps_no_scores_on_meta_and_hand_written_attention_does
         with torch.device("meta"):
             model = Attention(fused)
             x = torch.randn(2, 256, 64)
-            trace = run_step(model, (x,), {}, None, "sgd")
+            trace = run_step(model, (x,), {}, None, Request(optimizer="sgd"))
         return sum(b.nbytes for b in trace.blocks if b.kind == "activation" and b.shape[-2:] == (256, 256))
 
     assert scores_kept(fused=False) >= 2 * 4 * 256 * 256 * 4  # the probabilities, at least
@@ -383,8 +383,8 @@ def test_autocast_keeps_the_activations_of_matmuls_in_the_lower_precision():
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512), nn.LayerNorm(512))
         x = torch.randn(256, 512)
-        full = estimate(run_step(model, (x,), {}, None, "adamw"))
-        mixed = estimate(run_step(model, (x,), {}, None, "adamw", autocast=torch.bfloat16))
+        full = estimate(run_step(model, (x,), {}, None, Request(optimizer="adamw")))
+        mixed = estimate(run_step(model, (x,), {}, None, Request(optimizer="adamw", autocast="bf16")))
     assert set(mixed.saved_by_dtype) >= {"bfloat16", "float32"}
     # The GELU's input and output are kept in bfloat16, and so are the bfloat16 copies of x and of the second
     # weight, which the Linears keep for backward (autocast's weight copies are activations, not parameters;

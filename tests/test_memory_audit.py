@@ -19,6 +19,7 @@ import memory_zoo_models  # noqa: E402
 
 from graphlint.memory import kernels  # noqa: E402
 from graphlint.memory.audit import audit  # noqa: E402
+from graphlint.memory.registry import KERNEL_MEMORY  # noqa: E402
 from graphlint.target import normalize_factory_result  # noqa: E402
 
 
@@ -55,7 +56,8 @@ def test_the_audit_passes_on_a_stride_0_gradient_into_a_matrix_product():
 
 
 def test_the_audit_names_the_matrix_product_without_its_copy_model(monkeypatch):
-    monkeypatch.setattr(kernels, "_BLAS", {})
+    for op in kernels._BLAS:  # the products' entries of the registry, removed for this test
+        monkeypatch.delitem(KERNEL_MEMORY, op)
     findings = audit(*_head())
     assert findings  # the two products of the head's backward (the weight's and the input's gradients)
     for finding in findings:
@@ -65,7 +67,8 @@ def test_the_audit_names_the_matrix_product_without_its_copy_model(monkeypatch):
 
 
 def test_the_audit_names_the_convolutions_without_their_measured_scratch(monkeypatch):
-    monkeypatch.setattr(kernels, "_PROBED", {})
+    for op in (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default):
+        monkeypatch.delitem(KERNEL_MEMORY, op)
     ops = {finding.op for finding in audit(*_zoo("conv1d_audio"))}
     assert "convolution.default" in ops or "convolution_backward.default" in ops
 
@@ -82,13 +85,16 @@ def test_the_audit_names_the_lstm_without_its_workspace(monkeypatch):
 
 def test_the_estimate_of_a_sum_loss_into_an_lm_head_counts_the_copy():
     from graphlint.memory.estimate import estimate
+    from graphlint.memory.request import Request
     from graphlint.memory.step import run_step
 
     model, args, _, loss = _head()
     with torch.device("meta"):
         meta_model = Head()
-    with_copy = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss, "none", "cpu")).peak_bytes
-    without = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss, "none", "cuda")).peak_bytes
+    with_copy = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss,
+                                  Request(optimizer="none", train_on="cpu"))).peak_bytes
+    without = estimate(run_step(meta_model, (args[0].to("meta"),), {}, loss,
+                                Request(optimizer="none", train_on="cuda"))).peak_bytes
     logits = 8 * 64 * 4000 * 4
     assert with_copy - without >= 0.9 * logits  # the CPU kernel's copy of the expanded gradient is in the CPU step
 

@@ -19,6 +19,7 @@ import memory_zoo  # noqa: E402
 import memory_zoo_models  # noqa: E402
 
 from graphlint.capture.loss import choose_loss  # noqa: E402
+from graphlint.memory.request import Request  # noqa: E402
 from graphlint.memory.step import run_step  # noqa: E402
 from graphlint.target import normalize_factory_result  # noqa: E402
 
@@ -64,7 +65,7 @@ def test_measuring_a_checkpointed_step_adds_no_forward_call(factory):
         measured = _counting(made.model)
         try:
             with torch.device(device):
-                trace = run_step(made.model, made.args, made.kwargs, made.loss, "adamw", "cpu")
+                trace = run_step(made.model, made.args, made.kwargs, made.loss, Request(optimizer="adamw", train_on="cpu"))
         except RuntimeError as error:
             # the model's own data-dependent branch (transformers' packed-sequence check calls .item()): the
             # command measures such a model on CPU, which the first pass checked

@@ -17,7 +17,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import memory_zoo  # noqa: E402
 
-from graphlint.memory.kernels import CpuKernelsOnMeta, onednn_lstm_memory  # noqa: E402
+from graphlint.memory.kernels import onednn_lstm_memory  # noqa: E402
+from graphlint.memory.modes import StandIns  # noqa: E402
 
 
 class _Allocations(TorchDispatchMode):
@@ -56,7 +57,7 @@ def test_a_recurrent_layer_on_meta_runs_the_forward_ops_of_the_cpu_kernel(layer,
             model, x = layer(8, 16, **options), torch.randn(3, 5, 8, requires_grad=True)
         allocations = _Allocations()
         # the CPU side under a saved-tensor hook too, so that neither side's log has autograd's detaches
-        with (CpuKernelsOnMeta() if device == "meta" else torch.autograd.graph.saved_tensors_hooks(
+        with (StandIns("cpu", below_autocast=False) if device == "meta" else torch.autograd.graph.saved_tensors_hooks(
                 lambda t: t, lambda t: t)), allocations:
             model(x)
         logs.append(allocations.log)

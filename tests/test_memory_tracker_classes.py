@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import REPO, run_graphlint, write
-from graphlint.memory.kernels import CpuKernelsOnMeta
+from graphlint.memory.modes import StandIns
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -86,7 +86,7 @@ def test_an_lstm_onednn_does_not_take_runs_on_meta_the_forward_ops_of_atens_cpu_
             model, x = torch.nn.LSTM(8, 16, **options), torch.randn(3, 5, 8, requires_grad=True)
         allocations = _Allocations()
         with torch.backends.mkldnn.flags(enabled=onednn), (
-                CpuKernelsOnMeta() if device == "meta"
+                StandIns("cpu", below_autocast=False) if device == "meta"
                 else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)), allocations:
             model(x)
         logs.append(allocations.log)
@@ -128,7 +128,7 @@ def test_the_kernel_probes_leave_no_profiler_lines_on_stderr_and_the_models_own_
 
 
 def _noted(factory: str, train_on: str):
-    from graphlint.memory.text import render_memory_text
+    from graphlint.report.memory import render_memory_text
 
     result = memory_accuracy.measure(f"{memory_class_models.__file__}:{factory}", memory_accuracy.HERE,
                                      memory_accuracy.Request(train_on=train_on))

@@ -4,9 +4,14 @@ names, and every writer in it renders a real report."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
+import pytest
+
+from conftest import write as write_file
 from graphlint.cli import _parser
-from graphlint.report import FORMATS
+from graphlint.report import FORMATS, GRAPH_FORMATS, MEMORY_FORMATS
 from graphlint.results import Finding, Location, Report, Severity, TargetError, TargetResult
 
 
@@ -34,3 +39,48 @@ def test_every_registered_writer_renders_a_report_with_a_finding_and_an_error(tm
         rendered = write(report)
         assert isinstance(rendered, str) and rendered.strip(), name
         assert name == "junit" or "model.py" in rendered, name  # JUnit names the target, not the file
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+def make():
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)), (torch.randn(4, 8),)
+'''
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("command, formats", [("graph", GRAPH_FORMATS[:3]), ("memory", MEMORY_FORMATS)])
+def test_graph_and_memory_write_what_their_reporters_render(project_dir, monkeypatch, command, formats):
+    """The command offers the report package's formats and writes, byte for byte, what its reporter renders
+    from the session's answer (graphlint.report.graph, graphlint.report.memory)."""
+    from graphlint.project import Project
+    from graphlint.report.graph import render_graph
+    from graphlint.report.memory import render_memory
+    from graphlint.session import Options, Session
+
+    write_file(project_dir, "model.py", MODEL)
+    monkeypatch.chdir(project_dir)  # paths are shown from the working directory, as the command's are
+    project = Project.discover(project_dir)
+    session = Session(["model.py:make"], project, project.config, Options(), project_dir, lints=False)
+    assert _choices("graph") == GRAPH_FORMATS and _choices("memory") == MEMORY_FORMATS
+    try:
+        if command == "graph":
+            _, answer = session.graph("model.py:make")
+        else:
+            [(_, answer)] = session.memory(["model.py:make"])
+    finally:
+        session.runner.close()
+    for name in formats:
+        done = subprocess.run([sys.executable, "-m", "graphlint", command, "model.py:make", "--format", name,
+                               "--no-cache"], cwd=project_dir, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        rendered = render_graph(answer, name) if command == "graph" else render_memory([answer], name).encode()
+        assert done.stdout == rendered, name
+
+
+def _choices(command: str) -> tuple[str, ...]:
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return tuple(next(a for a in commands.choices[command]._actions if "--format" in a.option_strings).choices)

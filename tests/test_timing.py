@@ -291,7 +291,7 @@ def test_the_command_reports_flops_and_seconds_on_a_named_gpu(models, tmp_path):
 @pytest.mark.cli
 def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     cache = tmp_path / "cache"
-    first = run_graphlint("time", f"{models}:mlp", "--device", "cpu", "--format", "json", "--no-cache",
+    first = run_graphlint("time", f"{models}:mlp", "--cpu", "--format", "json", "--no-cache",
                           cwd=tmp_path, env={"XDG_CACHE_HOME": str(cache)})
     assert first.returncode == 0, first.stderr
     [measured] = list((cache / "graphlint" / "cpu-peaks").iterdir())
@@ -306,7 +306,7 @@ def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
 @pytest.mark.parametrize("options, says", [
     (["--gpu", "H900"], "unknown GPU 'H900'; the known ones are h100, h200, a100, l4, rtx4090, mi300x"),
     ([], "name the device to price the step on: --gpu NAME"),
-    (["--gpu", "h100", "--device", "cpu"], "pass one of them"),
+    (["--gpu", "h100", "--cpu"], "pass one of them"),
     (["--gpu", "h100", "--batch", "0"], "--batch must be a whole number of 1 or more"),
     (["--gpu", "h100", "--optimizer", "lion"], "unknown optimizer 'lion'"),
 ])

@@ -2,7 +2,7 @@
 
 For a model's training step, every distinct aten call it makes (forward, loss and backward, with its inputs'
 shapes, strides and dtypes) is replayed once on CPU, under PyTorch's memory profiler, and once on meta, under
-graphlint's kernel models (graphlint.memory.kernels). For each call it compares
+graphlint's kernel models (graphlint.memory.registry's tables). For each call it compares
 
 - what the kernel allocates beyond its outputs while it runs (the profiler's rise inside the op, less the
   outputs): a workspace, a scratchpad, a contiguous copy of a strided input; on meta, what graphlint's models
@@ -23,7 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from graphlint.capture.loss import choose_loss
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, modeled_scratch, quiet_profile, rises
+from graphlint.memory.kernels import CpuKernelMemory, modeled_scratch, quiet_profile, rises
+from graphlint.memory.modes import StandIns
 from graphlint.memory.step import kept_by
 
 # a difference smaller than this many bytes, or than this share of the op's inputs and outputs, is noise
@@ -136,7 +137,7 @@ def audit_calls(calls: list[tuple]) -> list[Finding]:
                                inputs | _storages(out))
             meta_args, meta_kwargs = _materialize(specs, "meta")
             try:
-                with CpuKernelsOnMeta(), CpuKernelMemory():
+                with StandIns("cpu", below_autocast=False), CpuKernelMemory():
                     meta_out = func(*meta_args, **meta_kwargs)
             except Exception:  # no meta function: the step on meta could not run it either
                 continue

@@ -23,14 +23,14 @@ import contextlib
 import os
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from graphlint.memory.choices import DDP_BUCKET_MB
 from graphlint.memory.estimate import repeated_children
-from graphlint.memory.step import Block, _Tracker, closure_tensors_replaced
+from graphlint.memory.request import Distribution, Request
+from graphlint.memory.step import Block, StepTrace, Tracker, closure_tensors_replaced
 
 # Where FSDP2 allocates, by the function of torch.distributed.fsdp._fully_shard that made the block.
 _FSDP_ROLES = {
@@ -46,29 +46,12 @@ _FSDP_ROLES = {
 _FSDP_FOLDER = "_fully_shard"
 
 
-@dataclass
-class Distribution:
-    """How the step is distributed: `kind` "fsdp" or "ddp" over `world` ranks, and the strategy's options."""
-
-    kind: str
-    world: int
-    wrap: tuple[str, ...] = ()  # FSDP: module class names to shard one by one (default: the repeated blocks)
-    # None: fully_shard's own default, which differs from True: every block reshards after forward but the root
-    # keeps its parameters unsharded into backward (FSDP2 does so only when the argument is left out).
-    reshard_after_forward: bool | None = None
-    mixed_precision: str | None = None  # FSDP: "bf16" parameters (and fp32 gradient reduction)
-    bucket_cap_mb: float = DDP_BUCKET_MB  # DDP
-    wrapped: list[str] = field(default_factory=list)  # filled in: the module paths fully_shard was applied to
-    no_gradient: int = 0  # filled in (DDP): trainable parameters the step gave no gradient
-
-
-class FsdpTracker(_Tracker):
+class FsdpTracker(Tracker):
     """The step's tracker for a model whose parameters are DTensors: their local shards are what a rank holds;
     FSDP's storage resizes end a block and begin another; blocks made inside FSDP say what they are for."""
 
     def __init__(self, model, device) -> None:
         super().__init__(model, device)
-        self.roles: dict[int, str] = {}  # id(block) -> FSDP role
         self._resize = None
 
     def __enter__(self):
@@ -88,17 +71,17 @@ class FsdpTracker(_Tracker):
         torch.UntypedStorage.resize_ = self._resize
         return super().__exit__(*exc)
 
-    def _track(self, tensor, phase, module, op, made=None):
+    def track(self, tensor, phase, module, op, made=None):
         if is_traceable_wrapper_subclass(tensor):  # a DTensor: the rank holds its local tensor
             names, _ = tensor.__tensor_flatten__()
             block = None
             for name in names:
                 inner = getattr(tensor, name, None)
                 if isinstance(inner, torch.Tensor):
-                    block = self._track(inner, phase, module, op, made) or block
+                    block = self.track(inner, phase, module, op, made) or block
             return block
-        fresh = self._block_of(tensor) is None
-        block = super()._track(tensor, phase, module, op, made)
+        fresh = self.block_of(tensor) is None
+        block = super().track(tensor, phase, module, op, made)
         if block is not None and fresh:
             role = _fsdp_role()
             if role:
@@ -118,26 +101,10 @@ class FsdpTracker(_Tracker):
                 self.roles[id(block)] = "sharded optimizer state"
 
     def _resized(self, storage, size: int) -> None:
-        key = id(storage)
-        old = self._known.pop(key, None)
-        if old is not None and old.freed is None:
-            old.freed = self.clock
-            self.clock += 1
+        old = self.end_block(storage)
         if size > 0:
-            block = Block(size, self.clock, self.current, self._modules[-1] if self._modules else "", "resize_",
-                          old.dtype if old is not None else torch.uint8, (size,))
-            self.clock += 1
-            self._known[key] = block
-            self.blocks.append(block)
+            block = self.new_block(storage, size, "resize_", old.dtype if old is not None else torch.uint8)
             self.roles[id(block)] = self.roles.get(id(old), "") if old is not None else "unsharded parameter"
-            import weakref
-
-            weakref.finalize(storage, self._freed, key, block)
-
-    def _freed(self, key, block) -> None:
-        if block.freed is not None:  # ended already by a resize to 0
-            return
-        super()._freed(key, block)
 
 
 @dataclass
@@ -193,8 +160,9 @@ def blocks_to_shard(model: torch.nn.Module, wrap: tuple[str, ...]) -> list[str]:
     return [name for name in types if name in outermost]  # in module order
 
 
-def shard(model: torch.nn.Module, distribution: Distribution) -> None:
-    """Apply torch's fully_shard to the chosen blocks, then to the root, on the default (fake) process group."""
+def shard(model: torch.nn.Module, distribution: Distribution) -> list[str]:
+    """Apply torch's fully_shard to the chosen blocks, then to the root, on the default (fake) process group; the
+    module paths of the blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -205,10 +173,11 @@ def shard(model: torch.nn.Module, distribution: Distribution) -> None:
     if distribution.mixed_precision == "bf16":
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     modules = dict(model.named_modules())
-    distribution.wrapped = blocks_to_shard(model, distribution.wrap)
-    for name in distribution.wrapped:
+    wrapped = blocks_to_shard(model, distribution.wrap)
+    for name in wrapped:
         fully_shard(modules[name], **options)
     fully_shard(model, **options)
+    return wrapped
 
 
 def ddp_buckets(parameters: list[torch.nn.Parameter], bucket_cap_mb: float) -> list[int]:
@@ -237,14 +206,15 @@ def by_role(blocks: list[Block], roles: dict[int, str], event: int) -> dict[str,
     return dict(sorted(alive.items(), key=lambda item: -item[1]))
 
 
-def distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
-                     autocast: torch.dtype | None, release_output: bool):
-    """The step of one rank: `made` (built on meta, inputs resized) sharded by FSDP2 on a fake process group and
-    run under FakeTensorMode, or run whole with DDP's buckets beside it."""
+def distributed_step(made, request: Request) -> StepTrace:
+    """The step of one rank under `request.distribution`: `made` (built on meta, inputs resized) sharded by FSDP2
+    on a fake process group and run under FakeTensorMode, or run whole with DDP's buckets beside it. What the
+    distribution made of the model (the blocks sharded, the parameters without a gradient) is the trace's
+    `distributed`."""
     from graphlint.memory.kernels import probe_threads
 
     with probe_threads(rank_threads()):
-        return _distributed_step(made, distribution, optimizer, train_on, autocast, release_output)
+        return _distributed_step(made, request)
 
 
 def rank_threads() -> int:
@@ -255,15 +225,14 @@ def rank_threads() -> int:
         return 1
 
 
-def _distributed_step(made, distribution: Distribution, optimizer: str, train_on: str,
-                      autocast: torch.dtype | None, release_output: bool):
+def _distributed_step(made, request: Request) -> StepTrace:
     from graphlint.memory.step import run_step
 
+    distribution = request.distribution
     if distribution.kind == "ddp":
-        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer, train_on, autocast,
-                         release_output)
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, request)
         trainable = [p for p in made.model.parameters() if p.requires_grad]
-        distribution.no_gradient = len(trainable) - trace.trainable
+        trace.distributed["no_gradient"] = len(trainable) - trace.trainable
         for index, size in enumerate(ddp_buckets(trainable, distribution.bucket_cap_mb)):
             block = Block(size, -1, "", "", f"DDP bucket {index}", torch.uint8, (size,), kind="gradient")
             trace.blocks.append(block)
@@ -272,13 +241,14 @@ def _distributed_step(made, distribution: Distribution, optimizer: str, train_on
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with fake_world(distribution.world), torch.device("cpu"):
-        shard(made.model, distribution)
+        wrapped = shard(made.model, distribution)
         with FakeTensorMode(allow_non_fake_inputs=True):
             made.model.to_empty(device="cpu")
             args, kwargs = torch.utils._pytree.tree_map(_fake, (made.args, made.kwargs))
             with closure_tensors_replaced(made.loss, _fake):  # its labels, fake like the inputs
-                trace = run_step(made.model, args, kwargs, made.loss, optimizer, train_on, autocast,
-                                 release_output, tracker_class=FsdpTracker, stepped=local_shard)
+                trace = run_step(made.model, args, kwargs, made.loss, request, tracker_class=FsdpTracker,
+                                 stepped=local_shard)
+    trace.distributed["wrapped"] = wrapped
     return trace
 
 
@@ -319,20 +289,21 @@ def describe(trace, distribution: Distribution) -> dict:
     info = {"strategy": distribution.kind, "world_size": distribution.world, "rank": 0,
             "at_peak_by_role": roles}
     if distribution.kind == "fsdp":
-        info.update({"sharded_modules": list(distribution.wrapped) + ["(root)"],
+        info.update({"sharded_modules": list(trace.distributed["wrapped"]) + ["(root)"],
                      "reshard_after_forward": distribution.reshard_after_forward,
                      "mixed_precision": distribution.mixed_precision})
     else:
         info["bucket_cap_mb"] = distribution.bucket_cap_mb
         info["bucket_bytes"] = sum(b.nbytes for b in trace.blocks if trace.roles.get(id(b)) == "DDP gradient bucket")
-        info["parameters_without_gradient"] = distribution.no_gradient
+        info["parameters_without_gradient"] = trace.distributed["no_gradient"]
     return info
 
 
-def notes(distribution: Distribution) -> list[str]:
+def notes(trace: StepTrace, distribution: Distribution) -> list[str]:
     """What the reader of a distributed estimate should know."""
-    if distribution.kind == "ddp" and distribution.no_gradient:
-        return [f"{distribution.no_gradient} trainable parameters get no gradient in this step: "
+    no_gradient = trace.distributed.get("no_gradient", 0)
+    if distribution.kind == "ddp" and no_gradient:
+        return [f"{no_gradient} trainable parameters get no gradient in this step: "
                 "DistributedDataParallel without find_unused_parameters=True fails at the second step "
                 f"(graphlint check --ddp {distribution.world} names them at their lines, GL402)"]
     return []

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from graphlint.graph.categories import categorize
+from graphlint.memory.choices import KINDS, PHASES
 
 if TYPE_CHECKING:  # an estimate from the result cache is rendered without the step's recorder, and without torch
     from graphlint.memory.step import Block, StepTrace
@@ -101,10 +102,14 @@ class MemoryEstimate:
         }
 
 
+def describe_block(block: Block) -> dict[str, Any]:
+    """A block as plain data, for the report."""
+    return {"bytes": block.nbytes, "kind": block.kind, "phase": block.phase, "module": block.module,
+            "op": block.op, "dtype": str(block.dtype).removeprefix("torch."), "shape": list(block.shape)}
+
+
 def estimate(trace: StepTrace, target: str = "model") -> MemoryEstimate:
     """The peak of the step and its breakdown."""
-    from graphlint.memory.step import KINDS, describe_block
-
     deltas: list[tuple[int, int, Block]] = []  # (event, +bytes or -bytes, block)
     alive = dict.fromkeys(KINDS, 0)
     for block in trace.blocks:
@@ -178,8 +183,6 @@ def _alive_at(block: Block, event: float) -> bool:
 
 
 def _phase_at(trace: StepTrace, event: int) -> str:
-    from graphlint.memory.step import PHASES
-
     phase = "forward"
     for name in PHASES:
         start = trace.phase_starts.get(name)

@@ -14,6 +14,9 @@ differ in memory, the step on meta is made to take the device's path here:
   CPU-only branch); on meta it is computed step by step. Here the step on meta runs the CPU's loop.
 
 For `--train-on cuda` the cuDNN RNN reserve space is not measured (no GPU here): see docs/memory.md.
+
+Each model is one entry of graphlint.memory.registry's tables: the recurrent layers' stand-in below, the kernels'
+scratch, outputs and CUDA workspaces at the end of this module.
 """
 
 from __future__ import annotations
@@ -25,26 +28,26 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from graphlint.memory.modes import call_inside
+from graphlint.memory.registry import KERNEL_MEMORY, kernel_model, register, stand_in
 
 _LSTM = 2  # oneDNN's mode number for an LSTM (aten::mkldnn_rnn_layer's `mode`)
 
 
-class CpuKernelsOnMeta(TorchFunctionMode):
-    """Recurrent layers on the meta device, as CPU's kernels run them (see the module's docstring)."""
+_GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rnn_relu: "relu"}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch._VF.lstm and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
-            # oneDNN's kernel where torch's use_mkldnn picks it (its switch on, no projection), else aten's loop
-            return _onednn_lstm(*args) if _onednn_lstm_applies(*args) else _generic_rnn("lstm", *args)
-        if func in _GENERIC and len(args) == 9 and _on_meta(args[0]) and args[0].is_floating_point():
-            return _generic_rnn(_GENERIC[func], *args)
-        return call_inside(self, func, types, args, kwargs)  # active in backward too (a checkpoint's recompute)
+
+@stand_in(torch._VF.lstm, *_GENERIC, train_on=("cpu",))
+def _recurrent_layer(func, train_on, args, kwargs):
+    """Recurrent layers on the meta device, as CPU's kernels run them (see the module's docstring)."""
+    if len(args) != 9 or not _on_meta(args[0]) or not args[0].is_floating_point():
+        return None
+    if func is torch._VF.lstm:
+        # oneDNN's kernel where torch's use_mkldnn picks it (its switch on, no projection), else aten's loop
+        return _onednn_lstm(*args) if _onednn_lstm_applies(*args) else _generic_rnn("lstm", *args)
+    return _generic_rnn(_GENERIC[func], *args)
 
 
 def _on_meta(value) -> bool:
@@ -52,22 +55,22 @@ def _on_meta(value) -> bool:
     return isinstance(value, torch.Tensor) and (value.device.type == "meta" or isinstance(value, FakeTensor))
 
 
-# What CUDA's kernels allocate for themselves, which the step (on meta or CPU) cannot see: aten op -> what it is.
-_CUDA_WORKSPACES = {
-    ("convolution", "convolution_backward"): "cuDNN's convolution workspace (its size follows the algorithm cuDNN "
-                                             "picks)",
-    ("mm", "addmm", "bmm", "baddbmm"): "cuBLAS's workspace (allocated once per stream and kept; "
-                                       "CUBLAS_WORKSPACE_CONFIG sets it)",
-    ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu"):
-        "the fused attention kernels' workspace",
-}
+# What CUDA's kernels allocate for themselves, which the step (on meta or CPU) cannot see (KernelMemoryModel.cuda).
+CUDNN_WORKSPACE = "cuDNN's convolution workspace (its size follows the algorithm cuDNN picks)"
+CUBLAS_WORKSPACE = "cuBLAS's workspace (allocated once per stream and kept; CUBLAS_WORKSPACE_CONFIG sets it)"
+ATTENTION_WORKSPACE = "the fused attention kernels' workspace"
 _CUDA_RECURRENT = ("LSTM", "GRU", "RNN")
 
 
-def cuda_workspace_note(ops: set[str], module_types: set[str]) -> str | None:
-    """For a step meant for CUDA: the kernels of the step that allocate memory of their own on a GPU, which
-    graphlint does not count (no GPU runs the step), said as one note; None when the step has none."""
-    seen = [what for names, what in _CUDA_WORKSPACES.items() if not ops.isdisjoint(names)]
+def cuda_workspace_note(ops: set, module_types: set[str]) -> str | None:
+    """For a step meant for CUDA: the kernels of the step (`ops`, the aten ops it ran) that allocate memory of their
+    own on a GPU (KERNEL_MEMORY's `cuda`, in the table's order), which graphlint does not count (no GPU runs the
+    step), said as one note; None when the step has none."""
+    names = {op._opname for op in ops}
+    seen = []
+    for op, model in KERNEL_MEMORY.items():
+        if model.cuda is not None and model.cuda not in seen and (op in ops or op in names):
+            seen.append(model.cuda)
     if any(kind in module_types for kind in _CUDA_RECURRENT):
         seen.insert(0, "cuDNN's reserve space of the recurrent layers, which autograd keeps until backward")
     if not seen:
@@ -148,8 +151,9 @@ class CpuKernelMemory(TorchDispatchMode):
         if first is None:
             return func(*args, **kwargs)
         _probe_failed[0] = False
-        size = modeled_scratch(func, args)
-        missed = unmodelled_scratch(func, args)
+        model = kernel_model(func)
+        size = model.scratch(func, args) if model is not None and model.scratch is not None else 0
+        missed = model.unmodelled(func, args) if model is not None and model.unmodelled is not None else None
         if _probe_failed[0]:
             missed = f"the scratch of {func.__name__}, whose kernel graphlint's probe could not run at the call's sizes"
         if missed:
@@ -157,42 +161,48 @@ class CpuKernelMemory(TorchDispatchMode):
         scratch = torch.empty(size, dtype=torch.uint8, device=first.device) if size else None
         out = func(*args, **kwargs)
         del scratch
-        if func is _FORWARD and args[15] and torch.is_grad_enabled() and _on_meta(first):
-            # train: the kernel makes a workspace, which the meta function returns empty
-            steps, batch, inputs = args[0].shape
-            size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
-            out = (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
+        if model is not None and model.outputs is not None and _on_meta(first):
+            out = model.outputs(func, args, out)
         return out
 
 
-def unmodelled_scratch(func, args) -> str | None:
-    """What of this CPU kernel's own memory graphlint does not count, said for a note; None when it is modelled
-    (or known to be nothing)."""
-    matrices = _BLAS.get(func)
-    if matrices is not None and args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
+def modeled_scratch(func, args) -> int:
+    """Bytes a CPU kernel allocates beyond its outputs while it runs, as graphlint models it (KERNEL_MEMORY's
+    `scratch`; 0 for a kernel it has no model of)."""
+    model = kernel_model(func)
+    return model.scratch(func, args) if model is not None and model.scratch is not None else 0
+
+
+def _onednn_lstm_scratch(func, args) -> int:
+    """oneDNN's LSTM layer, forward or backward: measured (onednn_lstm_memory)."""
+    steps, batch, inputs = args[0].shape
+    return onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line(
+        "forward" if func is _FORWARD else "backward", steps, batch)
+
+
+def _onednn_lstm_workspace(func, args, out):
+    """In training the forward makes a workspace, which its meta function returns empty."""
+    if not (args[15] and torch.is_grad_enabled()):
+        return out
+    steps, batch, inputs = args[0].shape
+    size = onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line("workspace", steps, batch)
+    return (*out[:3], torch.empty(size, dtype=torch.uint8, device=out[3].device))
+
+
+def _large_low_precision_product(func, args) -> str | None:
+    matrices = _BLAS[func]
+    if args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
         if args[matrices[0]].numel() * args[matrices[1]].shape[-1] > SMALL_PRODUCT:
             return ("oneDNN's packing buffers of bfloat16 or half matrix products larger than 2^31 multiply-adds "
                     "(not measured: it would take the kernel's own time)")
     return None
 
 
-def modeled_scratch(func, args) -> int:
-    """Bytes a CPU kernel allocates beyond its outputs while it runs, as graphlint models it: oneDNN's LSTM
-    (measured, onednn_lstm_memory) and the BLAS matrix products, which copy an input whose last two dimensions
-    are neither row- nor column-major (a stride-0 gradient from `sum()`'s backward, a sliced view) into a
-    contiguous buffer first; in bfloat16 or half, oneDNN's packing buffers (measured)."""
-    if func is _FORWARD or func is _BACKWARD:
-        steps, batch, inputs = args[0].shape
-        return onednn_lstm_memory(inputs, args[2].shape[-1], args[0].dtype).line(
-            "forward" if func is _FORWARD else "backward", steps, batch)
-    if func in _PROBED:
-        return probed_scratch(func, args)
-    if func in _CONTIGUOUS:
-        return sum(a.numel() * a.element_size() for i in _CONTIGUOUS[func] if isinstance(a := args[i], torch.Tensor)
-                   and not a.is_contiguous())
-    matrices = _BLAS.get(func)
-    if matrices is None:
-        return 0
+def _blas_scratch(func, args) -> int:
+    """A BLAS matrix product copies an input whose last two dimensions are neither row- nor column-major (a
+    stride-0 gradient from `sum()`'s backward, a sliced view) into a contiguous buffer first; in bfloat16 or half,
+    oneDNN packs its operands (measured)."""
+    matrices = _BLAS[func]
     if args[matrices[0]].dtype in (torch.bfloat16, torch.float16):
         return _low_precision_product(func, args, matrices)
     return sum(_copied(args[i]) for i in matrices if i < len(args) and isinstance(args[i], torch.Tensor))
@@ -212,38 +222,39 @@ def _low_precision_product(func, args, matrices) -> int:
     return _measured_scratch(func, _call_key(args, ((), ()), 0))
 
 
-# kernels that make a contiguous copy of these arguments when they are not contiguous
-_CONTIGUOUS = {torch.ops.aten.embedding_dense_backward.default: (0,)}
-# kernels whose CPU implementation (oneDNN, im2col) holds buffers that depend on its algorithm, and composite
-# kernels that decompose below the tracker (their intermediates are invisible to it on any device): measured.
-# op -> (the positions of its batched tensors, of its integer lists whose first element is the batch)
-_PROBED = {
-    torch.ops.aten.convolution.default: ((0,), ()),
-    torch.ops.aten.convolution_backward.default: ((0, 1), ()),
-    torch.ops.aten.native_batch_norm_backward.default: ((0, 1), ()),
-    torch.ops.aten.native_layer_norm_backward.default: ((0, 1), ()),
-    torch.ops.aten._safe_softmax.default: ((0,), ()),
-    torch.ops.aten.binary_cross_entropy_with_logits.default: ((0, 1), ()),
-    torch.ops.aten.upsample_nearest2d.default: ((0,), ()),
-    torch.ops.aten.upsample_nearest2d_backward.default: ((0,), (2,)),
-    # the CPU's fused attention: per-thread blocks, and in backward a copy of a gradient laid out otherwise
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: ((0, 1, 2), ()),
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: ((0, 1, 2, 3, 4, 5), ()),
-}
+def contiguous_copies(*positions: int):
+    """The scratch of a kernel that makes a contiguous copy of the arguments at `positions` that are not
+    contiguous."""
+    def scratch(func, args) -> int:
+        return sum(a.numel() * a.element_size() for i in positions if isinstance(a := args[i], torch.Tensor)
+                   and not a.is_contiguous())
+    return scratch
+
+
 SMALL_BATCH = 8  # a larger call is measured at batches 4 and 8...
 SMALL_CALL = 64 * 2**20  # ...unless its tensors take at most this many bytes: then at its own size
 
 
-def probed_scratch(func, args) -> int:
-    """The scratch of a CPU kernel at this call's batch (dimension 0 of its batched arguments): measured at that
-    batch when the call is small, else at batches 4 and 8 and extended along the line through them, as
-    convolutions' buffers grow with the batch."""
+def probed(tensors: tuple[int, ...], lists: tuple[int, ...] = ()):
+    """The scratch of a kernel whose CPU implementation (oneDNN, im2col) holds buffers that depend on its
+    algorithm, or of a composite kernel that decomposes below the tracker (its intermediates are invisible to it
+    on any device): measured (probed_scratch). `tensors`, `lists`: the positions of its batched tensors, and of
+    its integer lists whose first element is the batch."""
+    def scratch(func, args) -> int:
+        return probed_scratch(func, args, (tensors, lists))
+    return scratch
+
+
+def probed_scratch(func, args, batched: tuple[tuple[int, ...], tuple[int, ...]]) -> int:
+    """The scratch of a CPU kernel at this call's batch (dimension 0 of its `batched` arguments, see probed):
+    measured at that batch when the call is small, else at batches 4 and 8 and extended along the line through
+    them, as convolutions' buffers grow with the batch."""
     batch = args[0].shape[0] if isinstance(args[0], torch.Tensor) and args[0].dim() else 0
     size = sum(a.numel() * a.element_size() for a in torch.utils._pytree.tree_leaves(args)
                if isinstance(a, torch.Tensor))
     if batch <= SMALL_BATCH or size <= SMALL_CALL:
-        return _measured_scratch(func, _call_key(args, _PROBED[func], batch))
-    low, high = (_measured_scratch(func, _call_key(args, _PROBED[func], b)) for b in (SMALL_BATCH // 2, SMALL_BATCH))
+        return _measured_scratch(func, _call_key(args, batched, batch))
+    low, high = (_measured_scratch(func, _call_key(args, batched, b)) for b in (SMALL_BATCH // 2, SMALL_BATCH))
     return max(0, high + (high - low) * (batch - SMALL_BATCH) // (SMALL_BATCH // 2))
 
 
@@ -358,6 +369,26 @@ _BACKWARD = torch.ops.aten.mkldnn_rnn_layer_backward.default
 # the matrix products whose CPU kernels go to BLAS, and the positions of their matrix arguments
 _BLAS = {torch.ops.aten.mm.default: (0, 1), torch.ops.aten.addmm.default: (1, 2), torch.ops.aten.bmm.default: (0, 1),
          torch.ops.aten.baddbmm.default: (1, 2)}
+_ATEN = torch.ops.aten
+
+# The kernel-memory models, one entry per kernel (graphlint.memory.registry), in the order the CUDA note names them.
+register(_ATEN.convolution.default, cuda=CUDNN_WORKSPACE)(probed((0,)))
+register(_ATEN.convolution_backward.default, cuda=CUDNN_WORKSPACE)(probed((0, 1)))
+register(*_BLAS, unmodelled=_large_low_precision_product, cuda=CUBLAS_WORKSPACE)(_blas_scratch)
+register(_FORWARD, outputs=_onednn_lstm_workspace)(_onednn_lstm_scratch)
+register(_BACKWARD)(_onednn_lstm_scratch)
+register(_ATEN.native_batch_norm_backward.default)(probed((0, 1)))
+register(_ATEN.native_layer_norm_backward.default)(probed((0, 1)))
+register(_ATEN._safe_softmax.default)(probed((0,)))
+register(_ATEN.binary_cross_entropy_with_logits.default)(probed((0, 1)))
+register(_ATEN.upsample_nearest2d.default)(probed((0,)))
+register(_ATEN.upsample_nearest2d_backward.default)(probed((0,), (2,)))
+register(_ATEN.embedding_dense_backward.default)(contiguous_copies(0))
+# the fused attention: on CUDA a workspace; the CPU's has per-thread blocks, and in backward a copy of a gradient
+# laid out otherwise
+register(_ATEN._scaled_dot_product_efficient_attention.default, cuda=ATTENTION_WORKSPACE)(None)
+register(_ATEN._scaled_dot_product_flash_attention_for_cpu.default, cuda=ATTENTION_WORKSPACE)(probed((0, 1, 2)))
+register(_ATEN._scaled_dot_product_flash_attention_for_cpu_backward.default)(probed((0, 1, 2, 3, 4, 5)))
 
 
 class _Lines:
@@ -483,9 +514,6 @@ def rises(prof, names: list[str]) -> list[int]:
                 peak = max(peak, alive)
         results.append(max(0, peak - base))
     return results
-
-
-_GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rnn_relu: "relu"}
 
 
 def _generic_rnn(mode, input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):

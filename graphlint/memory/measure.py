@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,37 +24,23 @@ from graphlint.capture.device import load_target
 from graphlint.capture.isolation import preserved_global_state
 from graphlint.errors import TargetFailure, call_user_code, one_line, raised_at
 from graphlint.memory.estimate import MemoryEstimate, estimate
+from graphlint.memory.request import Request
 from graphlint.memory.step import StepTrace, closure_tensors_replaced, run_step
 from graphlint.target import Target, TargetSpec, importable
 
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FAILURE_CHARS = 240  # of the meta device's failure, in the note of a CPU run
 
 
-@dataclass
-class Request:
-    """What to measure: the optimizer, the device policy, and input sizes to use instead of the factory's."""
-
-    optimizer: str = "adamw"
-    train_on: str = "cuda"  # the device the step is meant for (graphlint.memory.step.TRAIN_DEVICES)
-    autocast: str | None = None  # "bf16" or "fp16": the forward and loss under autocast to that dtype
-    release_output: bool = False  # the loop drops the model's output once the loss is made (only the loss is held)
-    device: str = "auto"
-    batch: int | None = None
-    seq: int | None = None
-    device_memory: int | None = None
-    distribution: object = None  # a graphlint.memory.distributed.Distribution: the step of one rank of N
-    observer: object = None  # a context entered around the measured step only (graphlint.timing's op recorder)
-
-
-def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = ()) -> MemoryEstimate:
+def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = (),
+            observer: contextlib.AbstractContextManager | None = None) -> MemoryEstimate:
     """The estimate for one target; a problem with the target or the request raises TargetFailure. `pythonpath`:
-    the project's import folders (graphlint.project)."""
+    the project's import folders (graphlint.project); `observer`, a context entered around the measured step only
+    (graphlint.timing's op recorder)."""
     spec = TargetSpec.parse(text, base)
     with importable(spec, pythonpath), contextlib.redirect_stdout(sys.stderr):
         loaded = load_target(spec, pythonpath)
         (trace, sizes), device, meta_failure = meta_then_cpu(
-            lambda on: _trace(loaded.factory, on, request, {}), request.device,
+            lambda on: _trace(loaded.factory, on, request, {}, observer), request.device,
             lambda failure: TargetFailure(f"cannot measure on the meta device: {failure}; "
                                           "use --device auto (the default) or --device cpu"))
         notes = [fallback_note(meta_failure, request.train_on)] if meta_failure is not None else []
@@ -69,7 +54,7 @@ def measure(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...
             from graphlint.memory.distributed import describe, notes as distribution_notes
 
             result.distributed = describe(trace, request.distribution)
-            result.notes.extend(distribution_notes(request.distribution))
+            result.notes.extend(distribution_notes(trace, request.distribution))
         result.batch, result.seq = sizes.get("batch"), sizes.get("seq")
         if request.device_memory is not None:
             result.device_memory = request.device_memory
@@ -98,7 +83,7 @@ def fallback_note(failure: NeedsRealValues, train_on: str) -> str:
 def step_estimate(made: Target, device: str, budget: int | None = None, optimizer: str = "adamw") -> MemoryEstimate:
     """The estimate for a target already built (the capture's model and inputs, on `device`), against `budget`."""
     with torch.device(device):
-        trace = run_step(made.model, made.args, made.kwargs, made.loss, optimizer)
+        trace = run_step(made.model, made.args, made.kwargs, made.loss, Request(optimizer=optimizer))
     result = estimate(trace)
     result.batch = resize_inputs(made, {}).get("batch")
     result.device_memory = budget
@@ -197,8 +182,10 @@ def _linear_peak(traces: dict[int, StepTrace]) -> Callable[[int], int] | None:
     return peak
 
 
-def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, int]) -> tuple[StepTrace, dict[str, int]]:
-    """Build the target on `device` and run its step, inputs resized to `sizes` (else to the request's)."""
+def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, int],
+           observer: contextlib.AbstractContextManager | None = None) -> tuple[StepTrace, dict[str, int]]:
+    """Build the target on `device` and run its step as `request` asks, inputs resized to `sizes` (else to the
+    request's), `observer` around the step."""
     with preserved_global_state():
         if device != "meta":
             torch.manual_seed(0)
@@ -212,12 +199,10 @@ def _trace(factory: Callable, device: str, request: Request, sizes: dict[str, in
                 if request.distribution is not None:
                     from graphlint.memory.distributed import distributed_step
 
-                    trace = call_user_code(distributed_step, made, request.distribution, request.optimizer,
-                                           request.train_on, AUTOCAST.get(request.autocast), request.release_output)
+                    trace = call_user_code(distributed_step, made, request)
                 else:
-                    trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss,
-                                           request.optimizer, request.train_on, AUTOCAST.get(request.autocast),
-                                           request.release_output, observer=request.observer)
+                    trace = call_user_code(run_step, made.model, made.args, made.kwargs, made.loss, request,
+                                           observer=observer)
         except TargetFailure:
             raise
         except Exception as error:

@@ -14,6 +14,8 @@ import inspect
 import torch
 from torch.overrides import TorchFunctionMode
 
+from graphlint.memory.registry import STAND_INS
+
 
 def call_inside(mode: TorchFunctionMode, func, types, args, kwargs):
     """`func(*args, **kwargs)` with `mode` active for the calls `func` makes. Only a Python function can make
@@ -25,3 +27,33 @@ def call_inside(mode: TorchFunctionMode, func, types, args, kwargs):
         with mode:
             return torch.overrides.redispatch_function(func, types, args, kwargs)
     return func(*args, **kwargs)
+
+
+class StandIns(TorchFunctionMode):
+    """The calls of graphlint.memory.registry's STAND_INS, run on the meta device as `train_on`'s kernels run them:
+    those of the entries placed `below_autocast` or not (the step pushes one of each, on either side of the
+    model's own autocast regions). The mode stays active in what it passes on (call_inside), so it sees the calls
+    inside library functions and in backward (a checkpoint's recomputation)."""
+
+    def __init__(self, train_on: str, below_autocast: bool) -> None:
+        super().__init__()
+        self.train_on = train_on
+        self.below_autocast = below_autocast
+
+    @staticmethod
+    def needed(train_on: str, below_autocast: bool) -> bool:
+        """Whether any stand-in applies to a step meant for `train_on` at that place."""
+        return any(train_on in entry.train_on and entry.below_autocast == below_autocast
+                   for entry in STAND_INS.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            entry = STAND_INS.get(func)
+        except TypeError:  # an unhashable callable: no stand-in is registered for it
+            entry = None
+        if entry is not None and entry.below_autocast == self.below_autocast and self.train_on in entry.train_on:
+            result = entry.run(func, self.train_on, args, kwargs)
+            if result is not None:
+                return result
+        return call_inside(self, func, types, args, kwargs)

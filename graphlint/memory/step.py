@@ -15,7 +15,6 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch._prims_common
@@ -24,14 +23,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphlint.capture.loss import choose_loss
 from graphlint.capture.patches import compiled_code_eager
-from graphlint.memory.kernels import CpuKernelMemory, CpuKernelsOnMeta, cuda_workspace_note
-from graphlint.memory.modes import call_inside
+from graphlint.memory.kernels import CpuKernelMemory, cuda_workspace_note
+from graphlint.memory.modes import StandIns, call_inside
+from graphlint.memory.registry import stand_in
+from graphlint.memory.request import Request
 
-# Where the step is meant to run: torch picks its kernels (optimizer loops, attention) by device.
-TRAIN_DEVICES = ("cuda", "cpu")
-# The categories of PyTorch's memory profiler (torch.profiler._memory_profiler.Category), in its order.
-KINDS = ("parameter", "optimizer state", "input", "activation", "gradient", "temporary")
-PHASES = ("forward", "loss", "backward", "optimizer step")
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # Request.autocast -> the dtype
 
 
 @dataclass(eq=False)
@@ -69,6 +66,9 @@ class StepTrace:
     unseen_autocast: list[str] = field(default_factory=list)
     # What the estimate rests on that graphlint could not see, each said as one sentence for the report's notes.
     notes: list[str] = field(default_factory=list)
+    # What a distributed step made of the model (graphlint.memory.distributed): the blocks FSDP sharded
+    # ("wrapped"), the trainable parameters DDP's step gave no gradient ("no_gradient").
+    distributed: dict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -95,19 +95,22 @@ def _cell_contents(cell):
         return None
 
 
-def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None, optimizer: str,
-             train_on: str = "cuda", autocast: torch.dtype | None = None,
-             release_output: bool = False, tracker_class: type | None = None,
+def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None,
+             request: Request | None = None, tracker_class: type[Tracker] | None = None,
              stepped: Callable[[torch.Tensor], torch.Tensor] | None = None,
              observer: contextlib.AbstractContextManager | None = None) -> StepTrace:
-    """Run the steady-state step on the model's device and return what it allocated and freed, with the
-    kernels torch would choose on `train_on`; with `autocast`, the forward and the loss run as under
-    `torch.autocast("cuda", dtype=autocast)`; with `release_output`, the loop keeps only the loss, the model's
-    output going once the loss is made (a loss function that returns only the loss, as Hugging Face's Trainer
-    calls it); `tracker_class`, a `_Tracker` subclass (graphlint.memory.distributed's, for sharded models);
-    `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
+    """Run the steady-state step on the model's device as `request` asks (default: `Request()`) and return what
+    it allocated and freed: its optimizer, with the kernels torch would choose on its `train_on`; with its
+    `autocast`, the forward and the loss run as under `torch.autocast("cuda", dtype=...)`; with `release_output`,
+    the loop keeps only the loss, the model's output going once the loss is made (a loss function that returns
+    only the loss, as Hugging Face's Trainer calls it); its device and sizes are the caller's
+    (graphlint.memory.measure). `tracker_class`, a `Tracker` subclass (graphlint.memory.distributed's, for
+    sharded models); `stepped`, the tensor the optimizer updates for a parameter, or for a gradient the tensor it reads
     (graphlint.memory.distributed's: a sharded parameter's local shard), else the parameters themselves;
     `observer`, a context entered around the measured step only, innermost (graphlint.timing's op recorder)."""
+    request = request or Request()
+    optimizer, train_on = request.optimizer, request.train_on
+    autocast = AUTOCAST.get(request.autocast)
     trainable = [p for p in model.parameters() if p.requires_grad]
     updated = [stepped(p) for p in trainable] if stepped is not None else trainable
     optim = make_optimizer(optimizer, updated, foreach=train_on == "cuda")
@@ -121,7 +124,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     device = trainable[0].device if trainable else next(
         (t.device for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
         torch.device("cpu"))
-    tracker = (tracker_class or _Tracker)(model, device)
+    tracker = (tracker_class or Tracker)(model, device)
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         tracker.existing(tensor, "parameter", name.rpartition(".")[0])
     if optim is not None:
@@ -132,14 +135,16 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     for tensor in (*torch.utils._pytree.tree_leaves((args, kwargs)), *_closure_tensors(loss_fn)):
         if isinstance(tensor, torch.Tensor):
             tracker.existing(tensor, "input", "")
-    on_cpu = train_on == "cpu"
-    kernels = CpuKernelsOnMeta() if on_cpu else contextlib.nullcontext()
+    # the calls the meta device would run otherwise than train_on's kernels (graphlint.memory.registry), on either
+    # side of the model's own torch.autocast(train_on) regions, which meta ignores
+    below, above = (StandIns(train_on, place) if StandIns.needed(train_on, place) else contextlib.nullcontext()
+                    for place in (True, False))
+    regions = _Autocast(None, train_on)
     # inside the tracker, so that the kernels' own allocations are tracked
-    memory = CpuKernelMemory() if on_cpu else contextlib.nullcontext()
-    regions = _Autocast(None, train_on)  # the model's own torch.autocast(train_on) regions, which meta ignores
+    memory = CpuKernelMemory() if train_on == "cpu" else contextlib.nullcontext()
     forced = _Autocast(autocast, "cuda") if autocast is not None else None
     unseen: list[str] = []
-    with (compiled_code_eager(), _FusedAttentionOnMeta(train_on), regions, kernels, tracker, memory,
+    with (compiled_code_eager(), below, regions, above, tracker, memory,
           forced or _cuda_autocast_watched(train_on, unseen), observer or contextlib.nullcontext()):
         tracker.phase("forward")
         output = model(*args, **kwargs)
@@ -147,7 +152,7 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
         loss = choose_loss(output, loss_fn)
         if forced is not None:
             forced.end_forward()
-        if release_output:
+        if request.release_output:
             output = None
         if loss is not None:
             tracker.name_keepers(loss)
@@ -166,12 +171,12 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     trace = StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
-                     getattr(tracker, "roles", {}), sorted(set(unseen)))
+                     tracker.roles, sorted(set(unseen)))
     trace.notes = _unseen(tracker, memory, train_on, set(trace.module_types.values()))
     return trace
 
 
-def _unseen(tracker: _Tracker, memory, train_on: str, module_types: set[str]) -> list[str]:
+def _unseen(tracker: Tracker, memory, train_on: str, module_types: set[str]) -> list[str]:
     """Notes on what the step made or needs that the tracker could not count."""
     notes = []
     if tracker.unseen_layouts:
@@ -239,9 +244,15 @@ def make_optimizer(name: str, parameters: list[torch.nn.Parameter], foreach: boo
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-class _Tracker(TorchDispatchMode):
+class Tracker(TorchDispatchMode):
     """Numbers every allocation and free; a free is seen when the storage's Python object is finalized, which
-    torch does when the last reference to the storage, Python's or C++'s, goes."""
+    torch does when the last reference to the storage, Python's or C++'s, goes.
+
+    A step whose tensors are held otherwise (graphlint.memory.distributed's FSDP tracker: DTensors, storages
+    resized in place) passes a subclass to `run_step`; its extension points: `track` (what a tensor made or found
+    is: override it to look inside a wrapper tensor), `block_of`, `end_block` and `new_block` (a storage whose
+    memory goes and comes back while the object lives), `finish` (name the blocks once the step is over), and
+    `roles` (id(block) -> what the subclass makes of it, carried into the trace)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
         super().__init__()
@@ -257,10 +268,11 @@ class _Tracker(TorchDispatchMode):
         self.inputs: dict[str, int] = {}
         self._names = {id(m): name for name, m in model.named_modules()}
         self._hooks: list = []
-        self.ops: set[str] = set()  # the aten ops the step ran (their overload packets' names)
+        self.ops: set = set()  # the aten ops (OpOverloads) the step ran
         self.unseen_layouts: set[str] = set()  # layouts of tensors the step made that have no storage to follow
         self._finished_node = None  # the backward node whose outputs the engine is adding into input buffers
         self._accumulated: list[tuple[Block, Block]] = []  # (the buffer's gradient, the sum made beside it)
+        self.roles: dict[int, str] = {}  # id(block) -> what a subclass makes of it (FSDP's roles, DDP's buckets)
 
     def __enter__(self):
         self._hooks = [
@@ -302,7 +314,7 @@ class _Tracker(TorchDispatchMode):
                 continue
             seen.add(node)
             for tensor in kept_by(node):
-                block = self._block_of(tensor)
+                block = self.block_of(tensor)
                 if block is not None:
                     block.saved_by.append(node.name())
             if node.name() != "torch::autograd::AccumulateGrad":
@@ -318,14 +330,14 @@ class _Tracker(TorchDispatchMode):
         self._finished_node = node
 
     def existing(self, tensor: torch.Tensor, kind: str, module: str) -> None:
-        block = self._track(tensor, "", module, "", made=-1)
+        block = self.track(tensor, "", module, "", made=-1)
         if block is not None and block.made == -1:
             block.kind = kind
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         op = func.__name__
-        self.ops.add(func._opname)
+        self.ops.add(func)
         node = None
         if self.current == "backward":
             node = torch._C._current_autograd_node()
@@ -334,20 +346,23 @@ class _Tracker(TorchDispatchMode):
         module = self._modules[-1] if self._modules and self.current in ("forward", "loss") else ""
         for tensor in torch.utils._pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
-                self._track(tensor, self.current, module, op)
+                self.track(tensor, self.current, module, op)
         if func is _ADD and node is not None and node is self._finished_node and _accumulates_in_place(args, out):
-            old, total = self._block_of(args[0]), self._block_of(out)
+            old, total = self.block_of(args[0]), self.block_of(out)
             if old is not None and total is not None and old is not total:
                 self._accumulated.append((old, total))
         return out
 
-    def _block_of(self, tensor: torch.Tensor) -> Block | None:
+    def block_of(self, tensor: torch.Tensor) -> Block | None:
+        """The block of the tensor's storage, None when the tracker has none for it."""
         try:
             return self._known.get(id(tensor.untyped_storage()))
         except Exception:
             return None
 
-    def _track(self, tensor: torch.Tensor, phase: str, module: str, op: str, made: int | None = None) -> Block | None:
+    def track(self, tensor: torch.Tensor, phase: str, module: str, op: str, made: int | None = None) -> Block | None:
+        """The tensor's block, made now (or at `made`) unless its storage has one; None for a tensor of another
+        device or with no single storage."""
         if tensor.device != self.device:
             return None
         try:
@@ -368,9 +383,31 @@ class _Tracker(TorchDispatchMode):
         weakref.finalize(storage, self._freed, key, block)
         return block
 
+    def end_block(self, storage) -> Block | None:
+        """The storage's memory went while its object lives on (a resize to 0): its block is freed now."""
+        old = self._known.pop(id(storage), None)
+        if old is not None and old.freed is None:
+            old.freed = self.clock
+            self.clock += 1
+        return old
+
+    def new_block(self, storage, nbytes: int, op: str, dtype: torch.dtype) -> Block:
+        """The storage has memory again (a resize up): a new block of `nbytes`, made now, in the running phase and
+        module."""
+        key = id(storage)
+        block = Block(nbytes, self.clock, self.current, self._modules[-1] if self._modules else "", op, dtype,
+                      (nbytes,))
+        self.clock += 1
+        self._known[key] = block
+        self.blocks.append(block)
+        weakref.finalize(storage, self._freed, key, block)
+        return block
+
     def _freed(self, key: int, block: Block) -> None:
         if self.closed:
             return  # after the step: the gradients dropped by the next zero_grad, the tracker's own clean-up
+        if block.freed is not None:  # ended already (end_block)
+            return
         if self._known.get(key) is block:
             del self._known[key]
         block.freed = self.clock
@@ -535,29 +572,20 @@ class _Autocast(TorchFunctionMode):
         return value
 
 
-class _FusedAttentionOnMeta(TorchFunctionMode):
+@stand_in(torch.nn.functional.scaled_dot_product_attention, below_autocast=True)
+def _fused_attention(func, train_on, args, kwargs):
     """On the meta device `F.scaled_dot_product_attention` has no fused kernel and runs as matmuls and a softmax
     that keep the B×H×T×T probabilities; a GPU (and a CPU) runs a fused kernel that keeps only its inputs, output
     and log-sum-exp. On meta the call goes to the fused kernel's own meta function, which keeps what that kernel
     keeps and returns its layout: for CUDA the memory-efficient kernel's; for a step meant for the CPU, the CPU's
     flash kernel wherever torch's CPU choice (asked of the CPU itself) takes it, else (dropout, for one) the
-    unfused form, as on a real CPU. The mode stays active inside the calls it passes on (modes.call_inside), so
-    it sees the attention inside `nn.MultiheadAttention` and in what backward recomputes for a checkpoint."""
-
-    def __init__(self, train_on: str) -> None:
-        super().__init__()
-        self.train_on = train_on
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta":
-            if self.train_on == "cpu":
-                fused = _cpu_flash_attention(*args, **kwargs)
-            else:
-                fused = _efficient_attention(*args, **kwargs)
-            if fused is not None:
-                return fused
-        return call_inside(self, func, types, args, kwargs)
+    unfused form, as on a real CPU. Its stand-in mode stays active inside the calls it passes on, so it sees the
+    attention inside `nn.MultiheadAttention` and in what backward recomputes for a checkpoint."""
+    if not (args and args[0].device.type == "meta"):
+        return None
+    if train_on == "cpu":
+        return _cpu_flash_attention(*args, **kwargs)
+    return _efficient_attention(*args, **kwargs)
 
 
 _FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION's value, as torch._fused_sdp_choice returns it
@@ -663,9 +691,3 @@ def _saved_attributes(node) -> tuple[str, ...]:
         names = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
         _attribute_names[type(node)] = names
     return names
-
-
-def describe_block(block: Block) -> dict[str, Any]:
-    """A block as plain data, for the report."""
-    return {"bytes": block.nbytes, "kind": block.kind, "phase": block.phase, "module": block.module,
-            "op": block.op, "dtype": str(block.dtype).removeprefix("torch."), "shape": list(block.shape)}

@@ -32,4 +32,7 @@ FORMATS: dict[str, Callable[[Report], str]] = {
     "rdjsonl": _writer("graphlint.report.rdjson", "render_rdjsonl"),
     "markdown": _writer("graphlint.report.markdown", "render_markdown"),
 }
+# The formats of `graphlint graph` (graphlint.report.graph) and `graphlint memory` (graphlint.report.memory).
+GRAPH_FORMATS = ("text", "json", "dot", "svg")
+MEMORY_FORMATS = ("text", "json")
 SUGGESTING = ("rdjson", "rdjsonl")  # formats that carry fixes as suggestions: the command proves them first

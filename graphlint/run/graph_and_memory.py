@@ -48,24 +48,16 @@ def memory_estimate(job: MemoryJob) -> Reported:
     """Measure the target's training step as the job asks; a problem with the target or the request is the
     target's error, as is an internal error (one line, with its traceback under --debug)."""
     from graphlint.memory.kernels import probe_threads
-    from graphlint.memory.measure import Request, measure
+    from graphlint.memory.measure import measure
     from graphlint.pipeline import depends_on
     from graphlint.target import TargetSpec, add_target_folders
 
     reached(MEASUREMENT_STAGE)
     result = TargetResult(target=job.target)
-    distribution = None
-    if job.distribution:
-        from graphlint.memory.distributed import Distribution
-
-        distribution = Distribution(**dict(job.distribution))
-    request = Request(optimizer=job.optimizer, train_on=job.train_on, autocast=job.autocast, device=job.device,
-                      device_memory=job.device_memory, release_output=job.release_output,
-                      distribution=distribution, batch=job.batch, seq=job.seq)
     project = job.project()
     try:
         with probe_threads(job.threads):
-            estimate = measure(job.target, Path(job.base), request, project.pythonpath)
+            estimate = measure(job.target, Path(job.base), job.request, project.pythonpath)
     except GraphlintError as error:
         result.errors.append(TargetError(job.target, str(error)))
         return Reported(result)

@@ -20,7 +20,6 @@ TIMING_STAGE = "timing"
 def time_estimate(job: TimeJob) -> Reported:
     """Time the target's step as the job asks; a problem with the target or the request is the target's error, as
     is an internal error (one line, with its traceback under --debug)."""
-    from graphlint.memory.measure import Request
     from graphlint.pipeline import depends_on
     from graphlint.target import TargetSpec, add_target_folders
     from graphlint.timing.devices import accelerator, cpu_peaks
@@ -28,12 +27,10 @@ def time_estimate(job: TimeJob) -> Reported:
 
     reached(TIMING_STAGE)
     result = TargetResult(target=job.target)
-    request = Request(optimizer=job.optimizer, train_on=job.train_on, autocast=job.autocast, device=job.device,
-                      release_output=job.release_output, batch=job.batch, seq=job.seq)
     project = job.project()
     try:
         device = accelerator(job.gpu) if job.gpu is not None else cpu_peaks(job.threads)
-        step, _ = time_step(job.target, Path(job.base), request, device, project.pythonpath)
+        step, _ = time_step(job.target, Path(job.base), job.request, device, project.pythonpath)
     except GraphlintError as error:
         result.errors.append(TargetError(job.target, str(error)))
         return Reported(result)

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphlint.memory.request import Request
 from graphlint.project import Project
 from graphlint.results import TargetResult
 
@@ -104,25 +105,15 @@ class GraphJob:
 
 @dataclass(frozen=True)
 class MemoryJob:
-    """Measure one training step of one target (`graphlint memory`): the fields of
-    graphlint.memory.measure.Request, as plain data."""
+    """Measure one training step of one target (`graphlint memory`) as `request` asks (graphlint.memory.request,
+    plain frozen data that reaches the step unchanged)."""
 
     target: str
     base: str
     root: str
     first_party_folders: tuple[str, ...]
     pythonpath: tuple[str, ...]
-    optimizer: str = "adamw"
-    train_on: str = "cuda"
-    autocast: str | None = None
-    release_output: bool = False
-    device: str = "auto"
-    batch: int | None = None
-    seq: int | None = None
-    device_memory: int | None = None
-    # the (field, value) pairs of a graphlint.memory.distributed.Distribution: the step of one rank of N under
-    # FSDP or DDP; (): the step of one device
-    distribution: tuple[tuple[str, object], ...] = ()
+    request: Request = Request()
     # The threads CPU kernels are measured with (graphlint.memory.kernels.probe_threads); None: the child's, one in
     # a forked child (graphlint.run.parent), since a parent that ran parallel CPU work would hang it with more;
     # PARENT_THREADS: as many as torch gives the warm parent, read in the child (the command imports no torch).
@@ -130,9 +121,10 @@ class MemoryJob:
     debug: bool = False
 
     @classmethod
-    def of(cls, target: str, base: Path, project: Project, **measurement) -> MemoryJob:
-        """The job of one target; `measurement` are the other fields."""
-        return cls(target, str(base), *_folders(project), **measurement)
+    def of(cls, target: str, base: Path, project: Project, request: Request | None = None,
+           threads: int | str | None = None, debug: bool = False) -> MemoryJob:
+        """The job of one target (default: `Request()`)."""
+        return cls(target, str(base), *_folders(project), request or Request(), threads, debug)
 
     def project(self) -> Project:
         return _project(self)
@@ -140,8 +132,8 @@ class MemoryJob:
 
 @dataclass(frozen=True)
 class TimeJob:
-    """Time one training step of one target (`graphlint time`): the step's fields of
-    graphlint.memory.measure.Request, and the device it is priced on: `gpu`, a row of
+    """Time one training step of one target (`graphlint time`): the step as `request` asks, as memory's
+    (graphlint.memory.request), and the device it is priced on: `gpu`, a row of
     graphlint.timing.devices.ACCELERATORS, or this machine's CPU when `gpu` is None."""
 
     target: str
@@ -149,22 +141,17 @@ class TimeJob:
     root: str
     first_party_folders: tuple[str, ...]
     pythonpath: tuple[str, ...]
+    request: Request = Request()
     gpu: str | None = None
-    optimizer: str = "adamw"
-    train_on: str = "cuda"
-    autocast: str | None = None
-    release_output: bool = False
-    device: str = "auto"  # where the step runs (meta, then CPU when it needs real values), as memory's
-    batch: int | None = None
-    seq: int | None = None
     threads: int | str | None = None  # the CPU's threads, which its measured peaks are for (MemoryJob.threads)
     cpu: str = ""  # the CPU's model when it is priced: its peaks, measured once, belong to it
     debug: bool = False
 
     @classmethod
-    def of(cls, target: str, base: Path, project: Project, **timing) -> TimeJob:
-        """The job of one target; `timing` are the other fields."""
-        return cls(target, str(base), *_folders(project), **timing)
+    def of(cls, target: str, base: Path, project: Project, request: Request | None = None, gpu: str | None = None,
+           threads: int | str | None = None, cpu: str = "", debug: bool = False) -> TimeJob:
+        """The job of one target (default: `Request()`)."""
+        return cls(target, str(base), *_folders(project), request or Request(), gpu, threads, cpu, debug)
 
     def project(self) -> Project:
         return _project(self)

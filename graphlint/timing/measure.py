@@ -16,11 +16,7 @@ def record_step(text: str, base: Path, request: Request,
     """Every op of the target's step, and the step's memory estimate (its sizes and notes); a problem with the
     target or the request raises graphlint.errors.TargetFailure."""
     recorder = OpRecorder()
-    request.observer = recorder
-    try:
-        estimate = measure(text, base, request, pythonpath)
-    finally:
-        request.observer = None
+    estimate = measure(text, base, request, pythonpath, observer=recorder)
     return recorder.records, estimate
 
 

@@ -1,23 +1,29 @@
-"""The graph report as text for the terminal."""
+"""`graphlint graph`'s report: text for the terminal, JSON, and the Graphviz picture (graphlint.report.dot)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 from graphlint.files import display_path
 from graphlint.graph import GraphReport
 from graphlint.graph.categories import COMPUTE, TITLES
+from graphlint.sizes import human_bytes
 
 _SHOWN_NAMES = 4
 
 
-def human_bytes(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
+def render_graph(report: GraphReport, format: str, collapse: bool = True, depth: int | None = None) -> bytes:
+    """The command's output in one of graphlint.report.GRAPH_FORMATS, as bytes (an SVG is Graphviz's own); `collapse` and
+    `depth` shape the picture."""
+    if format in ("dot", "svg"):
+        from graphlint.report.dot import render_dot, render_svg
+
+        dot = render_dot(report, collapse=collapse, depth=depth)
+        return render_svg(dot) if format == "svg" else dot.encode()
+    if format == "json":
+        return (json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n").encode()
+    return render_graph_text(report).encode()
 
 
 def render_graph_text(report: GraphReport) -> str:

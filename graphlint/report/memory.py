@@ -1,9 +1,15 @@
-"""`graphlint memory`'s text report: the peak and its parts as a table, then a bar per module."""
+"""`graphlint memory`'s report: in text, the peak and its parts as a table, then a bar per module; in JSON, each
+estimate's documented shape (docs/memory.md)."""
 
 from __future__ import annotations
 
-from graphlint.memory.estimate import MemoryEstimate
+import json
+from typing import TYPE_CHECKING
+
 from graphlint.sizes import format_bytes
+
+if TYPE_CHECKING:  # an estimate from the result cache is rendered without torch
+    from graphlint.memory.estimate import MemoryEstimate
 
 BAR = 30
 MODULE_LINES = 25
@@ -24,6 +30,13 @@ def distributed_lines(info: dict) -> list[str]:
     for role, size in info["at_peak_by_role"].items():
         lines.append(f"  {role:<26}{format_bytes(size):>12}")
     return lines
+
+
+def render_memory(results: list[MemoryEstimate], format: str) -> str:
+    """The command's output for these estimates, in one of graphlint.report.MEMORY_FORMATS."""
+    if format == "json":
+        return json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False) + "\n"
+    return "\n".join(render_memory_text(r) for r in results)
 
 
 def render_memory_text(result: MemoryEstimate) -> str:

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from graphlint.errors import UsageError
 from graphlint.graph import GraphReport, NodeView
 from graphlint.graph.categories import CATEGORIES, TITLES, family
-from graphlint.graph.text import human_bytes
+from graphlint.sizes import human_bytes
 
 COLORS = {
     "matmul-class": "#8fb3e0", "normalisation": "#9fd19a", "attention": "#f28b82", "activation": "#f9b872",
