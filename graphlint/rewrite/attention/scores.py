@@ -3,7 +3,10 @@ scores pass through, and the masks met on the way (graphlint.rewrite.attention.m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.attention.chain import (CASTS, MATMULS, Walk, compact, definition, einsum_spec, helper_called, here,
                                                is_parameter, to_layout, transposed, without_transpose)
@@ -15,170 +18,258 @@ from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, c
 from graphlint.rewrite.source import inside, is_number, plain_name_assignment, redefinition, substituted
 
 
+@dataclass
+class _Back:
+    """Where the backward walk stands: the expression it reads (None once it reached the scores product), the
+    statement that holds it, and whether it met a scale (which runs after anything met from there on)."""
+
+    node: cst.BaseExpression | None
+    statement: cst.BaseStatement
+    scaled: bool = False
+
+
 def walk_to_scores(walk: Walk, expression: cst.BaseExpression, statement: cst.SimpleStatementLine) -> None:
-    """Walk back from the softmax's input to the scores product, collecting scale and mask."""
+    """Walk back from the softmax's input to the scores product, collecting scale and mask: one step a time, by
+    what the expression is (a variable, an operator, a call), until a step reaches the product."""
+    back = _Back(expression, statement)
+    while back.node is not None:
+        walk.at = walk.scopes[0].call_statement if walk.scopes else back.statement
+        step = _STEPS.get(type(back.node))
+        if step is None or not step(walk, back):
+            raise Refused(f"the scores pass through `{code_of(back.node)}`, which the fused call cannot express")
+
+
+def _back_through_name(walk: Walk, back: _Back) -> bool:
+    """A variable: what its caller passed (in a helper), the loop that summed biases into it, or the statement
+    that last assigned it (an `if` that masks it is read by `_back_into_guard`)."""
+    chain, name = walk.chain, back.node.value
+    if walk.guarded is not None and chain.mask is None:
+        raise Refused(f"`if {code_of(walk.guarded.test)}:` does more to the scores than mask them")
+    walk.guarded = None
+    if walk.scopes and is_parameter(walk, name, back.statement):
+        scope = walk.scopes.pop()  # back in the caller, at what it passed
+        back.node, back.statement = scope.args[name], scope.call_statement
+        return True
+    looped = summed_in_a_loop(walk, name, back.statement)
+    if looped is not None:  # `for b in [m, bias]: s += b`: their sum is the mask
+        back.statement = _take_the_loop(walk, name, *looped, back.scaled)
+        return True
+    # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
+    assigned = definition(walk, name, back.statement, guarded=walk.guard_if is None)
+    if not walk.scopes:  # a helper's own statements stay: other callers may need them
+        chain.consumed.append(assigned)
+        chain.names.add(name)
+        chain.scores_names.add(name)
+    back.statement = assigned
+    upcast = _upcast_only(assigned, name)
+    if upcast is not None:  # `if self.upcast: s = s.float()`: the fused kernels accumulate in float32
+        back.node = upcast
+    elif isinstance(assigned, cst.If):
+        _back_into_guard(walk, back, assigned, name)
+    else:
+        back.node = redefinition(assigned, name)
+    return True
+
+
+def _back_into_guard(walk: Walk, back: _Back, guard: cst.If, name: str) -> None:
+    """`if test:` whose last statements mask the scores (added, or filled, maybe in a view of them), after
+    statements that prepare the mask (kept as the walk's setup, or folded into the mask)."""
     chain = walk.chain
-    node = expression
-    scaled = False  # met a scale on the way back: it runs after anything met from here on
-    while True:
-        walk.at = walk.scopes[0].call_statement if walk.scopes else statement
-        if isinstance(node, cst.Name):
-            if walk.guarded is not None and chain.mask is None:
-                raise Refused(f"`if {code_of(walk.guarded.test)}:` does more to the scores than mask them")
-            walk.guarded = None
-            if walk.scopes and is_parameter(walk, node.value, statement):
-                scope = walk.scopes.pop()  # back in the caller, at what it passed
-                node, statement = scope.args[node.value], scope.call_statement
-                continue
-            looped = summed_in_a_loop(walk, node.value, statement)
-            if looped is not None:  # `for b in [m, bias]: s += b`: their sum is the mask
-                statement = _take_the_loop(walk, node.value, *looped, scaled)
-                continue
-            # A mask under an `if`: the first one met, or an earlier additive one that adds to a later one.
-            assigned = definition(walk, node.value, statement, guarded=walk.guard_if is None)
-            if not walk.scopes:  # a helper's own statements stay: other callers may need them
-                chain.consumed.append(assigned)
-                chain.names.add(node.value)
-                chain.scores_names.add(node.value)
-            statement = assigned
-            upcast = _upcast_only(assigned, node.value)
-            if upcast is not None:  # `if self.upcast: s = s.float()`: the fused kernels accumulate in float32
-                node = upcast
-                continue
-            if isinstance(assigned, cst.If):
-                walk.guarded = assigned
-                if chain.mask is None:
-                    chain.guard = here(walk, assigned.test)
-                *setup, masking = assigned.body.body
-                viewed = viewed_mask(setup[-1], masking, node.value) if setup else None
-                if viewed is not None:  # `s = s.view(A) + m; s = s.view(B)`: the two statements mask
-                    setup = setup[:-1]
-                    walk.masking = (assigned.body.body[-2], masking)
-                elif len(setup) >= 2 and (viewed := viewed_fill(setup[-2], setup[-1], masking, node.value)):
-                    setup = setup[:-2]  # `s = s.view(A); s = s.masked_fill(c, f); s = s.view(B)`: the three
-                    walk.masking = tuple(assigned.body.body[-3:])
-                made = _made_for_the_mask(walk, assigned, setup) if setup and chain.mask is not None else None
-                if made is not None:  # fairseq: `if attn_mask is not None: attn_mask = attn_mask.unsqueeze(0)`
-                    setup = []
-                if setup and chain.mask is not None:
-                    raise Refused(f"`if {code_of(assigned.test)}:` computes more than a second mask")
-                if setup and walk.scopes:
-                    raise Refused(f"`{walk.scopes[-1].function.name.value}` prepares the mask under "
-                                  f"`if {code_of(assigned.test)}:`; graphlint rewrites such a guard only where "
-                                  "the fused call goes")
-                if setup:  # `if mask is not None: m = mask[:, None]; s = s + m`: the setup stays for now
-                    walk.guard_if, walk.setup = assigned, list(setup)
-                    chain.consumed[-1:] = walk.masking or [masking]
-                if viewed is not None and viewed.fill is not None:
-                    if not very_negative(fill_of(walk, viewed.fill), walk.names):
-                        raise Refused(f"masked_fill fills with {code_of(viewed.fill)}, not with -inf or the dtype's "
-                                      "minimum")
-                    set_mask(walk, viewed.mask, False, fill=viewed.fill)
-                    node = viewed.scores
-                    continue
-                if viewed is not None:
-                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
-                    node = viewed.scores
-                    continue
-                node = redefinition(masking, node.value)
-                if made:
-                    node = substituted(node, made)
-            else:
-                node = redefinition(assigned, node.value)
-            continue
-        if isinstance(node, cst.BinaryOperation):
-            operator = node.operator
-            if isinstance(operator, cst.MatrixMultiply):
-                chain.scores_product = node
-                _product(walk, node.left, node.right)
-                return
-            if isinstance(operator, cst.Divide):
-                scaled = _scaled(walk)
-                chain.divisors.append(here(walk, node.right))
-                node = node.left
-                continue
-            if isinstance(operator, cst.Multiply):
-                scaled = _scaled(walk)
-                tensor, factor = _split_scale(node)
-                chain.factors.append(here(walk, factor))
-                node = tensor
-                continue
-            if isinstance(operator, cst.Subtract) and _row_max_of(node.right, node.left):
-                node = node.left  # the softmax ignores a shift by its row's maximum; the fused call needs none
-                continue
-            if isinstance(operator, cst.Add):
-                tensor, mask = _chain_side(walk, node.left, node.right, statement)
-                set_mask(walk, mask, True, additive=True, scaled=scaled)
-                node = tensor
-                continue
-            raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
-        if isinstance(node, cst.Call):
-            name, receiver, positional, keywords = call_parts(node)
-            if name in CASTS and receiver is not None and not is_namespace(receiver, walk.names):
-                chain.scores_cast |= statement is not walk.softmax_statement  # a variable holds the cast
-                node = receiver
-                continue
-            if name == "masked_fill":
-                target, args = (receiver, positional) if receiver is not None and not is_namespace(receiver, walk.names) \
-                    else (positional[0] if positional else None, positional[1:])
-                condition = args[0] if args else keywords.get("mask")
-                fill = args[1] if len(args) > 1 else keywords.get("value")
-                if target is None or condition is None or fill is None:
-                    raise Refused("masked_fill's arguments could not be read")
-                if not very_negative(fill_of(walk, fill), walk.names):
-                    raise Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
-                set_mask(walk, condition, False, fill=fill)
-                node = target
-                continue
-            if name == "where" and len(positional) == 3:
-                condition, when_true, when_false = positional
-                if very_negative(fill_of(walk, when_false), walk.names):
-                    set_mask(walk, condition, True, fill=when_false)
-                    node = when_true
-                elif very_negative(fill_of(walk, when_true), walk.names):
-                    set_mask(walk, condition, False, fill=when_true)
-                    node = when_false
-                else:
-                    raise Refused("torch.where does not fill with -inf or the dtype's minimum")
-                continue
-            if name in ("view", "reshape") and isinstance(receiver, cst.Name) and not walk.scopes:
-                viewed = _viewed_mask(walk, receiver.value, statement)
-                if viewed is not None:  # `s = s.view(A) + m` before this `s = s.view(B)`
-                    statement = chain.consumed[-1]
-                    set_mask(walk, viewed.mask, True, additive=True, scaled=scaled)
-                    node = viewed.scores
-                    continue
-            if name in ("mul", "div") and receiver is not None and not is_namespace(receiver, walk.names) and \
-                    len(positional) == 1:
-                scaled = _scaled(walk)
-                (chain.factors if name == "mul" else chain.divisors).append(here(walk, positional[0]))
-                node = receiver
-                continue
-            if name in MATMULS:
-                left, right = _operands(receiver, positional, walk.names)
-                chain.scores_product = node
-                _product(walk, left, right)
-                return
-            if name == "einsum":
-                chain.scores_product = node
-                _einsum_scores(walk, positional)
-                return
-            if name in ("baddbmm", "addmm") and is_namespace(receiver, walk.names) and len(positional) == 3:
-                chain.scores_product = node
-                _baddbmm(walk, positional, keywords, scaled, statement)
-                return
-            inlined = helper_called(walk, node, statement)
-            added = _added_by(walk, node, inlined) if inlined is not None and walk.guarded is not None else None
-            if added is not None:  # `if self.use_rel_pos: attn = add_decomposed_rel_pos(attn, q, ...)` (SAM)
-                set_mask(walk, added[1], True, additive=True, scaled=scaled)
-                node = added[0]
-                continue
-            if inlined is not None:
-                walk.scopes.append(inlined)
-                statement = inlined.block[-1]
-                node = statement.body[0].value
-                continue
-        raise Refused(f"the scores pass through `{code_of(node)}`, which the fused call cannot express")
+    walk.guarded = guard
+    if chain.mask is None:
+        chain.guard = here(walk, guard.test)
+    *setup, masking = guard.body.body
+    viewed = viewed_mask(setup[-1], masking, name) if setup else None
+    if viewed is not None:  # `s = s.view(A) + m; s = s.view(B)`: the two statements mask
+        setup = setup[:-1]
+        walk.masking = (guard.body.body[-2], masking)
+    elif len(setup) >= 2 and (viewed := viewed_fill(setup[-2], setup[-1], masking, name)):
+        setup = setup[:-2]  # `s = s.view(A); s = s.masked_fill(c, f); s = s.view(B)`: the three
+        walk.masking = tuple(guard.body.body[-3:])
+    made = _made_for_the_mask(walk, guard, setup) if setup and chain.mask is not None else None
+    if made is not None:  # fairseq: `if attn_mask is not None: attn_mask = attn_mask.unsqueeze(0)`
+        setup = []
+    _keep_the_setup(walk, guard, setup, masking)
+    if viewed is not None and viewed.fill is not None:
+        if not very_negative(fill_of(walk, viewed.fill), walk.names):
+            raise Refused(f"masked_fill fills with {code_of(viewed.fill)}, not with -inf or the dtype's minimum")
+        set_mask(walk, viewed.mask, False, fill=viewed.fill)
+        back.node = viewed.scores
+    elif viewed is not None:
+        set_mask(walk, viewed.mask, True, additive=True, scaled=back.scaled)
+        back.node = viewed.scores
+    else:
+        back.node = redefinition(masking, name)
+        if made:
+            back.node = substituted(back.node, made)
+
+
+def _keep_the_setup(walk: Walk, guard: cst.If, setup: list, masking: cst.BaseStatement) -> None:
+    """Statements a guard runs before it masks (`m = mask[:, None]`) stay for now, for masks.inline_setup:
+    only before the first mask met, and only where the fused call goes."""
+    if not setup:
+        return
+    if walk.chain.mask is not None:
+        raise Refused(f"`if {code_of(guard.test)}:` computes more than a second mask")
+    if walk.scopes:
+        raise Refused(f"`{walk.scopes[-1].function.name.value}` prepares the mask under `if {code_of(guard.test)}:`; "
+                      "graphlint rewrites such a guard only where the fused call goes")
+    walk.guard_if, walk.setup = guard, list(setup)
+    walk.chain.consumed[-1:] = walk.masking or [masking]
+
+
+def _back_through_operation(walk: Walk, back: _Back) -> bool:
+    """`q @ kᵀ` ends the walk; `/ d` and `* s` scale, `- row max` shifts (which the softmax ignores), `+ m`
+    masks; any other operator cannot be expressed."""
+    chain, node = walk.chain, back.node
+    if m.matches(node.operator, m.MatrixMultiply()):
+        chain.scores_product = node
+        _product(walk, node.left, node.right)
+        back.node = None
+    elif m.matches(node.operator, m.Divide()):
+        back.scaled = _scaled(walk)
+        chain.divisors.append(here(walk, node.right))
+        back.node = node.left
+    elif m.matches(node.operator, m.Multiply()):
+        back.scaled = _scaled(walk)
+        tensor, factor = _split_scale(node)
+        chain.factors.append(here(walk, factor))
+        back.node = tensor
+    elif m.matches(node.operator, m.Subtract()) and _row_max_of(node.right, node.left):
+        back.node = node.left  # the softmax ignores a shift by its row's maximum; the fused call needs none
+    elif m.matches(node.operator, m.Add()):
+        tensor, mask = _chain_side(walk, node.left, node.right, back.statement)
+        set_mask(walk, mask, True, additive=True, scaled=back.scaled)
+        back.node = tensor
+    else:
+        return False
+    return True
+
+
+def _back_through_call(walk: Walk, back: _Back) -> bool:
+    """A call the walk knows by name (casts, masks, scales, products), else a helper of the project's that the
+    walk reads as if written at the call."""
+    name, receiver, positional, keywords = call_parts(back.node)
+    step = _CALL_STEPS.get(name)
+    return bool(step is not None and step(walk, back, name, receiver, positional, keywords)) or \
+        _back_into_helper(walk, back)
+
+
+def _back_through_cast(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    """`s.float()`, `s.contiguous()`: the fused kernels accumulate in float32 themselves."""
+    if receiver is None or is_namespace(receiver, walk.names):
+        return False
+    walk.chain.scores_cast |= back.statement is not walk.softmax_statement  # a variable holds the cast
+    back.node = receiver
+    return True
+
+
+def _back_through_masked_fill(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    """`s.masked_fill(c, -inf)` (or `torch.masked_fill(s, c, -inf)`): "not c" takes part."""
+    method = receiver is not None and not is_namespace(receiver, walk.names)
+    target, args = (receiver, positional) if method else (positional[0] if positional else None, positional[1:])
+    condition = args[0] if args else keywords.get("mask")
+    fill = args[1] if len(args) > 1 else keywords.get("value")
+    if target is None or condition is None or fill is None:
+        raise Refused("masked_fill's arguments could not be read")
+    if not very_negative(fill_of(walk, fill), walk.names):
+        raise Refused(f"masked_fill fills with {code_of(fill)}, not with -inf or the dtype's minimum")
+    set_mask(walk, condition, False, fill=fill)
+    back.node = target
+    return True
+
+
+def _back_through_where(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    """`torch.where(c, s, -inf)` (c takes part) or `torch.where(c, -inf, s)` ("not c" does)."""
+    if len(positional) != 3:
+        return False
+    condition, when_true, when_false = positional
+    if very_negative(fill_of(walk, when_false), walk.names):
+        set_mask(walk, condition, True, fill=when_false)
+        back.node = when_true
+    elif very_negative(fill_of(walk, when_true), walk.names):
+        set_mask(walk, condition, False, fill=when_true)
+        back.node = when_false
+    else:
+        raise Refused("torch.where does not fill with -inf or the dtype's minimum")
+    return True
+
+
+def _back_through_view(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    """`s = s.view(B)` after `s = s.view(A) + m`: the two statements add the mask."""
+    if not isinstance(receiver, cst.Name) or walk.scopes:
+        return False
+    viewed = _viewed_mask(walk, receiver.value, back.statement)
+    if viewed is None:
+        return False
+    back.statement = walk.chain.consumed[-1]
+    set_mask(walk, viewed.mask, True, additive=True, scaled=back.scaled)
+    back.node = viewed.scores
+    return True
+
+
+def _back_through_scale(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    """`s.mul(f)`, `s.div(d)`: into `scale=`."""
+    if receiver is None or is_namespace(receiver, walk.names) or len(positional) != 1:
+        return False
+    back.scaled = _scaled(walk)
+    (walk.chain.factors if name == "mul" else walk.chain.divisors).append(here(walk, positional[0]))
+    back.node = receiver
+    return True
+
+
+def _reached_matmul(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    left, right = _operands(receiver, positional, walk.names)
+    walk.chain.scores_product = back.node
+    _product(walk, left, right)
+    back.node = None
+    return True
+
+
+def _reached_einsum(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    walk.chain.scores_product = back.node
+    _einsum_scores(walk, positional)
+    back.node = None
+    return True
+
+
+def _reached_baddbmm(walk: Walk, back: _Back, name: str, receiver, positional, keywords) -> bool:
+    if not is_namespace(receiver, walk.names) or len(positional) != 3:
+        return False
+    walk.chain.scores_product = back.node
+    _baddbmm(walk, positional, keywords, back.scaled, back.statement)
+    back.node = None
+    return True
+
+
+def _back_into_helper(walk: Walk, back: _Back) -> bool:
+    """A helper of the project's: one that only adds to the scores it is passed gives the mask (SAM's
+    `if self.use_rel_pos: attn = add_decomposed_rel_pos(attn, q, ...)`); any other is read from its return."""
+    inlined = helper_called(walk, back.node, back.statement)
+    if inlined is None:
+        return False
+    added = _added_by(walk, back.node, inlined) if walk.guarded is not None else None
+    if added is not None:
+        set_mask(walk, added[1], True, additive=True, scaled=back.scaled)
+        back.node = added[0]
+        return True
+    walk.scopes.append(inlined)
+    back.statement = inlined.block[-1]
+    back.node = back.statement.body[0].value
+    return True
+
+
+_STEPS = {cst.Name: _back_through_name, cst.BinaryOperation: _back_through_operation, cst.Call: _back_through_call}
+_CALL_STEPS = {
+    **dict.fromkeys(CASTS, _back_through_cast),
+    "masked_fill": _back_through_masked_fill,
+    "where": _back_through_where,
+    **dict.fromkeys(("view", "reshape"), _back_through_view),
+    **dict.fromkeys(("mul", "div"), _back_through_scale),
+    **dict.fromkeys(MATMULS, _reached_matmul),
+    "einsum": _reached_einsum,
+    **dict.fromkeys(("baddbmm", "addmm"), _reached_baddbmm),
+}
 
 
 def _viewed_mask(walk: Walk, name: str, back: cst.BaseStatement) -> ViewedMask | None:
@@ -387,8 +478,7 @@ def fold_prescaled(walk: Walk) -> None:
 def _upcast_only(statement: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     """`name` of `if flag: name = name.float()` (a guard whose one statement only casts it, or copies it: Uni-Core's
     `if not inplace: input = input.clone()`, whose values are the same); None otherwise."""
-    if not isinstance(statement, cst.If) or statement.orelse is not None or not isinstance(statement.body, cst.IndentedBlock) \
-            or len(statement.body.body) != 1:
+    if not m.matches(statement, m.If(body=m.IndentedBlock(body=[m.DoNotCare()]), orelse=None)):
         return None
     value = redefinition(statement.body.body[0], name)
     cast, receiver, _, _ = call_parts(value)
