@@ -24,7 +24,7 @@ with the reason: a chain across functions, two masks, an input reassigned betwee
 Whatever a safe rewrite produces is proven on the model before `--fix` writes it (graphlint.fix.prove), so a
 mistake here is refused, never written.
 
-The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
+The parts, each a module of functions over one `Reading` (chain.py: its state and what every part reads):
 scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
 checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
 `transformers` models. Helpers the chain passes through are read with graphlint.rewrite.inline. Spellings copied
@@ -40,7 +40,7 @@ from __future__ import annotations
 import libcst as cst
 
 from graphlint.rewrite.attention.branches import softmax_in_both_branches
-from graphlint.rewrite.attention.chain import Walk, anchor_at_the_values, softmax_input
+from graphlint.rewrite.attention.chain import Reading, anchor_at_the_values, softmax_input
 from graphlint.rewrite.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
 from graphlint.rewrite.attention.emit import fused_call
 from graphlint.rewrite.attention.fallback import guarded_fallback
@@ -66,10 +66,10 @@ def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: boo
     added mask's dtype can differ from the queries' (`mask_cast`: it was made in the forward with a dtype of its
     own, so the fused call gets it cast to the queries' dtype)."""
     try:
-        walk = Walk(site, rank, default_scale, mask_cast)
-        anchor_at_the_values(walk)
-        branches = softmax_in_both_branches(walk)
-        rewrite = _rewrite(walk)
+        reading = Reading(site, rank, default_scale, mask_cast)
+        anchor_at_the_values(reading)
+        branches = softmax_in_both_branches(reading)
+        rewrite = _rewrite(reading)
         return branches.restored(rewrite) if branches is not None else rewrite
     except Refused as why:
         try:  # probabilities read under flags the capture did not take: the fused call where they are off
@@ -78,32 +78,32 @@ def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: boo
             return str(reason)
 
 
-def _rewrite(walk: Walk) -> Rewrite:
+def _rewrite(reading: Reading) -> Rewrite:
     """Read the chain (scores, values, masks), check it, and build the fused call that replaces it."""
-    chain = walk.chain
-    scores, statement = walk.start or (softmax_input(walk, walk.softmax), walk.softmax_statement)
-    walk_to_scores(walk, scores, statement)
-    walk_to_values(walk, walk.softmax, walk.softmax_statement)
-    inline_setup(walk)
-    fold_prescaled(walk)
-    zeros_for_added(walk)
-    check_matches_the_graph(walk)
-    check_names(walk)
-    check_inputs_unchanged(walk)
-    callee, imports = walk.names.functional_call("scaled_dot_product_attention")
-    call = fused_call(walk, callee)
+    chain = reading.chain
+    scores, statement = reading.start or (softmax_input(reading, reading.softmax), reading.softmax_statement)
+    walk_to_scores(reading, scores, statement)
+    walk_to_values(reading, reading.softmax, reading.softmax_statement)
+    inline_setup(reading)
+    fold_prescaled(reading)
+    zeros_for_added(reading)
+    check_matches_the_graph(reading)
+    check_names(reading)
+    check_inputs_unchanged(reading)
+    callee, imports = reading.names.functional_call("scaled_dot_product_attention")
+    call = fused_call(reading, callee)
     removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
     # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
-    removed += tuple(s for s in dead_definitions(walk.function, (*removed, chain.values_product), call)
+    removed += tuple(s for s in dead_definitions(reading.function, (*removed, chain.values_product), call)
                      if s not in removed)
     # A name renamed inside a statement that goes (`max_neg = -torch.finfo(sim.dtype).max`) goes with it.
     renamed = tuple(r for r in chain.renamed if not any(inside(r[0], s) for s in removed))
-    deleted, trimmed = trim_dels(walk, call, removed)
+    deleted, trimmed = trim_dels(reading, call, removed)
     removed, renamed = removed + tuple(deleted), renamed + tuple(trimmed)
     fill = None
     if chain.fill is not None:
         # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
-        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
+        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, reading.names) else "differ too"
         fill = FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs)
     if chain.elsewhere:
         # The documented trade: the weights are no longer computed, so what read them gets None.
