@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.attention.chain import Chain, Reading, as_operand, compact, to_layout
 from graphlint.rewrite.attention.masks import dtype_extreme, is_causal
 from graphlint.rewrite.contract import Refused, atom, code_of, laid_out, names_read
-from graphlint.rewrite.source import all_nodes, local_assignments, self_assignments
+from graphlint.rewrite.source import local_assignments, self_assignments
 
 
 def fused_call(reading: Reading, callee: str) -> cst.Call:
@@ -93,7 +94,7 @@ def _spelled_as_a_root(reading: Reading) -> bool:
         if len(made) != 1:
             return False
         factor = made[0]
-    if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in all_nodes(factor)):
+    if m.findall(factor, m.BooleanOperation() | m.IfExp() | m.Lambda()):
         return False
     text = compact(factor)
     power = re.fullmatch(r"\(?(.+?)\)?\*\*\(?(-?)0\.5\)?", text)
@@ -121,14 +122,10 @@ def _layout(reading: Reading, callee: str, parts: list[str]) -> str:
 def _local_definitions(reading: Reading) -> dict[str, str]:
     """What each variable assigned exactly once in the function is set to, without spaces."""
     found: dict[str, list[str]] = {}
-
-    class _Assignments(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    found.setdefault(target.target.value, []).append(compact(node.value))
-
-    reading.function.visit(_Assignments())
+    for assign in m.findall(reading.function, m.Assign()):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                found.setdefault(target.target.value, []).append(compact(assign.value))
     return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 

@@ -17,9 +17,10 @@ and where the fused branch would leave a name unset that later code reads."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.attention.branches import with_block
 from graphlint.rewrite.attention.chain import Reading, anchor_at_the_values, block_in
@@ -161,34 +162,14 @@ def _check_guards_unchanged(tests: list) -> None:
                               "so the attention stays as written")
 
 
-def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+def _operands(test: cst.BaseExpression) -> Sequence[cst.CSTNode]:
     """The names and attribute chains a test reads: `self.save_attention`, `layer_head_mask`."""
-    found: list[cst.BaseExpression] = []
-
-    class _Reads(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            found.append(node)
-            return True
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
-
-    test.visit(_Reads())
-    return found
+    return m.findall(test, m.Attribute() | m.Name())
 
 
 def _attribute_targets(statement: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            found.update(code_of(t) for t in _operands(node.target))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            found.update(code_of(t) for t in _operands(node.target))
-
-    statement.visit(_Targets())
-    return found
+    """What a statement assigns, as written: each name and attribute chain of its targets."""
+    return {code_of(t) for node in m.findall(statement, m.AssignTarget() | m.AugAssign()) for t in _operands(node.target)}
 
 
 def _complement(test: cst.BaseExpression) -> str:
@@ -207,7 +188,8 @@ def _complement(test: cst.BaseExpression) -> str:
 
 
 class _Replace(cst.CSTTransformer):
-    """The rewrite's replacements, found by identity."""
+    """The rewrite's replacements, found by identity (libcst.matchers.replace matches the original node but hands
+    its callable the rebuilt one, so a replacement keyed by the original has no matcher)."""
 
     def __init__(self, replaced: dict[int, cst.CSTNode]) -> None:
         super().__init__()
