@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.rewrite import inline
+from graphlint.rewrite.attention.match import AttentionMatch
 from graphlint.rewrite.attention.returned import module_call, returned_from, why_not_called
 from graphlint.rewrite.attention.views import added_to_a_view, filled_in_a_view, viewed_back
 from graphlint.rewrite.inline import Inlined
@@ -64,8 +65,9 @@ class Reading:
         if site.function is None:
             raise Refused("the attention is not inside a function")
         self.site = site
+        self.match = AttentionMatch.from_site(site)  # what the rule matched in the graph, located in the source
         self.names = site.imports
-        self.dropout_after = bool(site.role("probabilities dropout"))  # the graph saw dropout on them
+        self.dropout_after = self.match.dropout_after  # the graph saw dropout on them
         self.rank = rank
         self.default_scale = default_scale
         # An added mask the forward made with a dtype of its own: cast to the queries' (SDPA on the CPU computes
@@ -85,7 +87,7 @@ class Reading:
         self.scopes: list[Inlined] = []  # the helpers the backward walk is inside, innermost last
         self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
-        self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in site.roles))))
+        self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in self.match.nodes()))))
         self.block, self.softmax_statement = block_in(site.function, site.node)
 
 
@@ -129,29 +131,29 @@ def anchor_at_the_values(reading: Reading) -> None:
     """A helper that returns the probabilities (`def _softmax(self, x): return F.softmax(x.float(), -1)`, or
     one that also makes and masks the scores) and a caller that multiplies them with the values: the
     rewrite happens in the caller, at the helper's call, and the helper is read as if written there."""
-    values = reading.site.role("values")
-    if not values or values[0].function is None or values[0].function is reading.function:
+    values = reading.match.values
+    if values is None or values.function is None or values.function is reading.function:
         return
-    helper, caller = reading.function, values[0].function
+    helper, caller = reading.function, values.function
     body = statements_of(helper)
     if reading.softmax_statement not in body:
         raise Refused(f"the softmax is inside a block of `{helper.name.value}`; the attention chain spans "
                       "several functions")
     dropout = returned_from(helper, reading.softmax, reading.softmax_statement, body, reading.names.namespaces)
-    modules = ImportNames.of(values[0].module).modules
+    modules = ImportNames.of(values.module).modules
     calls = [c for c in calls_in(caller) if calls_function(c, helper, modules)]
-    held = module_call(helper, caller, values[0].module) if not calls else None
+    held = module_call(helper, caller, values.module) if not calls else None
     if held is not None:  # `self.softmax_module(scores, mask)`: read as its forward, `self` being the module
         calls = [held]
     if len(calls) != 1:
-        raise Refused(why_not_called(helper, caller, values[0].module, len(calls)))
+        raise Refused(why_not_called(helper, caller, values.module, len(calls)))
     call = calls[0]
     args = bound_arguments(helper, call)
     if args is None:
         raise Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
     if held is not None:
         args[helper.params.params[0].name.value] = call.func
-    module = values[0].module
+    module = values.module
     block, statement = block_in(caller, call)
     reading.start = (softmax_input(reading, reading.softmax), reading.softmax_statement)
     reading.scopes = [Inlined(helper, args, statement, tuple(body), reading.module)]

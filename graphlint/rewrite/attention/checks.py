@@ -14,11 +14,11 @@ def check_matches_the_graph(reading: Reading) -> None:
     """The products the source's chain leads to are the ones the rule matched in the graph: the rewrite is
     built from the match, and a reading of the source that strays from it is refused, never written."""
     chain = reading.chain
-    for role, found in (("scores", chain.scores_product), ("values", chain.values_product)):
-        matched = reading.site.role(role)
-        if not matched or found is None:
+    for role, matched, found in (("scores", reading.match.scores, chain.scores_product),
+                                 ("values", reading.match.values, chain.values_product)):
+        if matched is None or found is None:
             continue
-        node = matched[0].node
+        node = matched.node
         if node is not found and path_to(found, node) is None and path_to(node, found) is None:
             raise Refused(f"the source leads to another {role} product (`{code_of(found).strip()}`) than the one "
                           f"the graph ran (`{code_of(node).strip()}`)")

@@ -52,9 +52,9 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
     in the `else:`; raises `why` where no such `if` stands in the way or the fused path cannot be read."""
     reading = Reading(site, rank, default_scale, mask_cast)
     anchor_at_the_values(reading)
-    values = site.role("values")
+    values = reading.match.values
     block = list(reading.block)
-    end = next((i for i, s in enumerate(block) if values and inside(values[0].node, s)), None)
+    end = next((i for i, s in enumerate(block) if values is not None and inside(values.node, s)), None)
     if reading.scopes or reading.start is not None or end is None or reading.softmax_statement not in block:
         raise why
     start = block.index(reading.softmax_statement)
@@ -64,7 +64,7 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
                 not _module_call_alone(statement):
             guards.append(statement)
         made |= assigned_names(statement)
-    if not guards or any(inside(r.node, g) for r in site.roles for g in guards):
+    if not guards or any(inside(r.node, g) for r in reading.match.nodes() for g in guards):
         raise why  # nothing under a flag, or a flag the graph took: the reason stands
     for guard in guards:
         if not isinstance(guard.body, cst.IndentedBlock) or (guard.orelse is not None and (
