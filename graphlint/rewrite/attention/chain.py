@@ -62,10 +62,13 @@ class Reading:
     the captured graph, which this layer does not import."""
 
     def __init__(self, site: FixSite, rank: int | None, default_scale: bool = False, mask_cast: bool = False) -> None:
+        self.match = AttentionMatch.from_site(site)  # what the rule matched in the graph, located in the source
+        if _called_into(self.match, site.node):
+            raise Refused(f"`{code_of(site.node.func)}` runs the attention in a file outside the project; graphlint "
+                          "rewrites only the project's own files")
         if site.function is None:
             raise Refused("the attention is not inside a function")
         self.site = site
-        self.match = AttentionMatch.from_site(site)  # what the rule matched in the graph, located in the source
         self.names = site.imports
         self.dropout_after = self.match.dropout_after  # the graph saw dropout on them
         self.rank = rank
@@ -89,6 +92,13 @@ class Reading:
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
         self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in self.match.nodes()))))
         self.block, self.softmax_statement = block_in(site.function, site.node)
+
+
+def _called_into(match: AttentionMatch, node: cst.CSTNode) -> bool:
+    """The products and the softmax all ran inside the one call at the finding, in code of no file of the
+    project's (graphlint.locate places each at the project's call into that code)."""
+    located = (match.scores, match.softmax, match.values)
+    return isinstance(node, cst.Call) and None not in located and all(role.node is node for role in located)
 
 
 def here(reading: Reading, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
