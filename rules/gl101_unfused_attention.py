@@ -419,16 +419,20 @@ class UnfusedAttention(Rule):
 
 
 def _roles(softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> tuple[tuple[str, fx.Node], ...]:
-    """What the fix is built from: the two products, the steps between them by kind (those after the softmax
-    prefixed "probabilities"), and every other use of the probabilities, which the fused call cannot give back."""
-    roles = [("scores", before[0])]
-    roles += [(_step_name(n) or "view", n) for n in before[1:]]
-    roles.append(("softmax", softmax))
-    roles += [(f"probabilities {_step_name(n) or 'layout'}", n) for n in after[:-1]]
-    roles.append(("values", after[-1]))
+    """What the fix is built from (graphlint.rewrite.attention.match, a record without torch or libcst): the two
+    products, the steps between them by kind, and every other use of the probabilities, which the fused call
+    cannot give back."""
+    from graphlint.rewrite.attention.match import AttentionMatch, Step
+
     chain = {softmax, *after}
-    roles += [("probabilities elsewhere", user) for n in (softmax, *after[:-1]) for user in n.users if user not in chain]
-    return tuple(roles)
+    return AttentionMatch(
+        scores=before[0],
+        before=tuple(Step(_step_name(n) or "view", n) for n in before[1:]),
+        softmax=softmax,
+        after=tuple(Step(_step_name(n) or "layout", n) for n in after[:-1]),
+        values=after[-1],
+        elsewhere=tuple(user for n in (softmax, *after[:-1]) for user in n.users if user not in chain),
+    ).to_roles()
 
 
 def _scaled_by_default(scores: fx.Node, steps: list[fx.Node]) -> bool:

@@ -24,7 +24,8 @@ with the reason: a chain across functions, two masks, an input reassigned betwee
 Whatever a safe rewrite produces is proven on the model before `--fix` writes it (graphlint.fix.prove), so a
 mistake here is refused, never written.
 
-The parts, each a module of functions over one `Walk` (chain.py: the walk's state and what every part reads):
+What the rule matched arrives as one typed record (match.py, `AttentionMatch`); fixer.py runs the parts in
+order. The parts, each a module of functions over one `Reading` (chain.py: its state and what every part reads):
 scores.py walks back to the scores product, values.py forward to the values product, masks.py reads the mask,
 checks.py decides whether the rewrite is exact, emit.py writes the call; implementation.py is the fix for
 `transformers` models. Helpers the chain passes through are read with graphlint.rewrite.inline. Spellings copied
@@ -37,83 +38,18 @@ fused call under the complement of those flags and keeps the statements as writt
 
 from __future__ import annotations
 
-import libcst as cst
-
-from graphlint.rewrite.attention.branches import softmax_in_both_branches
-from graphlint.rewrite.attention.chain import Walk, anchor_at_the_values, softmax_input
-from graphlint.rewrite.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
-from graphlint.rewrite.attention.emit import fused_call
-from graphlint.rewrite.attention.fallback import guarded_fallback
-from graphlint.rewrite.attention.implementation import use_sdpa_in_transformers
-from graphlint.rewrite.attention.masks import FILL_REASON, dtype_extreme, inline_setup
-from graphlint.rewrite.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
-from graphlint.rewrite.attention.values import walk_to_values
-from graphlint.rewrite.contract import FixSite, Refused, Rewrite, code_of, dead_definitions
-from graphlint.rewrite.source import inside
-from graphlint.results import UNSAFE
-
 __all__ = ["rewrite_attention", "use_sdpa_in_transformers"]
 
 
-def rewrite_attention(site: FixSite, rank: int | None = None, default_scale: bool = False,
-                      mask_cast: bool = False) -> Rewrite | str:
-    """The fused call in place of the product with the values, and the chain's statements deleted.
+def __getattr__(name: str):
+    """The fixers, imported when a fix is asked for (graphlint.rule.FixerAt names them here): the rule imports
+    match.py from this package while it checks, and that must not import libcst."""
+    if name == "rewrite_attention":
+        from graphlint.rewrite.attention.fixer import rewrite_attention
 
-    The rule hands over what it matched in the graph as the site's roles (the products, the steps between them,
-    other uses of the probabilities), the rank of the scores (so that `k.transpose(2, 3)` of a 4-d key is
-    read as the transpose of its last two dimensions) and whether the numbers the graph scaled them by came to
-    the fused call's default (so that `scale=self.scale` holding 1/sqrt(head dim) is left out), and whether an
-    added mask's dtype can differ from the queries' (`mask_cast`: it was made in the forward with a dtype of its
-    own, so the fused call gets it cast to the queries' dtype)."""
-    try:
-        walk = Walk(site, rank, default_scale, mask_cast)
-        anchor_at_the_values(walk)
-        branches = softmax_in_both_branches(walk)
-        rewrite = _rewrite(walk)
-        return branches.restored(rewrite) if branches is not None else rewrite
-    except Refused as why:
-        try:  # probabilities read under flags the capture did not take: the fused call where they are off
-            return guarded_fallback(site, rank, default_scale, why, _rewrite, mask_cast)
-        except Refused as reason:
-            return str(reason)
+        return rewrite_attention
+    if name == "use_sdpa_in_transformers":
+        from graphlint.rewrite.attention.implementation import use_sdpa_in_transformers
 
-
-def _rewrite(walk: Walk) -> Rewrite:
-    """Read the chain (scores, values, masks), check it, and build the fused call that replaces it."""
-    chain = walk.chain
-    scores, statement = walk.start or (softmax_input(walk, walk.softmax), walk.softmax_statement)
-    walk_to_scores(walk, scores, statement)
-    walk_to_values(walk, walk.softmax, walk.softmax_statement)
-    inline_setup(walk)
-    fold_prescaled(walk)
-    zeros_for_added(walk)
-    check_matches_the_graph(walk)
-    check_names(walk)
-    check_inputs_unchanged(walk)
-    callee, imports = walk.names.functional_call("scaled_dot_product_attention")
-    call = fused_call(walk, callee)
-    removed = tuple(s for s in dict.fromkeys(chain.consumed) if s is not chain.values_statement)
-    # What only the deleted statements read goes too (`d_k = q.size(-1)` of a scale left out).
-    removed += tuple(s for s in dead_definitions(walk.function, (*removed, chain.values_product), call)
-                     if s not in removed)
-    # A name renamed inside a statement that goes (`max_neg = -torch.finfo(sim.dtype).max`) goes with it.
-    renamed = tuple(r for r in chain.renamed if not any(inside(r[0], s) for s in removed))
-    deleted, trimmed = trim_dels(walk, call, removed)
-    removed, renamed = removed + tuple(deleted), renamed + tuple(trimmed)
-    fill = None
-    if chain.fill is not None:
-        # No mask of the fused call gives a fully masked row what a finite fill gave it (tests/test_fix_masks.py).
-        outputs = "agree, its gradients do not" if dtype_extreme(chain.fill, walk.names) else "differ too"
-        fill = FILL_REASON.format(fill=code_of(chain.fill), outputs=outputs)
-    if chain.elsewhere:
-        # The documented trade: the weights are no longer computed, so what read them gets None.
-        shown = ", ".join(dict.fromkeys(f"`{code_of(n)}`" for n in chain.elsewhere))
-        return Rewrite(chain.values_product, call,
-                       f"hand-written attention → {callee}(...); {shown} returned or stored as None" +
-                       (f"; {fill}" if fill else ""), removed=removed, imports=imports,
-                       also=(*renamed, *((n, cst.Name("None")) for n in chain.elsewhere)), applicability=UNSAFE)
-    if fill is not None:
-        return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...); {fill}", removed=removed,
-                       imports=imports, also=renamed, applicability=UNSAFE)
-    return Rewrite(chain.values_product, call, f"hand-written attention → {callee}(...)", removed=removed,
-                   imports=imports, also=renamed)
+        return use_sdpa_in_transformers
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import dataclasses
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Walk, block_in
+from graphlint.rewrite.attention.chain import Reading, block_in
 from graphlint.rewrite.contract import Refused, Rewrite, code_of
 from graphlint.rewrite.source import indent_of, inside, path_to, plain_name_assignment
 
@@ -41,13 +41,13 @@ class Branches:
         return dataclasses.replace(rewrite, removed=removed, also=also)
 
 
-def softmax_in_both_branches(walk: Walk) -> Branches | None:
+def softmax_in_both_branches(reading: Reading) -> Branches | None:
     """Where the finding's softmax ends one branch of an `if`/`else` whose other branch ends in the same
     statement: the walk is set to read the function with the softmax after a plain `if` (None otherwise).
     Raises Refused when the branches compute different things."""
-    if walk.scopes or walk.start is not None:
+    if reading.scopes or reading.start is not None:
         return None
-    path = path_to(walk.function, walk.softmax_statement) or []
+    path = path_to(reading.function, reading.softmax_statement) or []
     if len(path) < 4 or not isinstance(path[-2], cst.IndentedBlock):
         return None
     owner = path[-3]
@@ -57,7 +57,7 @@ def softmax_in_both_branches(walk: Walk) -> Branches | None:
         return None
     test = code_of(real.test)
     first, other = list(real.body.body), list(real.orelse.body.body)
-    if walk.softmax_statement not in (first[-1], other[-1]):
+    if reading.softmax_statement not in (first[-1], other[-1]):
         return None
     if code_of(first[-1]).strip() != code_of(other[-1]).strip() or not plain_name_assignment(first[-1]):
         raise Refused(f"the branches of `if {test}:` end in different statements (`{code_of(first[-1]).strip()}`, "
@@ -68,13 +68,13 @@ def softmax_in_both_branches(walk: Walk) -> Branches | None:
     if len(first) < 2:
         return None  # nothing chosen: the same statement either way; left to the plain walk's reason
     softmax = first[-1]
-    walk.softmax = _same_place(walk.softmax_statement, walk.softmax, softmax)
+    reading.softmax = _same_place(reading.softmax_statement, reading.softmax, softmax)
     single = real.with_changes(body=real.body.with_changes(body=tuple(first[:-1])), orelse=None)
     holder = next(n for n in reversed(path[:path.index(real)]) if isinstance(n, cst.IndentedBlock))
     body = [s for b in holder.body for s in ((single, softmax) if b is real else (b,))]
-    walk.function = with_block(walk.function, real, body)
-    walk.block, walk.softmax_statement = block_in(walk.function, walk.softmax)
-    walk.indent = indent_of(walk.module, real)
+    reading.function = with_block(reading.function, real, body)
+    reading.block, reading.softmax_statement = block_in(reading.function, reading.softmax)
+    reading.indent = indent_of(reading.module, real)
     return Branches(real, single, softmax)
 
 

@@ -1,5 +1,5 @@
-"""The walk's state and what every part of it reads: `Walk` (where the fused call goes, the helpers the walk
-is inside, what it has read so far, as a `Chain`), the softmax and its input, the statement that last assigned
+"""The reading's state and what every part of it reads: `Reading` (where the fused call goes, the helpers the
+backward walk is inside, what it has read so far, as a `Chain`), the softmax and its input, the statement that last assigned
 a name, a part read inside a helper put in the caller's terms (graphlint.rewrite.inline), and the layouts of q, k
 and v (transposes, einsum letters)."""
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.rewrite import inline
+from graphlint.rewrite.attention.match import AttentionMatch
 from graphlint.rewrite.attention.returned import module_call, returned_from, why_not_called
 from graphlint.rewrite.attention.views import added_to_a_view, filled_in_a_view, viewed_back
 from graphlint.rewrite.inline import Inlined
@@ -54,17 +55,22 @@ class Chain:
     scores_product: cst.CSTNode | None = None  # where the source's chain starts
 
 
-class Walk:
-    """One reading of the attention chain, from the softmax the finding points at: where the fused call goes,
-    the helpers the backward walk is inside, and what it has read (`chain`). Every part of the walk is a function
-    of it (scores, values, masks, checks, emit)."""
+class Reading:
+    """One reading of the attention chain in the source, from the softmax the finding points at: where the fused
+    call goes, the helpers the backward walk is inside, and what it has read (`chain`). Every part of the reading
+    is a function of it (scores, values, masks, checks, emit). Not a graph search: those are graphlint.walk's, over
+    the captured graph, which this layer does not import."""
 
     def __init__(self, site: FixSite, rank: int | None, default_scale: bool = False, mask_cast: bool = False) -> None:
+        self.match = AttentionMatch.from_site(site)  # what the rule matched in the graph, located in the source
+        if _called_into(self.match, site.node):
+            raise Refused(f"`{code_of(site.node.func)}` runs the attention in a file outside the project; graphlint "
+                          "rewrites only the project's own files")
         if site.function is None:
             raise Refused("the attention is not inside a function")
         self.site = site
         self.names = site.imports
-        self.dropout_after = bool(site.role("probabilities dropout"))  # the graph saw dropout on them
+        self.dropout_after = self.match.dropout_after  # the graph saw dropout on them
         self.rank = rank
         self.default_scale = default_scale
         # An added mask the forward made with a dtype of its own: cast to the queries' (SDPA on the CPU computes
@@ -84,36 +90,43 @@ class Walk:
         self.scopes: list[Inlined] = []  # the helpers the backward walk is inside, innermost last
         self.at: cst.BaseStatement | None = None  # the statement of the anchor function the walk reads
         self.reads: list[tuple[set[str], cst.BaseStatement]] = []  # the names each part reads, and where
-        self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in site.roles))))
+        self.modules = tuple(dict.fromkeys((site.module, *(r.module for r in self.match.nodes()))))
         self.block, self.softmax_statement = block_in(site.function, site.node)
 
 
-def here(walk: Walk, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+def _called_into(match: AttentionMatch, node: cst.CSTNode) -> bool:
+    """The products and the softmax all ran inside the one call at the finding, in code of no file of the
+    project's (graphlint.locate places each at the project's call into that code)."""
+    located = (match.scores, match.softmax, match.values)
+    return isinstance(node, cst.Call) and None not in located and all(role.node is node for role in located)
+
+
+def here(reading: Reading, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """A part of the chain read inside helpers, in the terms of the function the fused call goes in (each
-    helper's parameters replaced by what its caller passed); what it reads is noted with where (`walk.reads`)."""
+    helper's parameters replaced by what its caller passed); what it reads is noted with where (`reading.reads`)."""
     if node is None:
         return None
-    node = inline.in_caller_terms(node, walk.scopes, walk.function, walk.module, upcasts_dropped=True)
-    walk.reads.append(({n.value for n in names_read(node)}, walk.at))
+    node = inline.in_caller_terms(node, reading.scopes, reading.function, reading.module, upcasts_dropped=True)
+    reading.reads.append(({n.value for n in names_read(node)}, reading.at))
     return node
 
 
-def helper_called(walk: Walk, call: cst.Call, statement: cst.BaseStatement) -> Inlined | None:
+def helper_called(reading: Reading, call: cst.Call, statement: cst.BaseStatement) -> Inlined | None:
     """The project's helper that `call` runs, read as if written at the call (graphlint.rewrite.inline.inlined)."""
-    return inline.inlined(call, statement, walk.scopes, walk.module, walk.classdef, walk.modules)
+    return inline.inlined(call, statement, reading.scopes, reading.module, reading.classdef, reading.modules)
 
 
-def is_parameter(walk: Walk, name: str, statement: cst.BaseStatement) -> bool:
+def is_parameter(reading: Reading, name: str, statement: cst.BaseStatement) -> bool:
     """`name` is a parameter of the helper the walk is in, not reassigned before `statement`."""
-    return inline.is_parameter(walk.scopes[-1], name, statement)
+    return inline.is_parameter(reading.scopes[-1], name, statement)
 
 
-def softmax_input(walk: Walk, call: cst.CSTNode) -> cst.BaseExpression:
+def softmax_input(reading: Reading, call: cst.CSTNode) -> cst.BaseExpression:
     if not isinstance(call, cst.Call):
         raise Refused("the softmax is not a call graphlint can rewrite")
     func = call.func
     positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    if isinstance(func, cst.Attribute) and not is_namespace(func.value, walk.names):
+    if isinstance(func, cst.Attribute) and not is_namespace(func.value, reading.names):
         if re.fullmatch(r"self(\.\w+)*", code_of(func.value)):  # `self.softmax(x)`, not `self.f(q).softmax(-1)`
             if len(positional) != 1:
                 raise Refused("the softmax module is called with more than the scores")
@@ -124,45 +137,45 @@ def softmax_input(walk: Walk, call: cst.CSTNode) -> cst.BaseExpression:
     return positional[0]  # F.softmax(scores, dim=-1), torch.softmax(scores, -1)
 
 
-def anchor_at_the_values(walk: Walk) -> None:
+def anchor_at_the_values(reading: Reading) -> None:
     """A helper that returns the probabilities (`def _softmax(self, x): return F.softmax(x.float(), -1)`, or
     one that also makes and masks the scores) and a caller that multiplies them with the values: the
     rewrite happens in the caller, at the helper's call, and the helper is read as if written there."""
-    values = walk.site.role("values")
-    if not values or values[0].function is None or values[0].function is walk.function:
+    values = reading.match.values
+    if values is None or values.function is None or values.function is reading.function:
         return
-    helper, caller = walk.function, values[0].function
+    helper, caller = reading.function, values.function
     body = statements_of(helper)
-    if walk.softmax_statement not in body:
+    if reading.softmax_statement not in body:
         raise Refused(f"the softmax is inside a block of `{helper.name.value}`; the attention chain spans "
                       "several functions")
-    dropout = returned_from(helper, walk.softmax, walk.softmax_statement, body, walk.names.namespaces)
-    modules = ImportNames.of(values[0].module).modules
+    dropout = returned_from(helper, reading.softmax, reading.softmax_statement, body, reading.names.namespaces)
+    modules = ImportNames.of(values.module).modules
     calls = [c for c in calls_in(caller) if calls_function(c, helper, modules)]
-    held = module_call(helper, caller, values[0].module) if not calls else None
+    held = module_call(helper, caller, values.module) if not calls else None
     if held is not None:  # `self.softmax_module(scores, mask)`: read as its forward, `self` being the module
         calls = [held]
     if len(calls) != 1:
-        raise Refused(why_not_called(helper, caller, values[0].module, len(calls)))
+        raise Refused(why_not_called(helper, caller, values.module, len(calls)))
     call = calls[0]
     args = bound_arguments(helper, call)
     if args is None:
         raise Refused(f"the call of `{helper.name.value}` passes arguments graphlint cannot match to its parameters")
     if held is not None:
         args[helper.params.params[0].name.value] = call.func
-    module = values[0].module
+    module = values.module
     block, statement = block_in(caller, call)
-    walk.start = (softmax_input(walk, walk.softmax), walk.softmax_statement)
-    walk.scopes = [Inlined(helper, args, statement, tuple(body), walk.module)]
+    reading.start = (softmax_input(reading, reading.softmax), reading.softmax_statement)
+    reading.scopes = [Inlined(helper, args, statement, tuple(body), reading.module)]
     if dropout is not None:  # its p and training flag, in the caller's terms, for values.py to read
         _, _, positional, keywords = call_parts(dropout)
-        walk.at = statement
-        walk.helper_dropout = ([here(walk, a) for a in positional[1:]], {k: here(walk, v) for k, v in keywords.items()})
-    walk.function, walk.module, walk.softmax = caller, module, call
-    walk.classdef = class_of(module, caller)
-    walk.block, walk.softmax_statement = block, statement
-    walk.names = ImportNames.of(module)
-    walk.indent = indent_of(module, statement)
+        reading.at = statement
+        reading.helper_dropout = ([here(reading, a) for a in positional[1:]], {k: here(reading, v) for k, v in keywords.items()})
+    reading.function, reading.module, reading.softmax = caller, module, call
+    reading.classdef = class_of(module, caller)
+    reading.block, reading.softmax_statement = block, statement
+    reading.names = ImportNames.of(module)
+    reading.indent = indent_of(module, statement)
 
 
 def block_in(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.SimpleStatementLine]:
@@ -172,10 +185,10 @@ def block_in(function: cst.FunctionDef, node: cst.CSTNode) -> tuple[tuple, cst.S
         raise Refused("the softmax is not in a plain statement of the function") from None
 
 
-def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool = False) -> cst.BaseStatement:
+def definition(reading: Reading, name: str, before: cst.BaseStatement, guarded: bool = False) -> cst.BaseStatement:
     """The statement of this block that last assigned `name` (a plain `name = ...`) before `before`; with
     `guarded`, also an `if test:` without else whose body is one `name = ...` (a mask under a flag)."""
-    body = list(walk.scopes[-1].block if walk.scopes else walk.block)
+    body = list(reading.scopes[-1].block if reading.scopes else reading.block)
     if before not in body:
         raise Refused(f"`{name}` is not computed in the same block as the attention")
     for statement in reversed(body[: body.index(before)]):
@@ -189,9 +202,9 @@ def definition(walk: Walk, name: str, before: cst.BaseStatement, guarded: bool =
                     redefinition(statement.body.body[-1], name) is not None:
                 return statement
             raise Refused(f"`{name}` is {_how_assigned(statement, name)}, which the rewrite cannot follow")
-    if name in walk.names.namespaces:
+    if name in reading.names.namespaces:
         raise Refused(f"`{name}` is a module, not the scores; graphlint could not read this call")
-    function = walk.scopes[-1].function if walk.scopes else walk.function
+    function = reading.scopes[-1].function if reading.scopes else reading.function
     if name in assigned_names(function):
         raise Refused(f"`{name}` is computed outside the block the softmax is in (a branch or loop); the fused "
                       "call would have to replace the whole statement")

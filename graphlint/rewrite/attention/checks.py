@@ -5,59 +5,59 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.attention.chain import Reading
 from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, names_read, one_line
 from graphlint.rewrite.source import assigned_names, binding_names, inside, mutated_in_place, path_to, plain_assignment
 
 
-def check_matches_the_graph(walk: Walk) -> None:
+def check_matches_the_graph(reading: Reading) -> None:
     """The products the source's chain leads to are the ones the rule matched in the graph: the rewrite is
     built from the match, and a reading of the source that strays from it is refused, never written."""
-    chain = walk.chain
-    for role, found in (("scores", chain.scores_product), ("values", chain.values_product)):
-        matched = walk.site.role(role)
-        if not matched or found is None:
+    chain = reading.chain
+    for role, matched, found in (("scores", reading.match.scores, chain.scores_product),
+                                 ("values", reading.match.values, chain.values_product)):
+        if matched is None or found is None:
             continue
-        node = matched[0].node
+        node = matched.node
         if node is not found and path_to(found, node) is None and path_to(node, found) is None:
             raise Refused(f"the source leads to another {role} product (`{code_of(found).strip()}`) than the one "
                           f"the graph ran (`{code_of(node).strip()}`)")
 
 
-def check_names(walk: Walk) -> None:
+def check_names(reading: Reading) -> None:
     """The chain's variables are used nowhere else: the fused call does not give them back. Reads after the
     values product (weights returned or stored for visualisation) are kept for an unsafe fix that puts
     None there; any other use leaves the chain alone."""
-    chain = walk.chain
+    chain = reading.chain
     read_inside = set()
     for statement in chain.consumed:
         read_inside.update(id(n) for n in names_read(statement))
     if chain.values_product is not None:
         read_inside.update(id(n) for n in names_read(chain.values_product))
-    everywhere = names_read(walk.function)
+    everywhere = names_read(reading.function)
     product_names = [id(n) for n in names_read(chain.values_product)] if chain.values_product is not None else []
     after = next((i for i, n in enumerate(everywhere) if id(n) in product_names), len(everywhere))
-    bound = {id(n) for n in binding_names(walk.function)}
-    dels = {id(n) for s in walk.block if _deleting(s) for n in names_read(s)}
-    rebound = _rebound(walk, everywhere, after)
+    bound = {id(n) for n in binding_names(reading.function)}
+    dels = {id(n) for s in reading.block if _deleting(s) for n in names_read(s)}
+    rebound = _rebound(reading, everywhere, after)
     for name in chain.names:
         for index, node in enumerate(everywhere):
             if node.value != name or id(node) in read_inside or id(node) in dels:  # trim_dels rewrites a `del`
                 continue
             if index >= rebound.get(name, len(everywhere)):  # `attn_weights = None` after the product: a new value
                 continue
-            use = next((s for s in walk.block if inside(node, s)), None)
+            use = next((s for s in reading.block if inside(node, s)), None)
             if index < after and isinstance(use, cst.SimpleStatementLine) and len(use.body) == 1 and \
                     isinstance(use.body[0], cst.Assert):  # fairseq's `assert list(w.size()) == [...]`: it goes
                 chain.consumed.append(use)
                 read_inside.update(id(n) for n in names_read(use))
                 continue
-            if index >= after and _detached_again(walk, node):
+            if index >= after and _detached_again(reading, node):
                 read_inside.update(id(n) for n in names_read(chain.consumed[-1]))
                 continue
-            if name in chain.scores_names and id(node) not in bound and _metadata(walk, node):
+            if name in chain.scores_names and id(node) not in bound and _metadata(reading, node):
                 continue
-            returned = None if index < after or id(node) in bound else _returned_or_stored(walk, node)
+            returned = None if index < after or id(node) in bound else _returned_or_stored(reading, node)
             if returned is None:
                 what = "scores" if name in chain.scores_names else "probabilities"
                 if isinstance(use, cst.If) and index < after:
@@ -68,10 +68,10 @@ def check_names(walk: Walk) -> None:
             chain.elsewhere.append(returned)
 
 
-def _detached_again(walk: Walk, name: cst.Name) -> bool:
+def _detached_again(reading: Reading, name: cst.Name) -> bool:
     """`qk = qk.detach()` after the values product, before the weights are returned: the statement goes
     with the chain, and the later reads of `qk` are the weights returned (noted in `chain.consumed`)."""
-    statement = next((s for s in walk.block if inside(name, s)), None)
+    statement = next((s for s in reading.block if inside(name, s)), None)
     if statement is None or not plain_assignment(statement, name.value):
         return False
     value = statement.body[0].value
@@ -79,31 +79,31 @@ def _detached_again(walk: Walk, name: cst.Name) -> bool:
         value = call_parts(value)[1]
     if not isinstance(value, cst.Name) or value.value != name.value:
         return False
-    if statement not in walk.chain.consumed:
-        walk.chain.consumed.append(statement)
+    if statement not in reading.chain.consumed:
+        reading.chain.consumed.append(statement)
     return True
 
 
-def _metadata(walk: Walk, name: cst.Name) -> bool:
+def _metadata(reading: Reading, name: cst.Name) -> bool:
     """`scores.device` (and `scores.dtype` when no cast made the scores) read to build a bias or a mask: the
     query's, which is the same, takes its place (noted in `chain.renamed`)."""
-    path = path_to(walk.function, name) or []
+    path = path_to(reading.function, name) or []
     parent = path[-2] if len(path) >= 2 else None
-    allowed = ("device",) if walk.chain.scores_cast else ("device", "dtype")
+    allowed = ("device",) if reading.chain.scores_cast else ("device", "dtype")
     if not isinstance(parent, cst.Attribute) or parent.value is not name or parent.attr.value not in allowed or \
-            walk.chain.q is None:
+            reading.chain.q is None:
         return False
-    query = walk.chain.q
+    query = reading.chain.q
     while not isinstance(query, cst.Name) and call_parts(query)[1] is not None:  # `q.permute(...)` is on q's device
         query = call_parts(query)[1]
-    walk.chain.renamed.append((parent, parent.with_changes(value=atom(query))))
+    reading.chain.renamed.append((parent, parent.with_changes(value=atom(query))))
     return True
 
 
-def _returned_or_stored(walk: Walk, name: cst.Name) -> cst.BaseExpression | None:
+def _returned_or_stored(reading: Reading, name: cst.Name) -> cst.BaseExpression | None:
     """`return out, name`, `self.weights = name`, `cache = (out, name.detach())`: the expression None can
     take the place of; None when the value is used otherwise."""
-    path = path_to(walk.function, name) or []
+    path = path_to(reading.function, name) or []
     parents = path[-2::-1]
     expression: cst.BaseExpression = name
     # `name.detach()`, `name.float().cpu()`, `name.view(b, h, q, k)` (OpenNMT-py): still only the weights;
@@ -120,10 +120,10 @@ def _returned_or_stored(walk: Walk, name: cst.Name) -> cst.BaseExpression | None
     return expression if stored else None
 
 
-def check_inputs_unchanged(walk: Walk) -> None:
+def check_inputs_unchanged(reading: Reading) -> None:
     """q, k, the mask and the scale are read where the values product is; they must not change before."""
-    chain = walk.chain
-    body = list(walk.block)
+    chain = reading.chain
+    body = list(reading.block)
     statements = [s for s in chain.consumed if s in body]
     if not statements or chain.values_statement not in body:
         return
@@ -132,12 +132,12 @@ def check_inputs_unchanged(walk: Walk) -> None:
     # The values are read where they always were, at the values product; the rest moves there, so each part
     # must not change between the statement that read it and the values product.
     reads = [(names, next((i for i, s in enumerate(body) if at is s or inside(at, s)), first))
-             for names, at in walk.reads]
+             for names, at in reading.reads]
     reads.append(({n.value for part in (chain.guard, chain.dropout_p) if part is not None for n in names_read(part)},
                   first - 1))
     for names, read_at in reads:
         for statement in body[read_at + 1:last]:
-            if statement in statements or statement is walk.guard_if:  # its setup runs before the mask is read
+            if statement in statements or statement is reading.guard_if:  # its setup runs before the mask is read
                 continue
             changed = {n for n in names if n in assigned_names(statement) or mutated_in_place(statement, n)}
             if changed:
@@ -158,11 +158,11 @@ def _deleting(statement: cst.CSTNode) -> cst.Del | None:
     return None
 
 
-def trim_dels(walk: Walk, call: cst.Call, removed: tuple) -> tuple[list, list]:
+def trim_dels(reading: Reading, call: cst.Call, removed: tuple) -> tuple[list, list]:
     """Uni-Fold's `del q, k` before the values product and `del attn, v` after it: the fused call reads q and k
     where the values product was, and the chain's variables are no longer made, so those names leave the `del`
     (a `del` frees memory; it computes nothing). Returns (statements to delete, (old, new) replacements)."""
-    chain, body = walk.chain, list(walk.block)
+    chain, body = reading.chain, list(reading.block)
     if chain.values_statement not in body:
         return [], []
     at = body.index(chain.values_statement)
@@ -200,12 +200,12 @@ def _read_under_a_flag(name: str, guard: cst.If, node: cst.Name, what: str) -> s
             "which the fused call does not give back, so the attention stays as written")
 
 
-def _rebound(walk: Walk, everywhere: list, after: int) -> dict[str, int]:
+def _rebound(reading: Reading, everywhere: list, after: int) -> dict[str, int]:
     """Each name given a new value after the values product by a plain statement of the block that does not
     read it (fairseq's `attn_weights = None`), and where: what reads it from there reads the new value."""
     at = {id(n): i for i, n in enumerate(everywhere)}
     found: dict[str, int] = {}
-    for statement in walk.block:
+    for statement in reading.block:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1 or \
                 not isinstance(statement.body[0], cst.Assign) or len(statement.body[0].targets) != 1:
             continue

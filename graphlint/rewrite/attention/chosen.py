@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.attention.chain import Reading
 from graphlint.rewrite.contract import Refused, code_of, names_read
 from graphlint.rewrite.source import assigned_names, is_number, mutated_in_place, plain_assignment
 
 
-def chosen_bias(walk: Walk, bias: cst.BaseExpression, beta: cst.BaseExpression,
+def chosen_bias(reading: Reading, bias: cst.BaseExpression, beta: cst.BaseExpression,
                 statement: cst.BaseStatement) -> tuple[cst.BaseExpression | None, cst.If] | None:
     """(the mask the choice adds, None for no mask; the `if`) for `baddbmm(bias, ..., beta=beta)` with both set
     in each branch of the last `if`/`else` before `statement`; None when they are set otherwise."""
     if not isinstance(bias, cst.Name) or not isinstance(beta, cst.Name):
         return None
-    body = list(walk.scopes[-1].block if walk.scopes else walk.block)
+    body = list(reading.scopes[-1].block if reading.scopes else reading.block)
     if statement not in body:
         return None
     names = {bias.value, beta.value}

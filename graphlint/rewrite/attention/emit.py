@@ -5,15 +5,16 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
-from graphlint.rewrite.attention.chain import Chain, Walk, as_operand, compact, to_layout
+from graphlint.rewrite.attention.chain import Chain, Reading, as_operand, compact, to_layout
 from graphlint.rewrite.attention.masks import dtype_extreme, is_causal
 from graphlint.rewrite.contract import Refused, atom, code_of, laid_out, names_read
-from graphlint.rewrite.source import all_nodes, local_assignments, self_assignments
+from graphlint.rewrite.source import local_assignments, self_assignments
 
 
-def fused_call(walk: Walk, callee: str) -> cst.Call:
-    chain = walk.chain
+def fused_call(reading: Reading, callee: str) -> cst.Call:
+    chain = reading.chain
     if chain.q is None or chain.v is None or chain.values_product is None:
         raise Refused("the scores or the values product could not be found")
     arguments = [chain.q, chain.k, chain.v]
@@ -21,7 +22,7 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
     if chain.mask is not None:
         guard = code_of(chain.guard) if chain.guard is not None else None
         mask = code_of(chain.mask)
-        causal = is_causal(walk)
+        causal = is_causal(reading)
         cast = False
         from_scores = chain.names & {n.value for n in names_read(chain.mask)}
         if from_scores and not causal:
@@ -29,9 +30,9 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
         if causal:
             chain.fill = None  # no row of a causal mask is fully masked: the fill never shows
         elif chain.fill is not None:
-            mask = _additive(walk, code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda))
+            mask = _additive(reading, code_of(atom(chain.mask)) if isinstance(chain.mask, (cst.IfExp, cst.Lambda))
                              else mask)
-        elif walk.mask_cast and chain.mask_source is None:  # an added float mask of a dtype of its own
+        elif reading.mask_cast and chain.mask_source is None:  # an added float mask of a dtype of its own
             mask = f"{code_of(atom(chain.mask))}.to({code_of(atom(chain.q))}.dtype)"
             cast = True
         if causal:
@@ -46,26 +47,26 @@ def fused_call(walk: Walk, callee: str) -> cst.Call:
     if chain.dropout_p is not None:
         p = code_of(chain.dropout_p)
         keywords.append(("dropout_p", f"{p} if self.training else 0.0" if chain.dropout_in_training_only else p))
-    scale = _scale(chain, _local_definitions(walk))
-    if scale is not None and walk.default_scale and _spelled_as_a_root(walk):
+    scale = _scale(chain, _local_definitions(reading))
+    if scale is not None and reading.default_scale and _spelled_as_a_root(reading):
         scale = None  # the graph saw the default's value: 1/sqrt(the head dim) through a variable or attribute
     if scale is not None:
         keywords.append(("scale", scale))
     parts = [code_of(a) for a in arguments] + [f"{k}={v}" for k, v in keywords]
-    call = cst.parse_expression(f"{callee}({_layout(walk, callee, parts)})")
+    call = cst.parse_expression(f"{callee}({_layout(reading, callee, parts)})")
     return to_layout(call, *chain.out_layout) if chain.out_layout is not None else call
 
 
-def _additive(walk: Walk, keep: str) -> str:
+def _additive(reading: Reading, keep: str) -> str:
     """A finite fill as the float mask the fused call adds to the scores: 0 where a key takes part, the fill
     elsewhere, in the query's dtype (a dtype's lowest number stays that, in the query's dtype)."""
-    chain = walk.chain
-    where, needs = walk.names.torch_call("where")
-    finfo, more = walk.names.torch_call("finfo")
+    chain = reading.chain
+    where, needs = reading.names.torch_call("where")
+    finfo, more = reading.names.torch_call("finfo")
     if needs or more:
         raise Refused("the file does not import torch, which the mask for a finite fill needs")
     query = code_of(atom(chain.q))
-    if dtype_extreme(chain.fill, walk.names):
+    if dtype_extreme(chain.fill, reading.names):
         fill = f"{finfo}({query}.dtype).min"
     else:
         fill = code_of(chain.fill)
@@ -75,25 +76,25 @@ def _additive(walk: Walk, keep: str) -> str:
     return f"{where}({keep}, {query}.new_zeros(()), {fill})"
 
 
-def _spelled_as_a_root(walk: Walk) -> bool:
+def _spelled_as_a_root(reading: Reading) -> bool:
     """The scale is one number written as an inverse square root (`self.scale = head_dim ** -0.5`, or a
     division by `math.sqrt(d)`), with no choice in it (`qk_scale or head_dim ** -0.5` may be set otherwise
     in another model, so it is kept even when this one holds the default)."""
-    chain = walk.chain
+    chain = reading.chain
     if len(chain.factors) + len(chain.divisors) != 1:
         return False
     factor = (chain.factors or chain.divisors)[0]
-    if isinstance(factor, cst.Attribute) and code_of(factor.value) == "self" and walk.classdef is not None:
-        made = self_assignments(walk.classdef, factor.attr.value)
+    if isinstance(factor, cst.Attribute) and code_of(factor.value) == "self" and reading.classdef is not None:
+        made = self_assignments(reading.classdef, factor.attr.value)
         if len(made) != 1:
             return False
         factor = made[0]
     elif isinstance(factor, cst.Name):
-        made = local_assignments(walk.function, factor.value)
+        made = local_assignments(reading.function, factor.value)
         if len(made) != 1:
             return False
         factor = made[0]
-    if any(isinstance(n, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) for n in all_nodes(factor)):
+    if m.findall(factor, m.BooleanOperation() | m.IfExp() | m.Lambda()):
         return False
     text = compact(factor)
     power = re.fullmatch(r"\(?(.+?)\)?\*\*\(?(-?)0\.5\)?", text)
@@ -107,28 +108,24 @@ def _spelled_as_a_root(walk: Walk) -> bool:
     return root is not None and _names_a_head_dim(root)
 
 
-def _layout(walk: Walk, callee: str, parts: list[str]) -> str:
+def _layout(reading: Reading, callee: str, parts: list[str]) -> str:
     """The call's arguments as a formatter writes them: on one line when the whole line fits, else on one
     indented line of their own, else one a line with a trailing comma."""
-    indent, inside = walk.indent, ", ".join(parts)
-    statement = code_of(walk.chain.values_statement.body[0]) if walk.chain.values_statement is not None else ""
-    product = code_of(walk.chain.values_product)
+    indent, inside = reading.indent, ", ".join(parts)
+    statement = code_of(reading.chain.values_statement.body[0]) if reading.chain.values_statement is not None else ""
+    product = code_of(reading.chain.values_product)
     before, _, after = statement.partition(product)
     line = len(indent) + len(before.split("\n")[-1]) + len(callee) + len(inside) + 2 + len(after.split("\n")[0])
     return laid_out(parts, indent, line)
 
 
-def _local_definitions(walk: Walk) -> dict[str, str]:
+def _local_definitions(reading: Reading) -> dict[str, str]:
     """What each variable assigned exactly once in the function is set to, without spaces."""
     found: dict[str, list[str]] = {}
-
-    class _Assignments(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            for target in node.targets:
-                if isinstance(target.target, cst.Name):
-                    found.setdefault(target.target.value, []).append(compact(node.value))
-
-    walk.function.visit(_Assignments())
+    for assign in m.findall(reading.function, m.Assign()):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                found.setdefault(target.target.value, []).append(compact(assign.value))
     return {name: values[0] for name, values in found.items() if len(values) == 1}
 
 

@@ -17,12 +17,13 @@ and where the fused branch would leave a name unset that later code reads."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.attention.branches import with_block
-from graphlint.rewrite.attention.chain import Walk, anchor_at_the_values, block_in
+from graphlint.rewrite.attention.chain import Reading, anchor_at_the_values, block_in
 from graphlint.rewrite.contract import Refused, Rewrite, code_of, names_read
 from graphlint.rewrite.source import assigned_names, calls_in, indent_of, inside, mutated_in_place, path_to
 from graphlint.results import SAFE
@@ -46,24 +47,24 @@ class _Fallback(cst.If):
 
 
 def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
-                     rewrite: Callable[[Walk], Rewrite], mask_cast: bool = False) -> Rewrite:
+                     rewrite: Callable[[Reading], Rewrite], mask_cast: bool = False) -> Rewrite:
     """The fused call under the complement of the `if`s that read the probabilities, the original statements
     in the `else:`; raises `why` where no such `if` stands in the way or the fused path cannot be read."""
-    walk = Walk(site, rank, default_scale, mask_cast)
-    anchor_at_the_values(walk)
-    values = site.role("values")
-    block = list(walk.block)
-    end = next((i for i, s in enumerate(block) if values and inside(values[0].node, s)), None)
-    if walk.scopes or walk.start is not None or end is None or walk.softmax_statement not in block:
+    reading = Reading(site, rank, default_scale, mask_cast)
+    anchor_at_the_values(reading)
+    values = reading.match.values
+    block = list(reading.block)
+    end = next((i for i, s in enumerate(block) if values is not None and inside(values.node, s)), None)
+    if reading.scopes or reading.start is not None or end is None or reading.softmax_statement not in block:
         raise why
-    start = block.index(walk.softmax_statement)
-    made, guards = set(assigned_names(walk.softmax_statement)), []
+    start = block.index(reading.softmax_statement)
+    made, guards = set(assigned_names(reading.softmax_statement)), []
     for statement in block[start + 1:end]:
         if isinstance(statement, cst.If) and made & {n.value for n in names_read(statement)} and \
                 not _module_call_alone(statement):
             guards.append(statement)
         made |= assigned_names(statement)
-    if not guards or any(inside(r.node, g) for r in site.roles for g in guards):
+    if not guards or any(inside(r.node, g) for r in reading.match.nodes() for g in guards):
         raise why  # nothing under a flag, or a flag the graph took: the reason stands
     for guard in guards:
         if not isinstance(guard.body, cst.IndentedBlock) or (guard.orelse is not None and (
@@ -74,23 +75,23 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
                           "once more, before the attention")
     not_taken = {id(g): list(g.orelse.body.body) if g.orelse is not None else [] for g in guards}
     path = [s for b in block for s in (not_taken[id(b)] if id(b) in not_taken else [b])]
-    indent = indent_of(walk.module, walk.softmax_statement)
-    walk.function = with_block(walk.function, guards[0], path)
-    walk.block, walk.softmax_statement = block_in(walk.function, walk.softmax)
-    walk.indent = ""  # the fused call is laid out inside the `if`, whose lines take the block's indent
+    indent = indent_of(reading.module, reading.softmax_statement)
+    reading.function = with_block(reading.function, guards[0], path)
+    reading.block, reading.softmax_statement = block_in(reading.function, reading.softmax)
+    reading.indent = ""  # the fused call is laid out inside the `if`, whose lines take the block's indent
     try:
-        inner = rewrite(walk)
+        inner = rewrite(reading)
     except Refused:
         raise why from None
     if inner.inserted:
         raise why
-    copy = list(walk.block)
+    copy = list(reading.block)
     # `(out, probs) if output_attentions else (out,)` after the attention: read only where that flag holds, so
     # the flag joins the guard and the read stays as written.
-    chosen = [_chosen_by_a_flag(walk.function, e) for e in walk.chain.elsewhere]
+    chosen = [_chosen_by_a_flag(reading.function, e) for e in reading.chain.elsewhere]
     if any(c is None for c in chosen):
         raise why
-    also = [(old, new) for old, new in inner.also if not any(old is e for e in walk.chain.elsewhere)]
+    also = [(old, new) for old, new in inner.also if not any(old is e for e in reading.chain.elsewhere)]
     if any(s not in copy for s in inner.removed) or any(not any(inside(old, s) for s in copy) for old, _ in also):
         raise why
     first = min([copy.index(s) for s in inner.removed] + [copy.index(block[end])])
@@ -118,7 +119,7 @@ def guarded_fallback(site, rank: int | None, default_scale: bool, why: Refused,
     parts = [p for p in inner.message.split("; ") if not p.endswith("returned or stored as None")]
     message = f"{parts[0]} where `{code_of(test)}`, the statements as written otherwise" + \
         "".join(f"; {p}" for p in parts[1:])
-    applicability = inner.applicability if len(parts) > 1 or not walk.chain.elsewhere else SAFE
+    applicability = inner.applicability if len(parts) > 1 or not reading.chain.elsewhere else SAFE
     # The lines before each later statement (comments, blank lines) move into the `else:` with it.
     between = tuple(line for statement in real[1:] for line in statement.leading_lines)
     return Rewrite(real[0], node, message, removed=(*real[1:], *between), imports=inner.imports,
@@ -161,34 +162,14 @@ def _check_guards_unchanged(tests: list) -> None:
                               "so the attention stays as written")
 
 
-def _operands(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+def _operands(test: cst.BaseExpression) -> Sequence[cst.CSTNode]:
     """The names and attribute chains a test reads: `self.save_attention`, `layer_head_mask`."""
-    found: list[cst.BaseExpression] = []
-
-    class _Reads(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            found.append(node)
-            return True
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.append(node)
-
-    test.visit(_Reads())
-    return found
+    return m.findall(test, m.Attribute() | m.Name())
 
 
 def _attribute_targets(statement: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class _Targets(cst.CSTVisitor):
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            found.update(code_of(t) for t in _operands(node.target))
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            found.update(code_of(t) for t in _operands(node.target))
-
-    statement.visit(_Targets())
-    return found
+    """What a statement assigns, as written: each name and attribute chain of its targets."""
+    return {code_of(t) for node in m.findall(statement, m.AssignTarget() | m.AugAssign()) for t in _operands(node.target)}
 
 
 def _complement(test: cst.BaseExpression) -> str:
@@ -207,7 +188,8 @@ def _complement(test: cst.BaseExpression) -> str:
 
 
 class _Replace(cst.CSTTransformer):
-    """The rewrite's replacements, found by identity."""
+    """The rewrite's replacements, found by identity (libcst.matchers.replace matches the original node but hands
+    its callable the rebuilt one, so a replacement keyed by the original has no matcher)."""
 
     def __init__(self, replaced: dict[int, cst.CSTNode]) -> None:
         super().__init__()

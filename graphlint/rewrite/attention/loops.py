@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Walk
+from graphlint.rewrite.attention.chain import Reading
 from graphlint.rewrite.contract import Refused, atom, code_of, names_read
 from graphlint.rewrite.source import assigned_names, inside, mutated_in_place, plain_assignment, redefinition
 
 
-def summed_in_a_loop(walk: Walk, name: str, before: cst.BaseStatement) -> tuple[cst.For, list] | None:
+def summed_in_a_loop(reading: Reading, name: str, before: cst.BaseStatement) -> tuple[cst.For, list] | None:
     """(the loop, the biases it adds, in order) when the last statement before `before` that changes `name`
     is `for b in <fixed list>: name += b`; None when `name` is set otherwise."""
-    body = list(walk.scopes[-1].block if walk.scopes else walk.block)
+    body = list(reading.scopes[-1].block if reading.scopes else reading.block)
     if before not in body:
         return None
     loop = next((s for s in reversed(body[: body.index(before)])
@@ -34,10 +34,10 @@ def summed_in_a_loop(walk: Walk, name: str, before: cst.BaseStatement) -> tuple[
         return None
     if loop.orelse is not None:
         raise Refused(f"the loop that adds `{target}` to `{name}` has an `else`")
-    return loop, _elements(walk, loop, body)
+    return loop, _elements(reading, loop, body)
 
 
-def _elements(walk: Walk, loop: cst.For, body: list) -> list[cst.BaseExpression]:
+def _elements(reading: Reading, loop: cst.For, body: list) -> list[cst.BaseExpression]:
     """The items of the loop's list, written in the loop or in one `biases = [...]` of the block that nothing
     changes before the loop."""
     iterable = loop.iter
@@ -55,14 +55,14 @@ def _elements(walk: Walk, loop: cst.For, body: list) -> list[cst.BaseExpression]
     return [e.value for e in listed.elements]
 
 
-def list_statement(walk: Walk, loop: cst.For) -> cst.BaseStatement | None:
+def list_statement(reading: Reading, loop: cst.For) -> cst.BaseStatement | None:
     """The `biases = [...]` the loop reads, when nothing else in the function reads it (it goes too)."""
     if not isinstance(loop.iter, cst.Name):
         return None
     name = loop.iter.value
-    body = list(walk.block)
+    body = list(reading.block)
     made = [s for s in body[: body.index(loop)] if plain_assignment(s, name)] if loop in body else []
-    reads = [n for n in names_read(walk.function) if n.value == name]
+    reads = [n for n in names_read(reading.function) if n.value == name]
     if len(made) != 1 or any(not inside(n, loop) and not inside(n, made[0]) for n in reads):
         return None
     return made[0]

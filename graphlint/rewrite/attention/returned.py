@@ -5,9 +5,10 @@ values cannot be read at the helper's call. Reads only source, so chain.py can u
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.contract import Refused, call_parts, code_of, names_read
-from graphlint.rewrite.source import (all_nodes, calls_in, class_of, deletes, functions_in, path_to,
+from graphlint.rewrite.source import (calls_in, class_of, deletes, functions_in, path_to,
                                       plain_name_assignment)
 from graphlint.opnames import CAST
 
@@ -53,7 +54,7 @@ def returned_from(helper: cst.FunctionDef, softmax: cst.CSTNode, statement: cst.
         if current is None:
             raise Refused(why + _used_in(statement))
     first = body.index(walked[0])
-    early = [s for s in body[:-1] if any(isinstance(n, cst.Return) for n in all_nodes(s))]
+    early = [s for s in body[:-1] if m.findall(s, m.Return())]
     if statement is not body[-1] or any(not _same_softmax_returned(s, softmax) for s in early):
         raise Refused(f"`{helper.name.value}` returns more than once, not always the same softmax")
     # Statements before the softmax read the scores under the same name (`w = w.softmax(-1)`): not its result.
@@ -116,8 +117,7 @@ def why_not_called(helper: cst.FunctionDef, caller: cst.FunctionDef, module: cst
                     f"`{code_of(positional[1])}` names")
     owner, theirs = class_of(module, caller), class_of(module, helper)
     if calls == 0 and owner is not None and theirs is not None and owner is not theirs:
-        held = [code_of(t.target) for f in functions_in(owner) for n in all_nodes(f) if isinstance(n, cst.Assign)
-                and call_parts(n.value)[0] == theirs.name.value for t in n.targets]
+        held = [code_of(t.target) for n in _made_of(owner, theirs) for t in n.targets]
         through = f"the module `{held[0]}`" if held else "a module"
         return (f"the softmax is in `{theirs.name.value}.{helper_name}`, which `{caller_name}` reaches through "
                 f"{through}; graphlint reads only helpers `{caller_name}` calls itself")
@@ -134,10 +134,15 @@ def module_call(helper: cst.FunctionDef, caller: cst.FunctionDef, module: cst.Mo
     forward = next((f for f in functions_in(theirs) if f.name.value == "forward"), None)
     if forward is None or (forward is not helper and not _passes_on(forward, helper)):
         return None
-    held = {code_of(t.target) for f in functions_in(owner) for n in all_nodes(f) if isinstance(n, cst.Assign)
-            and call_parts(n.value)[0] == theirs.name.value for t in n.targets}
+    held = {code_of(t.target) for n in _made_of(owner, theirs) for t in n.targets}
     calls = [c for c in calls_in(caller) if code_of(c.func) in held]
     return calls[0] if len(calls) == 1 and len(held) == 1 else None
+
+
+def _made_of(owner: cst.ClassDef, made: cst.ClassDef) -> list[cst.Assign]:
+    """The assignments in `owner`'s methods of a call named as the class `made` (`self.attr = ThatClass(...)`)."""
+    called = m.Assign(value=m.MatchIfTrue(lambda value: call_parts(value)[0] == made.name.value))
+    return [n for f in functions_in(owner) for n in m.findall(f, called)]
 
 
 def _passes_on(forward: cst.FunctionDef, helper: cst.FunctionDef) -> bool:
