@@ -71,14 +71,18 @@ def _suppressions(paths: list[str], spans, sources: _Sources) -> list:
 
 
 def _merge_across_targets(findings) -> list[Finding]:
-    """Two targets that run the same code report the same finding once, naming both targets."""
+    """Two targets that run the same code report the same finding once, naming both targets; its cost is the one
+    of the target where it costs the most time per step (what `--sort cost` ranks and a user pays at worst)."""
     merged: dict[tuple, Finding] = {}
     for finding in findings:
         key = (finding.rule_id, finding.location)
         if key in merged:
             known = merged[key]
+            costliest = known.cost
+            if finding.cost is not None and (costliest is None or finding.cost.seconds > costliest.seconds):
+                costliest = finding.cost
             merged[key] = replace(known, targets=known.targets + tuple(t for t in finding.targets
-                                                                       if t not in known.targets))
+                                                                       if t not in known.targets), cost=costliest)
         else:
             merged[key] = finding
     return list(merged.values())

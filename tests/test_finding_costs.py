@@ -9,7 +9,8 @@ import pytest
 
 from conftest import run_graphlint, validate_sarif, write
 from graphlint.costs import PricedOp, StepLines, finding_lines, with_costs
-from graphlint.results import Finding, Location, Related, Severity
+from graphlint.policy import _merge_across_targets
+from graphlint.results import Cost, Finding, Location, Related, Severity
 
 # A hand-written SiLU early in the file (small), then attention written out (large): by line the SiLU comes first,
 # by cost the attention.
@@ -204,3 +205,15 @@ def test_a_rule_without_a_model_has_a_time_but_no_saving_and_other_rules_no_cost
 def test_only_pattern_rules_count_their_related_lines():
     assert finding_lines(_finding("GL101", 4, related=(2, 3))) == {("/m.py", 2), ("/m.py", 3), ("/m.py", 4)}
     assert finding_lines(_finding("GL105", 4, related=(6,))) == {("/m.py", 4)}
+
+
+def test_a_finding_two_targets_share_carries_the_cost_of_the_target_where_it_costs_most():
+    def found(target: str, seconds: float | None) -> Finding:
+        cost = None if seconds is None else Cost(seconds, seconds / 2, 10 * seconds, "NVIDIA H100 SXM5 80GB", 8)
+        return Finding("GL101", "unfused-attention", Severity.WARNING, "m", Location("model.py", 3, 5, 3, 9),
+                       targets=(target,), cost=cost)
+
+    [merged] = _merge_across_targets([found("small", 0.001), found("large", 0.004), found("medium", 0.002)])
+    assert merged.targets == ("small", "large", "medium") and merged.cost.seconds == 0.004
+    [merged] = _merge_across_targets([found("unpriced", None), found("small", 0.001)])
+    assert merged.cost.seconds == 0.001
