@@ -8,7 +8,6 @@ and the locate step turns them into findings at the user's source spans, one per
 
 from __future__ import annotations
 
-import importlib
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -58,30 +57,39 @@ class Example:
         return lines
 
 
-class FixerAt:
-    """A rule's fixer named by where it lives, `FixerAt("graphlint.rewrite.norms:library_norm", kind="rms")`, and
-    imported on its first call: loading the rules imports no fixer, so a run with nothing to fix never imports
-    libcst. The call is `function(site, **keywords)`, as `functools.partial(function, **keywords)` would make it."""
+class LazyFixer:
+    """A rule's fixer, imported on its first call. It decorates a function of the rule's own module whose body
+    imports the fixer and returns it:
 
-    def __init__(self, where: str, **keywords: object) -> None:
-        module, _, name = where.partition(":")
-        if not module or not name:
-            raise ValueError(f"a fixer is named 'package.module:function', not {where!r}")
-        self.where = where
+        @LazyFixer
+        def library_norm():
+            from graphlint.rewrite.norms import library_norm
+            return library_norm
+
+    That import is at function level, so tests/test_import_graph.py counts the rule → fixer edge and a renamed
+    fixer fails the tests (tests/test_lazy_fixers.py loads every one), while loading the rules imports no fixer
+    and a run with nothing to fix never imports libcst. `library_norm.bound(kind="rms")` is the same fixer called
+    as `function(site, kind="rms")`, as `functools.partial` would call it."""
+
+    def __init__(self, load: Callable[[], Callable[..., Rewrite | str]], **keywords: object) -> None:
+        self.load = load
         self.keywords = keywords
+
+    def bound(self, **keywords: object) -> LazyFixer:
+        """The same fixer, called with these keywords beside the site."""
+        return LazyFixer(self.load, **{**self.keywords, **keywords})
 
     @property
     def function(self) -> Callable[..., Rewrite | str]:
         """The fixer's function, imported now."""
-        module, _, name = self.where.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return self.load()
 
     def __call__(self, site: FixSite) -> Rewrite | str:
         return self.function(site, **self.keywords)
 
     def __repr__(self) -> str:
         keywords = "".join(f", {name}={value!r}" for name, value in self.keywords.items())
-        return f"FixerAt({self.where!r}{keywords})"
+        return f"LazyFixer({self.load.__module__}.{self.load.__qualname__}{keywords})"
 
 
 # Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
@@ -114,7 +122,7 @@ class Problem:
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `FixerAt`
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `LazyFixer`
     so that nothing imports it before a finding needs it; `roles` are
     the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
     nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.

@@ -10,7 +10,7 @@ from graphlint.capture import facts
 from graphlint.memory.savings import norm_savings
 from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
 from graphlint.walk import line
 
 
@@ -350,6 +350,14 @@ class UnfusedNorm(Rule):
                     yield replace(problem, saves_bytes=saves)
 
 
+@LazyFixer
+def library_norm():
+    """GL106's fix: F.layer_norm or F.rms_norm in place of the norm written by hand."""
+    from graphlint.rewrite.norms import library_norm
+
+    return library_norm
+
+
 def _problem(step: fx.Node, mean: fx.Node, kind: str, roles: tuple[tuple[str, fx.Node], ...] = ()) -> Problem:
     library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
     meta = tensor_meta(step)
@@ -363,8 +371,7 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str, roles: tuple[tuple[str, fx
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=FixerAt("graphlint.rewrite.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
-                    flat=_flat_parameters(step, shape)),
+        fix=library_norm.bound(kind=kind, channel=channel, dims=len(dims), flat=_flat_parameters(step, shape)),
         roles=roles,
     )
 

@@ -9,7 +9,7 @@ from torch import fx
 from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
 from graphlint.walk import operands
 
 _ADD = frozenset({"add"})
@@ -254,11 +254,19 @@ class UnfusedActivation(Rule):
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel"
                                  + (" and saves less for backward." if saves > 0 else ".")),
-                        fix=FixerAt("graphlint.rewrite.activations:activation_call", library=library),
+                        fix=activation_call.bound(library=library),
                         # The fixer reads the formula's input from the one sigmoid, tanh, erf or exp it is built on.
                         roles=(("formula", outer), ("transcendental", node)),
                         saves_bytes=saves,
                     )
+
+
+@LazyFixer
+def activation_call():
+    """GL107's fix: the library activation in place of its formula."""
+    from graphlint.rewrite.activations import activation_call
+
+    return activation_call
 
 
 _WHAT = {

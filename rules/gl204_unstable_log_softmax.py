@@ -6,7 +6,7 @@ from torch import fx
 
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
 from graphlint.walk import chain
 
 _LOG = frozenset({"log", "log2", "log10"})
@@ -233,6 +233,14 @@ def _one_minus(node: fx.Node) -> bool:
     return op(node) == "rsub" and arg(node, 1, "other") == 1
 
 
+@LazyFixer
+def log_probabilities():
+    """GL204's fix: log_softmax or logsigmoid of the logits."""
+    from graphlint.rewrite.log_softmax import log_probabilities
+
+    return log_probabilities
+
+
 def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.Node, ...]) -> Problem:
     if op(source) == "sigmoid":
         what = "1 - sigmoid" if complement else "a sigmoid"
@@ -246,7 +254,7 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.
         message=(f"{op(log)} of {what} in {{where}}{{occurrences}} is -inf, with NaN gradients, as soon as a "
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
-        fix=FixerAt("graphlint.rewrite.log_softmax:log_probabilities"),
+        fix=log_probabilities,
         roles=_roles(log, source, between),
     )
 

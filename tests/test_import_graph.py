@@ -136,6 +136,22 @@ def test_graphlint_and_the_rules_have_no_import_cycle():
     assert [" → ".join(cycle) for cycle in cycles(graph)] == []
 
 
+# Each rule that fixes, and the module of its fixer: a function-level import, loaded when a finding is fixed.
+RULE_TO_FIXER = {
+    "rules.gl101_unfused_attention": "graphlint.rewrite.attention",
+    "rules.gl105_bias_before_norm": "graphlint.rewrite.bias",
+    "rules.gl106_unfused_norm": "graphlint.rewrite.norms",
+    "rules.gl107_unfused_activation": "graphlint.rewrite.activations",
+    "rules.gl201_inplace_on_saved": "graphlint.rewrite.out_of_place",
+    "rules.gl204_unstable_log_softmax": "graphlint.rewrite.log_softmax",
+}
+
+
+def test_the_graph_sees_each_rule_reach_its_fixer():
+    graph = import_graph()
+    assert {rule: fixer for rule, fixer in RULE_TO_FIXER.items() if fixer not in graph[rule]} == {}
+
+
 def test_a_cycle_is_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(cycles(graph)) == [["a", "b", "c", "a"], ["e", "e"]]

@@ -30,7 +30,7 @@ from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
 from graphlint.results import Finding, Fix, Location, Related
-from graphlint.rule import FixerAt, Problem, Rule, fill
+from graphlint.rule import LazyFixer, Problem, Rule, fill
 
 if TYPE_CHECKING:
     from graphlint.locate.spans import SourceSpans
@@ -297,10 +297,10 @@ def _together(fixes: list[Fix]) -> Fix | None:
 
 
 def _fixer_key(fixer) -> object:
-    """Fixers that rewrite alike: the same function, or partials (or `FixerAt`s) of it with equal arguments (a
+    """Fixers that rewrite alike: the same function, or partials (or `LazyFixer`s) of it with equal arguments (a
     rule makes one per problem)."""
-    if isinstance(fixer, FixerAt):
-        key = (fixer.where, tuple(sorted(fixer.keywords.items())))
+    if isinstance(fixer, LazyFixer):
+        key = (fixer.load, tuple(sorted(fixer.keywords.items())))
     elif isinstance(fixer, functools.partial):
         key = (fixer.func, fixer.args, tuple(sorted(fixer.keywords.items())))
     else:
