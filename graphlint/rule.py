@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
-from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from graphlint.results import Severity
 
@@ -92,6 +92,40 @@ class LazyFixer:
         return f"LazyFixer({self.load.__module__}.{self.load.__qualname__}{keywords})"
 
 
+Matched = TypeVar("Matched")  # a match's node: an fx.Node in the rule, a contract.Role in the fixer
+MatchT = TypeVar("MatchT", bound="Match")
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a rule matched, typed: the base of a frozen dataclass whose fields name the nodes its fix is built
+    from, each a node, None, or a tuple of nodes (`class NormMatch(Match, Generic[Matched])`, `step: Matched`).
+    The rule fills it with graph nodes (`Problem.match`); locate hands the fixer the same record with each node
+    replaced by the libcst node it ran at (`FixSite.match`, each a `graphlint.rewrite.contract.Role`), None, or
+    left out of its tuple, where it ran in no file of the user's. A fixer reads it by attribute, so that a
+    misspelt role is an error, not an empty answer."""
+
+    def nodes(self) -> Iterator[tuple[str, object]]:
+        """(field name, node) for every node of the record, in field order."""
+        for each in fields(self):
+            value = getattr(self, each.name)
+            for node in value if isinstance(value, tuple) else (value,):
+                if node is not None:
+                    yield each.name, node
+
+    def resolved(self: MatchT, resolve: Callable[[str, object], object | None]) -> MatchT:
+        """The same record with each node replaced by `resolve(field name, node)`; an answer of None is None in a
+        field of one node and left out of a tuple."""
+        values = {}
+        for each in fields(self):
+            value = getattr(self, each.name)
+            if isinstance(value, tuple):
+                values[each.name] = tuple(found for node in value if (found := resolve(each.name, node)) is not None)
+            elif value is not None:
+                values[each.name] = resolve(each.name, value)
+        return replace(self, **values)
+
+
 # Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
 MERGE_PLACEHOLDERS = frozenset({"where", "occurrences", "count", "parameters", "them"})
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -123,9 +157,10 @@ class Problem:
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
     it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `LazyFixer`
-    so that nothing imports it before a finding needs it; `roles` are
-    the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
-    nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.
+    so that nothing imports it before a finding needs it; `match` is what the rule matched, a `Match`
+    of named nodes, which locate hands the fixer as the libcst nodes they ran at, so that a fix is built from
+    the match rather than from a second reading of the source (`roles`, the same as `(name, node)` pairs, is
+    the older form that GL101 still gives).
     """
 
     message: str
@@ -136,7 +171,8 @@ class Problem:
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
-    roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role
+    roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role (GL101; the others: `match`)
+    match: Match | None = None  # what the fix is built from, typed
     facts: Mapping[str, object] = field(default_factory=dict, compare=False)  # what the message names
     saves_bytes: int = 0  # activation memory the fix would keep less for backward here (graphlint.memory.savings)
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Generic
 
 from torch import fx
 
 from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, LazyFixer, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import operands
 
 _ADD = frozenset({"add"})
@@ -255,10 +257,18 @@ class UnfusedActivation(Rule):
                                  f"{library} runs it as one kernel"
                                  + (" and saves less for backward." if saves > 0 else ".")),
                         fix=activation_call.bound(library=library),
-                        # The fixer reads the formula's input from the one sigmoid, tanh, erf or exp it is built on.
-                        roles=(("formula", outer), ("transcendental", node)),
+                        match=ActivationMatch(formula=outer, transcendental=node),
                         saves_bytes=saves,
                     )
+
+
+@dataclass(frozen=True)
+class ActivationMatch(Match, Generic[Matched]):
+    """What GL107's fix is built from: the formula's last op, and the one sigmoid, tanh, erf or exp it is built
+    on, from which the fixer reads the formula's input."""
+
+    formula: Matched
+    transcendental: Matched
 
 
 @LazyFixer

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Generic
+
 from torch import fx
 
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, LazyFixer, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import chain
 
 _LOG = frozenset({"log", "log2", "log10"})
@@ -255,12 +258,17 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
         fix=log_probabilities,
-        roles=_roles(log, source, between),
+        match=LogSoftmaxMatch(log=log, probabilities=source, complement=next(filter(_one_minus, between), None),
+                              picks=tuple(n for n in between if not _one_minus(n))),
     )
 
 
-def _roles(log: fx.Node, source: fx.Node, between: tuple[fx.Node, ...]) -> tuple[tuple[str, fx.Node], ...]:
-    """What the fix is built from: the log, each pick between it and the probabilities (the `1 - p` of a
-    sigmoid's complement by its own name), and the softmax or sigmoid that makes them."""
-    steps = tuple(("complement" if _one_minus(n) else "pick", n) for n in between)
-    return (("log", log), *steps, ("probabilities", source))
+@dataclass(frozen=True)
+class LogSoftmaxMatch(Match, Generic[Matched]):
+    """What GL204's fix is built from: the log, the softmax or sigmoid that makes the probabilities, the `1 - p`
+    of a sigmoid's complement, and the other picks between the log and the probabilities, nearest the log first."""
+
+    log: Matched
+    probabilities: Matched
+    complement: Matched | None = None
+    picks: tuple[Matched, ...] = ()

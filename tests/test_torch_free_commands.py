@@ -283,3 +283,12 @@ def test_a_rule_whose_source_is_not_literal_is_imported(body):
     source = f"from graphlint.rule import Rule\n\n\nclass Made(Rule):\n    id = 'GLX001'\n{body}"
     with pytest.raises(catalog.NotLiteral):
         catalog.read_rules(source, "made")
+
+
+def test_a_match_record_beside_a_rule_is_read_as_no_rule():
+    """A rule's typed match (`class NormMatch(Match, Generic[Matched])`) sits in its module without making the
+    module one that only an import can tell."""
+    source = ("from typing import Generic\n\nfrom graphlint.rule import Match, Matched, Rule\n\n\n"
+              "class Found(Match, Generic[Matched]):\n    node: Matched\n\n\n"
+              "class Made(Rule):\n    id = 'GLX001'\n")
+    assert [rule.__name__ for rule in catalog.read_rules(source, "made")] == ["Made"]

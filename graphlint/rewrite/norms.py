@@ -4,6 +4,8 @@ Proven on the model before `--fix` writes it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
 from graphlint.rewrite.formulas import (assigned_once, factors_of, held, input_of, is_difference, is_self_attribute,
@@ -11,6 +13,9 @@ from graphlint.rewrite.formulas import (assigned_once, factors_of, held, input_o
 from graphlint.rewrite.contract import (FixSite, ImportNames, LINE_LENGTH, Rewrite, atom, call_parts, code_of,
                                         dead_definitions, is_namespace, laid_out, names_read, one_line)
 from graphlint.rewrite.source import all_nodes, is_number
+
+if TYPE_CHECKING:
+    from graphlint.rewrite.contract import Role
 
 
 def library_norm(site: FixSite, kind: str, channel: int | None = None, dims: int = 1,
@@ -107,7 +112,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    found = _root(_as_operation(site.node, site.imports), site.function, site.imports, _matched(site, "root"))
+    found = _root(_as_operation(site.node, site.imports), site.function, site.imports, _matched(site.match.root))
     eps = _eps(found[0], site.imports) if found is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
@@ -153,7 +158,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     step = _as_operation(node, site.imports)
     if not isinstance(step, cst.BinaryOperation) or not isinstance(step.operator, (cst.Multiply, cst.Divide)):
         return "the normalising step is not one product or quotient graphlint can rewrite"
-    found = _root(step, site.function, site.imports, _matched(site, "root"))
+    found = _root(step, site.function, site.imports, _matched(site.match.root))
     if found is None:
         return "the root of the statistic is not a factor of the normalising step"
     root, numerator = found
@@ -162,7 +167,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         return "the epsilon could not be read from the normalising step"
     factors = factors_of(numerator)
     if kind == "LayerNorm":
-        matched = _matched(site, "centred")
+        matched = _matched(site.match.centred)
         centred = [f for f in factors if is_difference(_as_operation(value_of(f, site.function), site.imports))
                    and (matched is None or _computes(f, matched, site.function))]
         if len(centred) != 1:
@@ -237,11 +242,10 @@ def _as_operation(node: cst.CSTNode, imports: ImportNames) -> cst.CSTNode:
     return cst.BinaryOperation(left=atom(operands[0]), operator=operators[name](), right=atom(operands[1]))
 
 
-def _matched(site: FixSite, name: str) -> cst.CSTNode | None:
-    """The node of GL106's role `name` ("root", "centred") as it ran in the source; None when the rule named none
-    or it ran in no file of the user's."""
-    found = site.role(name)
-    return found[0].node if found else None
+def _matched(role: Role | None) -> cst.CSTNode | None:
+    """The node of one of GL106's match (`site.match.root`) as it ran in the source; None when the rule matched
+    none or it ran in no file of the user's."""
+    return role.node if role is not None else None
 
 
 def _computes(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
@@ -276,7 +280,7 @@ def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNa
     """(what the root is taken of, with the variables the function assigns once written out; the numerator) of a
     normalising step: `y / sqrt(s)`, `y / s ** 0.5`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
     `y * sqrt(s).reciprocal()`, either order for a product; None otherwise. With `matched`, the root the graph ran
-    (GL106's role `root`), only an operand that computes it is read as the root."""
+    (GL106's `match.root`), only an operand that computes it is read as the root."""
     if not isinstance(node, cst.BinaryOperation):
         return None
     if isinstance(node.operator, cst.Divide):
