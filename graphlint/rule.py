@@ -63,7 +63,7 @@ class LazyFixer:
 
         @LazyFixer
         def library_norm():
-            from graphlint.rewrite.norms import library_norm
+            from .fix import library_norm  # the rule package's fix.py
             return library_norm
 
     That import is at function level, so tests/test_import_graph.py counts the rule → fixer edge and a renamed

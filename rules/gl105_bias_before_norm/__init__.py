@@ -272,7 +272,7 @@ class BiasBeforeNorm(Rule):
 @LazyFixer
 def without_bias():
     """GL105's fix: the layer built with bias=False."""
-    from graphlint.rewrite.bias import without_bias
+    from .fix import without_bias
 
     return without_bias
 

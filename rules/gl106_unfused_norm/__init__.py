@@ -354,7 +354,7 @@ class UnfusedNorm(Rule):
 @LazyFixer
 def library_norm():
     """GL106's fix: F.layer_norm or F.rms_norm in place of the norm written by hand."""
-    from graphlint.rewrite.norms import library_norm
+    from .fix import library_norm
 
     return library_norm
 

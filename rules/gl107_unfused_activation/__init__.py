@@ -274,7 +274,7 @@ class ActivationMatch(Match, Generic[Matched]):
 @LazyFixer
 def activation_call():
     """GL107's fix: the library activation in place of its formula."""
-    from graphlint.rewrite.activations import activation_call
+    from .fix import activation_call
 
     return activation_call
 

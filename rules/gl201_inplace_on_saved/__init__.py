@@ -313,7 +313,7 @@ def _problem(writer: fx.Node, victims: list[tuple[AutogradNode, SavedTensor]]) -
 @LazyFixer
 def out_of_place():
     """GL201's fix: the write made out-of-place, or into a copy of its own."""
-    from graphlint.rewrite.out_of_place import out_of_place
+    from .fix import out_of_place
 
     return out_of_place
 

@@ -32,7 +32,7 @@ _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "ha
 
 
 def out_of_place(site: FixSite) -> Rewrite | str:
-    """GL201's fix: the same computation without the write (rules/gl201_inplace_on_saved.py, `fixes`), or why
+    """GL201's fix: the same computation without the write (rules/gl201_inplace_on_saved/__init__.py, `fixes`), or why
     this write has none."""
     try:
         return _rewrite(site)

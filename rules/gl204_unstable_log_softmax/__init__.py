@@ -239,7 +239,7 @@ def _one_minus(node: fx.Node) -> bool:
 @LazyFixer
 def log_probabilities():
     """GL204's fix: log_softmax or logsigmoid of the logits."""
-    from graphlint.rewrite.log_softmax import log_probabilities
+    from .fix import log_probabilities
 
     return log_probabilities
 
