@@ -1,6 +1,6 @@
 """Who else holds a tensor that an in-place write reaches: other names bound to it or to a view of it, the tensor
 it is itself a view of, the caller (an argument), the module (a registered buffer or parameter). GL201's fix
-(rules/gl201_inplace_on_saved/fix.py) may only make a write out-of-place, or give it a copy of its own, where nothing
+(graphlint/rewrite/out_of_place.py) may only make a write out-of-place, or give it a copy of its own, where nothing
 reads the old tensor after the write."""
 
 from __future__ import annotations

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
-
-from torch import fx
+from typing import TYPE_CHECKING
 
 from graphlint.capture import facts
 from graphlint.capture.autograd import AutogradNode, SavedTensor
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, LazyFixer, Problem, Rule
+
+if TYPE_CHECKING:  # annotations only: the rule's module imports no torch of its own
+    from torch import fx
 
 # Positional index of `inplace` in functionals that take it (modules pass it by keyword).
 _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "hardswish": 1, "hardsigmoid": 1,

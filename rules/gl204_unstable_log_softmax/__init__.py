@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic
-
-from torch import fx
+from typing import TYPE_CHECKING, Generic
 
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
 from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import chain
+
+if TYPE_CHECKING:  # annotations only: the rule's module imports no torch of its own
+    from torch import fx
 
 _LOG = frozenset({"log", "log2", "log10"})
 # Picking probabilities out (a hand-written cross-entropy) keeps them probabilities.
