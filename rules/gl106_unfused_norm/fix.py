@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.formulas import (assigned_once, factors_of, held, input_of, is_difference, is_self_attribute,
                                         unparenthesized, value_of)
 from graphlint.rewrite.contract import (FixSite, ImportNames, LINE_LENGTH, Rewrite, atom, call_parts, code_of,
                                         dead_definitions, is_namespace, laid_out, names_read, one_line)
-from graphlint.rewrite.source import all_nodes, is_number
+from graphlint.rewrite.source import all_nodes, is_number, path_to
 
 if TYPE_CHECKING:
     from graphlint.rewrite.contract import Role
@@ -193,26 +194,8 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
 
 def _innermost_block(function: cst.FunctionDef, node: cst.CSTNode) -> cst.IndentedBlock | None:
     """The innermost indented block of `function` that contains `node`."""
-    found: list[cst.IndentedBlock] = []
-
-    class _Blocks(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.open: list[cst.IndentedBlock] = []
-
-        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.open.append(block)
-
-        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.open.pop()
-
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            if visited is node and self.open:
-                found.append(self.open[-1])
-            return super().on_visit(visited)
-
-    function.visit(_Blocks())
-    return found[0] if found else None
+    blocks = [n for n in (path_to(function, node) or [])[:-1] if isinstance(n, cst.IndentedBlock)]
+    return blocks[-1] if blocks else None
 
 
 def _dead_around(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
@@ -340,12 +323,10 @@ def _expanded(node: cst.BaseExpression, function: cst.FunctionDef | None, depth:
         return node
     if node in replacements:
         return _expanded(replacements[node], function, depth - 1)
-
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original, updated):
-            return replacements.get(original, updated)
-
-    return _expanded(node.visit(_Swap()), function, depth - 1)
+    # Matched as the names read (by identity); a name's value depends only on its spelling.
+    by_name = {name.value: value for name, value in replacements.items()}
+    swapped = m.replace(node, m.MatchIfTrue(lambda n: n in replacements), lambda name, _: by_name[name.value])
+    return _expanded(swapped, function, depth - 1)
 
 
 def _same_here(x: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
@@ -385,27 +366,13 @@ def _eps(inside: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression
 
 
 def _self_attributes(function: cst.FunctionDef, exclude: str) -> list[str]:
-    found: list[str] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            text = code_of(node)
-            if code_of(node.value) == "self" and text != exclude and text not in found:
-                found.append(text)
-            return True
-
-    function.body.visit(_Visitor())
-    return found
+    """`self.x` read anywhere in the function's body, each once, in the order written, but `exclude`."""
+    read = (code_of(n) for n in m.findall(function.body, m.Attribute(value=m.Name("self", lpar=[], rpar=[]))))
+    return [text for text in dict.fromkeys(read) if text != exclude]
 
 
 def _added_attributes(function: cst.FunctionDef) -> list[cst.Attribute]:
-    found: list[cst.Attribute] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Add):
-                found.extend(s for s in (node.left, node.right)
-                             if isinstance(s, cst.Attribute) and code_of(s.value) == "self")
-
-    function.body.visit(_Visitor())
-    return found
+    """The `self.x` that a `+` of the function's body adds, either side."""
+    self_attribute = m.Attribute(value=m.Name("self", lpar=[], rpar=[]))
+    return [side for added in m.findall(function.body, m.BinaryOperation(operator=m.Add()))
+            for side in (added.left, added.right) if m.matches(side, self_attribute)]
