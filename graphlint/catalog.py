@@ -23,8 +23,9 @@ from types import ModuleType
 
 from graphlint.rule import Rule
 
-# Modules whose names a rule's metadata may use: they import no torch, so they are imported, not read.
-PLAIN_MODULES = ("graphlint.results", "graphlint.rule", "graphlint.tags", "graphlint.sizes")
+# Modules whose names a rule's metadata, or the bases of the module's other classes, may use: they import no torch,
+# so they are imported, not read (typing: a rule's match is a `Match, Generic[Matched]`, which is no rule).
+PLAIN_MODULES = ("graphlint.results", "graphlint.rule", "graphlint.tags", "graphlint.sizes", "typing")
 # The attributes a rule's metadata is made of (graphlint.rule.Rule's class attributes).
 METADATA = frozenset({"id", "name", "severity", "tags", "precision", "default_enabled", "summary", "what", "why",
                       "example", "instead", "fixes", "bad_examples", "good_examples", "reads_findings"})
@@ -157,6 +158,11 @@ def _value(node: ast.expr, names: dict[str, object]) -> object:
         owner = _value(node.value, names)
         if isinstance(owner, type) and hasattr(owner, node.attr):
             return getattr(owner, node.attr)  # Severity.WARNING
+    if isinstance(node, ast.Subscript):  # Generic[Matched]
+        try:
+            return _value(node.value, names)[_value(node.slice, names)]
+        except (TypeError, LookupError):
+            raise NotLiteral(f"{ast.unparse(node)[:60]!r} cannot be read") from None
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         operand = _value(node.operand, names)
         if isinstance(operand, (int, float)):

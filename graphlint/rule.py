@@ -8,12 +8,11 @@ and the locate step turns them into findings at the user's source spans, one per
 
 from __future__ import annotations
 
-import importlib
 import re
 import textwrap
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
-from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from graphlint.results import Severity
 
@@ -58,30 +57,73 @@ class Example:
         return lines
 
 
-class FixerAt:
-    """A rule's fixer named by where it lives, `FixerAt("graphlint.rewrite.norms:library_norm", kind="rms")`, and
-    imported on its first call: loading the rules imports no fixer, so a run with nothing to fix never imports
-    libcst. The call is `function(site, **keywords)`, as `functools.partial(function, **keywords)` would make it."""
+class LazyFixer:
+    """A rule's fixer, imported on its first call. It decorates a function of the rule's own module whose body
+    imports the fixer and returns it:
 
-    def __init__(self, where: str, **keywords: object) -> None:
-        module, _, name = where.partition(":")
-        if not module or not name:
-            raise ValueError(f"a fixer is named 'package.module:function', not {where!r}")
-        self.where = where
+        @LazyFixer
+        def library_norm():
+            from .fix import library_norm  # the rule package's fix.py
+            return library_norm
+
+    That import is at function level, so tests/test_import_graph.py counts the rule → fixer edge and a renamed
+    fixer fails the tests (tests/test_lazy_fixers.py loads every one), while loading the rules imports no fixer
+    and a run with nothing to fix never imports libcst. `library_norm.bound(kind="rms")` is the same fixer called
+    as `function(site, kind="rms")`, as `functools.partial` would call it."""
+
+    def __init__(self, load: Callable[[], Callable[..., Rewrite | str]], **keywords: object) -> None:
+        self.load = load
         self.keywords = keywords
+
+    def bound(self, **keywords: object) -> LazyFixer:
+        """The same fixer, called with these keywords beside the site."""
+        return LazyFixer(self.load, **{**self.keywords, **keywords})
 
     @property
     def function(self) -> Callable[..., Rewrite | str]:
         """The fixer's function, imported now."""
-        module, _, name = self.where.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return self.load()
 
     def __call__(self, site: FixSite) -> Rewrite | str:
         return self.function(site, **self.keywords)
 
     def __repr__(self) -> str:
         keywords = "".join(f", {name}={value!r}" for name, value in self.keywords.items())
-        return f"FixerAt({self.where!r}{keywords})"
+        return f"LazyFixer({self.load.__module__}.{self.load.__qualname__}{keywords})"
+
+
+Matched = TypeVar("Matched")  # a match's node: an fx.Node in the rule, a contract.Role in the fixer
+MatchT = TypeVar("MatchT", bound="Match")
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a rule matched, typed: the base of a frozen dataclass whose fields name the nodes its fix is built
+    from, each a node, None, or a tuple of nodes (`class NormMatch(Match, Generic[Matched])`, `step: Matched`).
+    The rule fills it with graph nodes (`Problem.match`); locate hands the fixer the same record with each node
+    replaced by the libcst node it ran at (`FixSite.match`, each a `graphlint.rewrite.contract.Role`), None, or
+    left out of its tuple, where it ran in no file of the user's. A fixer reads it by attribute, so that a
+    misspelt role is an error, not an empty answer."""
+
+    def nodes(self) -> Iterator[tuple[str, object]]:
+        """(field name, node) for every node of the record, in field order."""
+        for each in fields(self):
+            value = getattr(self, each.name)
+            for node in value if isinstance(value, tuple) else (value,):
+                if node is not None:
+                    yield each.name, node
+
+    def resolved(self: MatchT, resolve: Callable[[str, object], object | None]) -> MatchT:
+        """The same record with each node replaced by `resolve(field name, node)`; an answer of None is None in a
+        field of one node and left out of a tuple."""
+        values = {}
+        for each in fields(self):
+            value = getattr(self, each.name)
+            if isinstance(value, tuple):
+                values[each.name] = tuple(found for node in value if (found := resolve(each.name, node)) is not None)
+            elif value is not None:
+                values[each.name] = resolve(each.name, value)
+        return replace(self, **values)
 
 
 # Filled in by the merge of problems at one location (graphlint.locate.place), never by a problem's facts.
@@ -114,10 +156,11 @@ class Problem:
     `related` are other nodes of the same pattern (or frames of lines no node stands for, such as a torch
     helper's) with a short label. With `at_build_site`, an op inside a
     torch.nn module is placed where the user constructed that module (the `nn.ReLU(inplace=True)`), not where
-    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `FixerAt`
-    so that nothing imports it before a finding needs it; `roles` are
-    the nodes the rule matched, by role (`("scores", node)`), which locate hands the fixer as the libcst
-    nodes they ran at, so that a fix is built from the match rather than from a second reading of the source.
+    it was called. `fix` rewrites the libcst node at the finding's span (graphlint.rewrite.contract), a `LazyFixer`
+    so that nothing imports it before a finding needs it; `match` is what the rule matched, a `Match`
+    of named nodes, which locate hands the fixer as the libcst nodes they ran at, so that a fix is built from
+    the match rather than from a second reading of the source (`roles`, the same as `(name, node)` pairs, is
+    the older form that GL101 still gives).
     """
 
     message: str
@@ -128,7 +171,8 @@ class Problem:
     at_build_site: bool = False
     parameters: tuple[str, ...] = ()
     fix: Fixer | None = None  # the rewrite of the source at the finding's span, when the rule offers one
-    roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role
+    roles: tuple[tuple[str, fx.Node], ...] = ()  # what the fix is built from, by role (GL101; the others: `match`)
+    match: Match | None = None  # what the fix is built from, typed
     facts: Mapping[str, object] = field(default_factory=dict, compare=False)  # what the message names
     saves_bytes: int = 0  # activation memory the fix would keep less for backward here (graphlint.memory.savings)
 

@@ -15,7 +15,7 @@ from graphlint.memory.savings import attention_savings
 from graphlint.ops import CAST, DROPOUT, MASK, MATMUL_LIKE, SCALE, SOFTMAX, VIEW, arg, is_static, matmul_operands, op, tensor_meta
 from graphlint.ops import MAX_PATTERN_STEPS, MUL, row_max_shift
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
 from graphlint.tags import FUSABLE_ATTENTION_TAG
 from graphlint.walk import DOWN, UP, chain, find, reach, reachable
 
@@ -386,10 +386,8 @@ class UnfusedAttention(Rule):
         steps = [op(scores)] + _step_names(before[1:]) + ["softmax"] + _step_names(after[:-1]) + [op(values)]
         advice = "use torch.nn.functional.scaled_dot_product_attention, which runs it as one fused kernel"
         meta = _meta(before[-1])
-        fix = FixerAt("graphlint.rewrite.attention:rewrite_attention",
-                      rank=len(meta.shape) if meta is not None else None,
-                      default_scale=_scaled_by_default(scores, before[1:]),
-                      mask_cast=mask_cast)
+        fix = rewrite_attention.bound(rank=len(meta.shape) if meta is not None else None,
+                                      default_scale=_scaled_by_default(scores, before[1:]), mask_cast=mask_cast)
         other = next((op(n) for n in after[:-1] if op(n) in DROPOUT and op(n) not in _ELEMENTWISE_DROPOUT), None)
         if other is not None:  # alpha or channel dropout: the fused call's dropout_p is neither
             fix = partial(_refuse, f"the probabilities pass through {other}, which the fused call's dropout_p (an "
@@ -397,7 +395,7 @@ class UnfusedAttention(Rule):
         stack = facts(softmax).stack
         if stack and is_installed_file(stack[-1].file) and library_name(stack[-1].file) == "transformers":
             advice = 'build the model with attn_implementation="sdpa" to run it as one fused kernel'
-            fix = FixerAt("graphlint.rewrite.attention:use_sdpa_in_transformers")
+            fix = use_sdpa_in_transformers
             # The model class that attn_implementation applies to: the outermost transformers model around it.
             built = next((m for m in facts(softmax).module_stack if m.supports_sdpa is not None), None)
             if built is not None and not built.supports_sdpa:
@@ -531,6 +529,22 @@ def _line(node: fx.Node) -> SourceLine:
 def _refuse(reason: str, site) -> str:
     """A fixer that declines with a reason the rule knows and the source does not show."""
     return reason
+
+
+@LazyFixer
+def rewrite_attention():
+    """GL101's fix: one scaled_dot_product_attention call in place of the chain."""
+    from graphlint.rewrite.attention import rewrite_attention
+
+    return rewrite_attention
+
+
+@LazyFixer
+def use_sdpa_in_transformers():
+    """GL101's fix for a transformers model: attn_implementation="sdpa" where it is built."""
+    from graphlint.rewrite.attention import use_sdpa_in_transformers
+
+    return use_sdpa_in_transformers
 
 
 def _meta(node):

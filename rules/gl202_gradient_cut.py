@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
-
-from torch import fx
+from typing import TYPE_CHECKING
 
 from graphlint.capture import facts
 from graphlint.flow import cut_kind, gradient_cuts, in_reentrant_checkpoint
 from graphlint.ops import op
 from graphlint.results import Severity
 from graphlint.rule import Example, Problem, Rule
+
+if TYPE_CHECKING:  # annotations only: the rule's module imports no torch of its own
+    from torch import fx
 
 
 class GradientCut(Rule):

@@ -26,7 +26,7 @@ from graphlint.results import Severity
 def test_no_rule_reads_node_meta():
     """Rules read `facts(node)` and graphlint.ops / graphlint.flow, never the recorder's string keys."""
     readers = []
-    for path in sorted((REPO / "rules").glob("*.py")):
+    for path in sorted((REPO / "rules").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "meta":
                 readers.append(f"{path.name}:{node.lineno}")

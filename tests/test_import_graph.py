@@ -136,6 +136,22 @@ def test_graphlint_and_the_rules_have_no_import_cycle():
     assert [" → ".join(cycle) for cycle in cycles(graph)] == []
 
 
+# Each rule that fixes, and the module of its fixer: a function-level import, loaded when a finding is fixed.
+RULE_TO_FIXER = {
+    "rules.gl101_unfused_attention": "graphlint.rewrite.attention",
+    "rules.gl105_bias_before_norm": "rules.gl105_bias_before_norm.fix",
+    "rules.gl106_unfused_norm": "rules.gl106_unfused_norm.fix",
+    "rules.gl107_unfused_activation": "rules.gl107_unfused_activation.fix",
+    "rules.gl201_inplace_on_saved": "rules.gl201_inplace_on_saved.fix",
+    "rules.gl204_unstable_log_softmax": "rules.gl204_unstable_log_softmax.fix",
+}
+
+
+def test_the_graph_sees_each_rule_reach_its_fixer():
+    graph = import_graph()
+    assert {rule: fixer for rule, fixer in RULE_TO_FIXER.items() if fixer not in graph[rule]} == {}
+
+
 def test_a_cycle_is_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
     assert sorted(cycles(graph)) == [["a", "b", "c", "a"], ["e", "e"]]
@@ -279,6 +295,17 @@ def test_the_rewrites_reach_only_the_bottom_modules_even_through_others():
     assert reached({"graphlint.rewrite.norms": {"graphlint.opnames"}, "graphlint.opnames": {"graphlint.ops"},
                     "graphlint.ops": {"graphlint.capture.contract"}, "graphlint.capture.contract": set()},
                    REWRITE_LAYER) == {"graphlint.opnames", "graphlint.ops", "graphlint.capture.contract"}
+
+
+def test_a_rules_fix_reaches_only_the_rewrite_toolkit_and_the_bottom_modules():
+    """A fixable rule's package holds its fix (rules/<rule>/fix.py), which stays a bottom layer as the toolkit
+    it uses is: no capture, locate, session or process layer, even through other modules."""
+    graph = import_graph()
+    fixes = sorted(name for name in graph if name.startswith("rules.") and name.endswith(".fix"))
+    assert fixes == sorted(RULE_TO_FIXER[rule] for rule in RULE_TO_FIXER if rule != "rules.gl101_unfused_attention")
+    bottom = {"graphlint.opnames", "graphlint.results", "graphlint.files", "graphlint.errors"}
+    assert {fix: sorted(other for other in reached(graph, fix) if other not in bottom
+                        and not other.startswith(REWRITE_LAYER + ".")) for fix in fixes} == {fix: [] for fix in fixes}
 
 
 def test_a_rewrite_that_imports_a_layer_above_is_named():

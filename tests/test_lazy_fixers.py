@@ -1,17 +1,17 @@
-"""Rules name their fixers lazily (graphlint.rule.FixerAt): loading the rules imports no fixer, and a run with
+"""Rules name their fixers lazily (graphlint.rule.LazyFixer): loading the rules imports no fixer, and a run with
 nothing to locate never imports libcst, in the command's process or in any child it starts."""
 
 from __future__ import annotations
 
-import ast
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, write
-from graphlint.rule import FixerAt
+from conftest import write
+from graphlint.engine import load_rules
+from graphlint.rule import LazyFixer
 from test_cli import ATTENTION, CLEAN
 
 # Runs the command with an import hook, inherited by forked children, that notes each process importing libcst.
@@ -31,28 +31,43 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _fixers_named_in_rules() -> list[str]:
-    named = []
-    for path in sorted((REPO / "rules").glob("gl*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "FixerAt"
-                    and node.args and isinstance(node.args[0], ast.Constant)):
-                named.append(node.args[0].value)
-    return named
+# The rules whose findings --fix rewrites (benchmarks/fix_outputs.py lists the same).
+FIXABLE = {"GL101", "GL105", "GL106", "GL107", "GL201", "GL204"}
 
 
-def test_every_fixer_a_rule_names_can_be_imported():
-    named = _fixers_named_in_rules()
-    assert {"GL101", "GL105", "GL106", "GL107", "GL201", "GL204"} <= {
-        path.stem[:5].upper() for path in (REPO / "rules").glob("gl*.py") if "FixerAt(" in path.read_text("utf-8")}
-    assert [where for where in named if not callable(FixerAt(where).function)] == []
+def _fixers_of(rule) -> list[LazyFixer]:
+    return [value for value in vars(sys.modules[rule.__module__]).values() if isinstance(value, LazyFixer)]
 
 
-def test_a_fixer_at_passes_its_keywords_beside_the_site():
-    fixer = FixerAt("textwrap:indent", prefix="> ")
+def test_every_rule_with_a_fix_names_fixers_that_import():
+    """A fixer renamed or moved without its rule fails here, not when a user's finding is fixed."""
+    named = {rule.id: _fixers_of(rule) for rule in load_rules() if rule.fixes}
+    assert FIXABLE <= {rule_id for rule_id, fixers in named.items() if fixers}
+    assert [repr(fixer) for fixers in named.values() for fixer in fixers if not callable(fixer.function)] == []
+
+
+def test_a_fixer_whose_import_fails_fails_when_loaded_not_when_declared():
+    @LazyFixer
+    def missing():
+        from textwrap import no_such_fixer  # type: ignore[attr-defined]
+
+        return no_such_fixer
+
+    with pytest.raises(ImportError, match="no_such_fixer"):
+        missing("the site")
+
+
+def test_a_lazy_fixer_passes_its_keywords_beside_the_site():
+    @LazyFixer
+    def indent():
+        from textwrap import indent
+
+        return indent
+
+    fixer = indent.bound(prefix="> ")
     assert fixer("two\nlines\n") == "> two\n> lines\n"
-    with pytest.raises(ValueError, match="package.module:function"):
-        FixerAt("graphlint.errors.one_line")
+    assert indent.keywords == {} and fixer.load is indent.load
+    assert repr(fixer).endswith(".indent, prefix='> ')")
 
 
 @pytest.mark.cli
@@ -60,7 +75,8 @@ def test_loading_the_rules_imports_no_fixer_and_no_libcst():
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys; from graphlint.engine import load_rules; load_rules(); "
                                "print(sorted(m for m in sys.modules if m == 'libcst' "
-                               "or m.startswith(('graphlint.fix', 'graphlint.rewrite'))))"],
+                               "or m.startswith(('graphlint.fix', 'graphlint.rewrite')) "
+                               "or m.startswith('graphlint.rules.') and m.endswith('.fix')))"],
         capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "[]"

@@ -20,8 +20,10 @@ def _id(case) -> str:
 
 
 def test_every_rule_module_holds_the_rule_its_file_name_says():
-    """A module in rules/ whose class is not found (not a Rule subclass, a typo in its ID) would never run."""
-    modules = sorted(path.stem for path in (REPO / "rules").glob("gl[0-9][0-9][0-9]_*.py"))
+    """A module in rules/ (or a rule's package) whose class is not found (not a Rule subclass, a typo in its ID)
+    would never run."""
+    modules = sorted([path.stem for path in (REPO / "rules").glob("gl[0-9][0-9][0-9]_*.py")]
+                     + [path.parent.name for path in (REPO / "rules").glob("gl[0-9][0-9][0-9]_*/__init__.py")])
     found = sorted(f"{rule.id.lower()}_{rule.name.replace('-', '_')}" for rule in RULES)
     assert found == modules
 

@@ -1,6 +1,6 @@
-"""Rules hand their fixers the nodes they matched in the graph (`Problem.roles`), and the fixers build the rewrite
-from them: where the source read on its own leads to another expression than the one the graph ran, the fix is
-refused, never written."""
+"""Rules hand their fixers the nodes they matched in the graph, as a typed record (`Problem.match`, a
+`graphlint.rule.Match` of named nodes), and the fixers build the rewrite from them: where the source read on its
+own leads to another expression than the one the graph ran, the fix is refused, never written."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def _problems(path, rule_id: str):
 
 
 def _roles(problem) -> list[tuple[str, str]]:
-    return [(name, op(node)) for name, node in problem.roles]
+    """The match's fields and the ops of their nodes, in field order; the rules give no untyped roles."""
+    assert problem.roles == ()
+    return [(name, op(node)) for name, node in problem.match.nodes()]
 
 
 # -- GL204 ------------------------------------------------------------------------------------------------------
@@ -59,9 +61,10 @@ LOG_OF_ONE_MINUS_A_PICKED_SIGMOID = '''
 def test_gl204_hands_its_fixer_the_log_the_picks_the_complement_and_the_sigmoid(tmp_path):
     path = _model(tmp_path, LOG_OF_ONE_MINUS_A_PICKED_SIGMOID)
     [problem] = _problems(path, "GL204")
-    assert _roles(problem) == [("log", "log"), ("complement", "rsub"), ("pick", "getitem"),
-                               ("probabilities", "sigmoid")]
-    assert problem.roles[0][1] is problem.node
+    assert type(problem.match).__name__ == "LogSoftmaxMatch"
+    assert _roles(problem) == [("log", "log"), ("probabilities", "sigmoid"), ("complement", "rsub"),
+                               ("picks", "getitem")]
+    assert problem.match.log is problem.node
     [finding] = findings_of(lint_file(path, device="meta"), "GL204")
     assert finding.fix.message == "torch.log(1 - p[:, 0]) → nn.functional.logsigmoid(-self.fc(x))[:, 0]"
 
@@ -98,6 +101,7 @@ def test_gl204_fix_takes_the_softmax_the_graph_ran_not_the_sigmoid_the_name_is_l
     path = _model(tmp_path, PARAMETER_REBOUND_AFTER_THE_LOG)
     [problem] = _problems(path, "GL204")
     assert _roles(problem) == [("log", "log"), ("probabilities", "softmax")]
+    assert problem.match.complement is None and problem.match.picks == ()
     [finding] = findings_of(lint_file(path, device="meta"), "GL204")
     assert finding.fix is None  # F.logsigmoid(self.gate(x)) would compute another value
     assert finding.no_fix == ("the probabilities are made in another function or statement graphlint cannot read "
@@ -136,8 +140,9 @@ SOFTMAX_OF_A_PARAMETER_REBOUND_AFTER = '''
 def test_gl107_fix_takes_the_exponentials_the_graph_ran_not_those_the_name_is_later_assigned(tmp_path):
     path = _model(tmp_path, SOFTMAX_OF_A_PARAMETER_REBOUND_AFTER)
     [problem] = _problems(path, "GL107")
+    assert type(problem.match).__name__ == "ActivationMatch"
     assert _roles(problem) == [("formula", "div"), ("transcendental", "exp")]
-    assert problem.roles[0][1] is problem.node
+    assert problem.match.formula is problem.node
     [finding] = findings_of(lint_file(path, device="meta"), "GL107")
     assert finding.fix is None  # torch.softmax(self.other(x), -1) would compute another value
     assert finding.no_fix == "the exponentials are not divided by their own sum in one expression"
@@ -198,10 +203,11 @@ LAYER_NORM_BY_HAND = '''
 def test_gl106_hands_its_fixer_the_step_the_root_the_statistics_and_the_centred_input(tmp_path):
     path = _model(tmp_path, LAYER_NORM_BY_HAND)
     [problem] = _problems(path, "GL106")
+    assert type(problem.match).__name__ == "NormMatch"
     assert _roles(problem) == [("step", "div"), ("root", "sqrt"), ("statistic", "mean"), ("mean", "mean"),
                                ("centred", "sub")]
-    assert problem.roles[0][1] is problem.node
-    assert problem.roles[3][1] is not problem.roles[2][1]  # the centring mean, not the variance
+    assert problem.match.step is problem.node
+    assert problem.match.mean is not problem.match.statistic  # the centring mean, not the variance
     [finding] = findings_of(lint_file(path, device="meta"), "GL106")
     assert finding.fix.message == "LayerNorm by hand → nn.functional.layer_norm(h, (h.shape[-1],), eps=1e-5)"
 
@@ -275,6 +281,7 @@ def test_gl106_fix_takes_the_root_the_graph_ran_not_the_one_the_name_is_later_as
     path = _model(tmp_path, ROOT_PARAMETER_REBOUND_AFTER_THE_STEP)
     problems = _problems(path, "GL106")
     assert [_roles(p) for p in problems] == [[("step", "mul"), ("root", "rsqrt"), ("statistic", "mean")]]
+    assert problems[0].match.mean is None and problems[0].match.centred is None  # an RMSNorm centres nothing
     [finding] = findings_of(lint_file(path, device="meta"), "GL106")
     assert finding.fix is None  # F.rms_norm(h, (h.shape[-1],), eps=1e-2) would take the later eps
     assert finding.no_fix == "`scale` takes more than one input besides self"  # shown when the inline fix fails too

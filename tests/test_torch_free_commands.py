@@ -283,3 +283,46 @@ def test_a_rule_whose_source_is_not_literal_is_imported(body):
     source = f"from graphlint.rule import Rule\n\n\nclass Made(Rule):\n    id = 'GLX001'\n{body}"
     with pytest.raises(catalog.NotLiteral):
         catalog.read_rules(source, "made")
+
+
+def test_a_match_record_beside_a_rule_is_read_as_no_rule():
+    """A rule's typed match (`class NormMatch(Match, Generic[Matched])`) sits in its module without making the
+    module one that only an import can tell."""
+    source = ("from typing import Generic\n\nfrom graphlint.rule import Match, Matched, Rule\n\n\n"
+              "class Found(Match, Generic[Matched]):\n    node: Matched\n\n\n"
+              "class Made(Rule):\n    id = 'GLX001'\n")
+    assert [rule.__name__ for rule in catalog.read_rules(source, "made")] == ["Made"]
+
+
+def runtime_torch_names(source: str) -> tuple[set[str], set[str]]:
+    """(the names a module imports from torch at its top level, those of them it reads outside annotations)."""
+    import ast
+
+    tree = ast.parse(source)
+    imported = {alias.asname or alias.name.split(".")[0] for statement in tree.body
+                if isinstance(statement, (ast.Import, ast.ImportFrom))
+                and (getattr(statement, "module", None) or statement.names[0].name).split(".")[0] == "torch"
+                for alias in statement.names}
+    annotations = {id(node) for function in ast.walk(tree) if isinstance(function, (ast.FunctionDef, ast.AnnAssign))
+                   for part in ([function.annotation] if isinstance(function, ast.AnnAssign) else
+                                [a.annotation for a in (*function.args.posonlyargs, *function.args.args,
+                                                        *function.args.kwonlyargs) if a.annotation] + [function.returns])
+                   if part is not None for node in ast.walk(part)}
+    read = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in imported
+            and id(node) not in annotations}
+    return imported, read
+
+
+def test_a_rule_imports_torch_at_its_top_level_only_to_run_it():
+    """Names used only in annotations come from torch under TYPE_CHECKING (the rule still runs with torch, which
+    the capture imports, but its module says what it needs)."""
+    from conftest import REPO
+
+    only_annotations = {}
+    for path in sorted((REPO / "rules").rglob("*.py")):
+        imported, read = runtime_torch_names(path.read_text(encoding="utf-8"))
+        if imported - read:
+            only_annotations[str(path.relative_to(REPO))] = sorted(imported - read)
+    assert only_annotations == {}
+    assert runtime_torch_names("from torch import fx\nimport torch\n\ndef f(n: fx.Node) -> None:\n    torch.ones(1)\n") \
+        == ({"fx", "torch"}, {"torch"})

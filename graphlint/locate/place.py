@@ -30,9 +30,11 @@ from graphlint.locate.lines import LineSpans
 from graphlint.locate.sites import Site, node_sites, stack_sites
 from graphlint.project import Project
 from graphlint.results import Finding, Fix, Location, Related
-from graphlint.rule import FixerAt, Problem, Rule, fill
+from graphlint.rule import LazyFixer, Match, Problem, Rule, fill
 
 if TYPE_CHECKING:
+    from torch import fx
+
     from graphlint.locate.spans import SourceSpans
 
 
@@ -205,10 +207,10 @@ class Locator:
     def _add_fix(self, group: _Group, rule: type[Rule], problem: Problem, primary: Site, capture: Capture) -> None:
         """The problem's fix at its site, once per fixer and roles; a failure becomes the finding's `no_fix`."""
         try:
-            roles = self._role_sites(problem, capture)
-            key = (_fixer_key(problem.fix), roles)  # layers that ran the same lines share one fix
+            roles, match = self._role_sites(problem, capture)
+            key = (_fixer_key(problem.fix), roles, match)  # layers that ran the same lines share one fix
             if key not in group.fixes:
-                group.fixes[key] = self.spans.fix(primary, problem.fix, roles, capture.modules)
+                group.fixes[key] = self.spans.fix(primary, problem.fix, roles, capture.modules, match)
         except Exception as error:
             self._failed(f"building the {rule.id} fix at {os.path.basename(primary.frame.file)}:{primary.frame.line}",
                          error)
@@ -260,15 +262,16 @@ class Locator:
                                     if problem.fix is not None else "")
         return list(findings.values())
 
-    def _role_sites(self, problem: Problem, capture: Capture) -> tuple[tuple[str, Site], ...]:
-        """Each node the rule matched, at the line of the user's code it ran at; nodes in no file of the
-        user's are left out (the fixer cannot edit a library)."""
-        found = []
-        for name, node in problem.roles:
-            site = node_sites(node, self.project, capture.factory)[0]
-            if site is not None and self.project.is_first_party(site.frame.file):
-                found.append((name, site))
-        return tuple(found)
+    def _role_sites(self, problem: Problem, capture: Capture) -> tuple[tuple[tuple[str, Site], ...], Match | None]:
+        """(the roles, the match) with each node the rule matched at the line of the user's code it ran at; nodes
+        in no file of the user's are left out (the fixer cannot edit a library)."""
+
+        def site(node: fx.Node) -> Site | None:
+            found = node_sites(node, self.project, capture.factory)[0]
+            return found if found is not None and self.project.is_first_party(found.frame.file) else None
+
+        roles = tuple((name, found) for name, node in problem.roles if (found := site(node)) is not None)
+        return roles, problem.match.resolved(lambda _, node: site(node)) if problem.match is not None else None
 
 
 # From this much on, what a fix saves for backward is worth a sentence in the message, not only a property.
@@ -297,10 +300,10 @@ def _together(fixes: list[Fix]) -> Fix | None:
 
 
 def _fixer_key(fixer) -> object:
-    """Fixers that rewrite alike: the same function, or partials (or `FixerAt`s) of it with equal arguments (a
+    """Fixers that rewrite alike: the same function, or partials (or `LazyFixer`s) of it with equal arguments (a
     rule makes one per problem)."""
-    if isinstance(fixer, FixerAt):
-        key = (fixer.where, tuple(sorted(fixer.keywords.items())))
+    if isinstance(fixer, LazyFixer):
+        key = (fixer.load, tuple(sorted(fixer.keywords.items())))
     elif isinstance(fixer, functools.partial):
         key = (fixer.func, fixer.args, tuple(sorted(fixer.keywords.items())))
     else:

@@ -26,6 +26,7 @@ from graphlint.results import SAFE, UNSAFE, Edit, Fix
 
 if TYPE_CHECKING:
     from graphlint.capture.modules import ModuleInfo
+    from graphlint.rule import Match
 
 # Ops that users write as operators rather than calls.
 _BINARY = {
@@ -84,9 +85,9 @@ class SourceSpans:
         return self._present(parsed, node, site)
 
     def fix(self, site: Site, fixer: Fixer, roles: tuple[tuple[str, Site], ...] = (),
-            modules: Mapping[str, ModuleInfo] | None = None) -> Fix | str:
-        """A rule's fix at a site as text edits, or why there is none; `roles` are the other nodes the rule
-        matched, handed to the fixer as the libcst nodes they ran at; `modules` are the model's as built (by
+            modules: Mapping[str, ModuleInfo] | None = None, match: Match | None = None) -> Fix | str:
+        """A rule's fix at a site as text edits, or why there is none; `roles` and `match` are the other nodes the
+        rule matched, handed to the fixer as the libcst nodes they ran at; `modules` are the model's as built (by
         path), to judge a fix that stops calling one of them."""
         parsed = self._parse(site.frame.file)
         node = self._node(parsed, site) if parsed is not None else None
@@ -98,14 +99,18 @@ class SourceSpans:
         line = parsed.lines[parsed.positions[node].start.line - 1]
         indent = line[: len(line) - len(line.lstrip())]
         files = {site.frame.file: parsed}
-        found = []
-        for name, role_site in roles:
+
+        def role(name: str, role_site: Site) -> Role | None:
             role_file = self._parse(role_site.frame.file)
             role_node = self._node(role_file, role_site) if role_file is not None else None
-            if role_node is not None:
-                files.setdefault(role_site.frame.file, role_file)
-                found.append(Role(name, role_node, _enclosing(role_file, role_node)[0], role_file.module))
-        answer = fixer(FixSite(node, statement, function, classdef, parsed.module, indent, tuple(found)))
+            if role_node is None:
+                return None
+            files.setdefault(role_site.frame.file, role_file)
+            return Role(name, role_node, _enclosing(role_file, role_node)[0], role_file.module)
+
+        found = tuple(found for name, role_site in roles if (found := role(name, role_site)) is not None)
+        answer = fixer(FixSite(node, statement, function, classdef, parsed.module, indent, found,
+                               match.resolved(role) if match is not None else None))
         if isinstance(answer, str):
             return answer
         def where(changed: cst.CSTNode) -> tuple[str, _ParsedFile]:

@@ -11,10 +11,14 @@ import re
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 import libcst as cst
 import libcst.matchers as m
+
+if TYPE_CHECKING:
+    from graphlint.rule import Match
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,11 @@ class FixSite:
     module: cst.Module | None = None
     indent: str = ""  # the leading whitespace of the expression's first line, for rewrites over several lines
     roles: tuple[Role, ...] = ()  # what the rule matched, resolved to source (graphlint.rule.Problem.roles)
+    # What the rule matched, typed (graphlint.rule.Problem.match), each node a Role; None when it gave none.
+    match: Match | None = None
 
     def role(self, name: str) -> tuple[Role, ...]:
-        """The matched nodes of one role, in the order the rule gave them."""
+        """The matched nodes of one role, in the order the rule gave them (the older, untyped form of `match`)."""
         return tuple(r for r in self.roles if r.name == name)
 
     @cached_property

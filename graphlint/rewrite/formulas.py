@@ -5,6 +5,7 @@ parentheses."""
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.contract import FixSite, ImportNames, call_parts, code_of, is_namespace, names_read
 from graphlint.rewrite.source import all_nodes, is_number
@@ -60,23 +61,14 @@ def assigned_once(function: cst.FunctionDef | None, name: str) -> cst.BaseExpres
     if function is None:
         return None
     assigned: dict[str, list[cst.BaseExpression | None]] = {}
-
-    class _Assignments(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
+    for node in m.findall(function, m.Assign() | m.AugAssign(target=m.Name()) | m.For()):
+        if isinstance(node, cst.Assign):
             for target in node.targets:
                 for bound in names_read(target.target):  # a name bound by unpacking holds no one expression
-                    plain = isinstance(target.target, cst.Name)
-                    assigned.setdefault(bound.value, []).append(node.value if plain else None)
-
-        def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Name):
-                assigned.setdefault(node.target.value, []).extend([node.value, node.value])
-
-        def visit_For(self, node: cst.For) -> None:
+                    assigned.setdefault(bound.value, []).append(node.value if isinstance(target.target, cst.Name) else None)
+        else:  # an augmented assignment or a loop rebinds the name: it holds no one value
             for bound in names_read(node.target):
-                assigned.setdefault(bound.value, []).extend([node.iter, node.iter])
-
-    function.visit(_Assignments())
+                assigned.setdefault(bound.value, []).extend([node.iter if isinstance(node, cst.For) else node.value] * 2)
     values = assigned.get(name, [])
     if len(values) != 1 or values[0] is None or any(len(assigned.get(n.value, [])) > 1 for n in names_read(values[0])):
         return None

@@ -126,12 +126,11 @@ def _picked(value: cst.BaseExpression, imports: ImportNames) -> tuple[cst.BaseEx
 
 def _matched(site: FixSite) -> tuple[cst.CSTNode | None, cst.CSTNode] | None:
     """(the `1 - p` or None, the softmax or sigmoid call) the rule matched, as the libcst nodes they ran at;
-    None when the probabilities ran in no file of the user's (GL204's rule names them `probabilities`)."""
-    made = site.role("probabilities")
-    if not made:
+    None when the probabilities ran in no file of the user's (GL204's `match.probabilities`)."""
+    made, complement = site.match.probabilities, site.match.complement
+    if made is None:
         return None
-    complement = site.role("complement")
-    return (complement[0].node if complement else None), made[0].node
+    return (complement.node if complement is not None else None), made.node
 
 
 def _reached(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None,

@@ -10,7 +10,7 @@ from torch import fx
 from graphlint.capture import facts
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, arg, op, ran_in_library, tensor_meta
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
 from graphlint.walk import line
 
 # Spatial dimensions after the channel axis of each layer's output; a Linear's features are its last axis.
@@ -269,6 +269,14 @@ class BiasBeforeNorm(Rule):
                 yield _problem(node, norm)
 
 
+@LazyFixer
+def without_bias():
+    """GL105's fix: the layer built with bias=False."""
+    from .fix import without_bias
+
+    return without_bias
+
+
 def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
     kind = "Linear" if op(layer) == "linear" else op(layer).replace("conv_transpose", "ConvTranspose").replace("conv", "Conv")
     norm_name = op(norm).replace("_", " ")
@@ -279,7 +287,7 @@ def _problem(layer: fx.Node, norm: fx.Node) -> Problem:
                  "with bias=False."),
         related=((norm, f"the {norm_name} that cancels it"),),
         at_build_site=True,
-        fix=FixerAt("graphlint.rewrite.bias:without_bias"),
+        fix=without_bias,
     )
 
 

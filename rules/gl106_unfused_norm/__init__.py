@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Generic
 
 from torch import fx
 
@@ -10,7 +11,7 @@ from graphlint.capture import facts
 from graphlint.memory.savings import norm_savings
 from graphlint.ops import CAST, DIV, MUL, arg, op, ran_in_library, strip_casts, tensor_meta
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import line
 
 
@@ -350,7 +351,15 @@ class UnfusedNorm(Rule):
                     yield replace(problem, saves_bytes=saves)
 
 
-def _problem(step: fx.Node, mean: fx.Node, kind: str, roles: tuple[tuple[str, fx.Node], ...] = ()) -> Problem:
+@LazyFixer
+def library_norm():
+    """GL106's fix: F.layer_norm or F.rms_norm in place of the norm written by hand."""
+    from .fix import library_norm
+
+    return library_norm
+
+
+def _problem(step: fx.Node, mean: fx.Node, kind: str, match: NormMatch[fx.Node]) -> Problem:
     library = "nn.LayerNorm / F.layer_norm" if kind == "LayerNorm" else "nn.RMSNorm / F.rms_norm"
     meta = tensor_meta(step)
     dims = _row_dims(mean.args[0] if op(mean) == "getitem" else mean) or (-1,)
@@ -363,19 +372,22 @@ def _problem(step: fx.Node, mean: fx.Node, kind: str, roles: tuple[tuple[str, fx
         message=(f"{kind} written out by hand in {{where}}{{occurrences}}; {library} runs it as one kernel and "
                  "saves less for backward."),
         related=((mean, "the mean it normalises by" if kind == "LayerNorm" else "the mean of squares"),),
-        fix=FixerAt("graphlint.rewrite.norms:library_norm", kind=kind, channel=channel, dims=len(dims),
-                    flat=_flat_parameters(step, shape)),
-        roles=roles,
+        fix=library_norm.bound(kind=kind, channel=channel, dims=len(dims), flat=_flat_parameters(step, shape)),
+        match=match,
     )
 
 
-def _roles(step: fx.Node, root: fx.Node, statistic: fx.Node, mean: fx.Node | None = None,
-           centred: fx.Node | None = None) -> tuple[tuple[str, fx.Node], ...]:
-    """What the fix is built from: the normalising step, the root it divides by or multiplies with, the
-    statistic under the root, and for a LayerNorm the centring mean and the centred input `x - mean` the step
-    normalises."""
-    found = (("step", step), ("root", root), ("statistic", statistic))
-    return found + ((("mean", mean), ("centred", centred)) if centred is not None else ())
+@dataclass(frozen=True)
+class NormMatch(Match, Generic[Matched]):
+    """What GL106's fix is built from: the normalising step, the root it divides by or multiplies with, the
+    statistic under the root, and for a LayerNorm whose step normalises `x - mean` the centring mean and that
+    centred input."""
+
+    step: Matched
+    root: Matched
+    statistic: Matched
+    mean: Matched | None = None
+    centred: Matched | None = None
 
 
 def _flat_parameters(step: fx.Node, shape: tuple[int, ...]) -> frozenset[str]:
@@ -406,8 +418,8 @@ def _is_root(node: fx.Node) -> bool:
     return name in ("rsqrt", "sqrt") or (name == "pow" and arg(node, 1, "exponent") in (-0.5, 0.5))
 
 
-def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str, tuple[tuple[str, fx.Node], ...]] | None:
-    """(normalising step, mean, "LayerNorm" or "RMSNorm", the roles of the match) for `rsqrt(stat + eps)`,
+def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str, NormMatch[fx.Node]] | None:
+    """(normalising step, mean, "LayerNorm" or "RMSNorm", the match) for `rsqrt(stat + eps)`,
     `sqrt(stat + eps)` or `(stat + eps) ** -0.5`, where stat is the biased variance (`var`, `var_mean` with
     correction 0, a squared biased `std` or `std_mean`, the mean of squares of the centred input) or the mean of
     squares."""
@@ -439,12 +451,12 @@ def _norm(root: fx.Node) -> tuple[fx.Node, fx.Node, str, tuple[tuple[str, fx.Nod
     for step, numerator in _normalising_steps(root):
         for other in _factors(numerator):
             if kind == "RMSNorm" and other is base:
-                return step, anchor, kind, _roles(step, root, stat)
+                return step, anchor, kind, NormMatch(step, root, stat)
             if kind == "LayerNorm":
                 mean = _centring_mean(other, dims)
                 x = base if centred is None else arg(centred, 0, "input")
                 if mean is not None and strip_casts(_reduced(mean)) is strip_casts(x):
-                    return step, mean, kind, _roles(step, root, stat, mean, other)
+                    return step, mean, kind, NormMatch(step, root, stat, mean, other)
     return None
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Generic
 
 from torch import fx
 
 from graphlint.memory.savings import chain_savings
 from graphlint.ops import DIV, MUL, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import operands
 
 _ADD = frozenset({"add"})
@@ -254,11 +256,27 @@ class UnfusedActivation(Rule):
                         message=(f"{_WHAT[library]} written out elementwise in {{where}}{{occurrences}}; "
                                  f"{library} runs it as one kernel"
                                  + (" and saves less for backward." if saves > 0 else ".")),
-                        fix=FixerAt("graphlint.rewrite.activations:activation_call", library=library),
-                        # The fixer reads the formula's input from the one sigmoid, tanh, erf or exp it is built on.
-                        roles=(("formula", outer), ("transcendental", node)),
+                        fix=activation_call.bound(library=library),
+                        match=ActivationMatch(formula=outer, transcendental=node),
                         saves_bytes=saves,
                     )
+
+
+@dataclass(frozen=True)
+class ActivationMatch(Match, Generic[Matched]):
+    """What GL107's fix is built from: the formula's last op, and the one sigmoid, tanh, erf or exp it is built
+    on, from which the fixer reads the formula's input."""
+
+    formula: Matched
+    transcendental: Matched
+
+
+@LazyFixer
+def activation_call():
+    """GL107's fix: the library activation in place of its formula."""
+    from .fix import activation_call
+
+    return activation_call
 
 
 _WHAT = {

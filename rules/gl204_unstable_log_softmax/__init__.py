@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from torch import fx
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic
 
 from graphlint.ops import CAST, MAX_PASS_THROUGH_STEPS, SOFTMAX, VIEW, arg, op, ran_in_library
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Match, Matched, Problem, Rule
 from graphlint.walk import chain
+
+if TYPE_CHECKING:  # annotations only: the rule's module imports no torch of its own
+    from torch import fx
 
 _LOG = frozenset({"log", "log2", "log10"})
 # Picking probabilities out (a hand-written cross-entropy) keeps them probabilities.
@@ -233,6 +237,14 @@ def _one_minus(node: fx.Node) -> bool:
     return op(node) == "rsub" and arg(node, 1, "other") == 1
 
 
+@LazyFixer
+def log_probabilities():
+    """GL204's fix: log_softmax or logsigmoid of the logits."""
+    from .fix import log_probabilities
+
+    return log_probabilities
+
+
 def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.Node, ...]) -> Problem:
     if op(source) == "sigmoid":
         what = "1 - sigmoid" if complement else "a sigmoid"
@@ -246,13 +258,18 @@ def _problem(log: fx.Node, source: fx.Node, complement: bool, between: tuple[fx.
         message=(f"{op(log)} of {what} in {{where}}{{occurrences}} is -inf, with NaN gradients, as soon as a "
                  f"probability rounds to 0; {advice}."),
         related=((source, f"the {op(source)} whose log is taken"),),
-        fix=FixerAt("graphlint.rewrite.log_softmax:log_probabilities"),
-        roles=_roles(log, source, between),
+        fix=log_probabilities,
+        match=LogSoftmaxMatch(log=log, probabilities=source, complement=next(filter(_one_minus, between), None),
+                              picks=tuple(n for n in between if not _one_minus(n))),
     )
 
 
-def _roles(log: fx.Node, source: fx.Node, between: tuple[fx.Node, ...]) -> tuple[tuple[str, fx.Node], ...]:
-    """What the fix is built from: the log, each pick between it and the probabilities (the `1 - p` of a
-    sigmoid's complement by its own name), and the softmax or sigmoid that makes them."""
-    steps = tuple(("complement" if _one_minus(n) else "pick", n) for n in between)
-    return (("log", log), *steps, ("probabilities", source))
+@dataclass(frozen=True)
+class LogSoftmaxMatch(Match, Generic[Matched]):
+    """What GL204's fix is built from: the log, the softmax or sigmoid that makes the probabilities, the `1 - p`
+    of a sigmoid's complement, and the other picks between the log and the probabilities, nearest the log first."""
+
+    log: Matched
+    probabilities: Matched
+    complement: Matched | None = None
+    picks: tuple[Matched, ...] = ()

@@ -4,13 +4,19 @@ Proven on the model before `--fix` writes it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
+import libcst.matchers as m
 
 from graphlint.rewrite.formulas import (assigned_once, factors_of, held, input_of, is_difference, is_self_attribute,
                                         unparenthesized, value_of)
 from graphlint.rewrite.contract import (FixSite, ImportNames, LINE_LENGTH, Rewrite, atom, call_parts, code_of,
                                         dead_definitions, is_namespace, laid_out, names_read, one_line)
-from graphlint.rewrite.source import all_nodes, is_number
+from graphlint.rewrite.source import all_nodes, is_number, path_to
+
+if TYPE_CHECKING:
+    from graphlint.rewrite.contract import Role
 
 
 def library_norm(site: FixSite, kind: str, channel: int | None = None, dims: int = 1,
@@ -107,7 +113,7 @@ def _whole_method(site: FixSite, kind: str, dims: int, flat: frozenset[str]) -> 
     if len(parameters) != 2 or parameters[0] != "self":
         return f"`{function.name.value}` takes more than one input besides self"
     x = parameters[1]
-    found = _root(_as_operation(site.node, site.imports), site.function, site.imports, _matched(site, "root"))
+    found = _root(_as_operation(site.node, site.imports), site.function, site.imports, _matched(site.match.root))
     eps = _eps(found[0], site.imports) if found is not None else None
     if eps is None:
         return "the epsilon could not be read from the normalising step"
@@ -153,7 +159,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
     step = _as_operation(node, site.imports)
     if not isinstance(step, cst.BinaryOperation) or not isinstance(step.operator, (cst.Multiply, cst.Divide)):
         return "the normalising step is not one product or quotient graphlint can rewrite"
-    found = _root(step, site.function, site.imports, _matched(site, "root"))
+    found = _root(step, site.function, site.imports, _matched(site.match.root))
     if found is None:
         return "the root of the statistic is not a factor of the normalising step"
     root, numerator = found
@@ -162,7 +168,7 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
         return "the epsilon could not be read from the normalising step"
     factors = factors_of(numerator)
     if kind == "LayerNorm":
-        matched = _matched(site, "centred")
+        matched = _matched(site.match.centred)
         centred = [f for f in factors if is_difference(_as_operation(value_of(f, site.function), site.imports))
                    and (matched is None or _computes(f, matched, site.function))]
         if len(centred) != 1:
@@ -188,26 +194,8 @@ def _inline_norm(site: FixSite, kind: str, channel: int | None, dims: int) -> Re
 
 def _innermost_block(function: cst.FunctionDef, node: cst.CSTNode) -> cst.IndentedBlock | None:
     """The innermost indented block of `function` that contains `node`."""
-    found: list[cst.IndentedBlock] = []
-
-    class _Blocks(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.open: list[cst.IndentedBlock] = []
-
-        def visit_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.open.append(block)
-
-        def leave_IndentedBlock(self, block: cst.IndentedBlock) -> None:
-            self.open.pop()
-
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            if visited is node and self.open:
-                found.append(self.open[-1])
-            return super().on_visit(visited)
-
-    function.visit(_Blocks())
-    return found[0] if found else None
+    blocks = [n for n in (path_to(function, node) or [])[:-1] if isinstance(n, cst.IndentedBlock)]
+    return blocks[-1] if blocks else None
 
 
 def _dead_around(function: cst.FunctionDef | None, old: cst.CSTNode, new: cst.CSTNode) -> tuple:
@@ -237,11 +225,10 @@ def _as_operation(node: cst.CSTNode, imports: ImportNames) -> cst.CSTNode:
     return cst.BinaryOperation(left=atom(operands[0]), operator=operators[name](), right=atom(operands[1]))
 
 
-def _matched(site: FixSite, name: str) -> cst.CSTNode | None:
-    """The node of GL106's role `name` ("root", "centred") as it ran in the source; None when the rule named none
-    or it ran in no file of the user's."""
-    found = site.role(name)
-    return found[0].node if found else None
+def _matched(role: Role | None) -> cst.CSTNode | None:
+    """The node of one of GL106's match (`site.match.root`) as it ran in the source; None when the rule matched
+    none or it ran in no file of the user's."""
+    return role.node if role is not None else None
 
 
 def _computes(node: cst.BaseExpression, matched: cst.CSTNode, function: cst.FunctionDef | None) -> bool:
@@ -276,7 +263,7 @@ def _root(node: cst.CSTNode, function: cst.FunctionDef | None, imports: ImportNa
     """(what the root is taken of, with the variables the function assigns once written out; the numerator) of a
     normalising step: `y / sqrt(s)`, `y / s ** 0.5`, `y * rsqrt(s)`, `y * s ** -0.5`, `y * (1 / sqrt(s))`,
     `y * sqrt(s).reciprocal()`, either order for a product; None otherwise. With `matched`, the root the graph ran
-    (GL106's role `root`), only an operand that computes it is read as the root."""
+    (GL106's `match.root`), only an operand that computes it is read as the root."""
     if not isinstance(node, cst.BinaryOperation):
         return None
     if isinstance(node.operator, cst.Divide):
@@ -336,12 +323,10 @@ def _expanded(node: cst.BaseExpression, function: cst.FunctionDef | None, depth:
         return node
     if node in replacements:
         return _expanded(replacements[node], function, depth - 1)
-
-    class _Swap(cst.CSTTransformer):
-        def on_leave(self, original, updated):
-            return replacements.get(original, updated)
-
-    return _expanded(node.visit(_Swap()), function, depth - 1)
+    # Matched as the names read (by identity); a name's value depends only on its spelling.
+    by_name = {name.value: value for name, value in replacements.items()}
+    swapped = m.replace(node, m.MatchIfTrue(lambda n: n in replacements), lambda name, _: by_name[name.value])
+    return _expanded(swapped, function, depth - 1)
 
 
 def _same_here(x: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
@@ -381,27 +366,13 @@ def _eps(inside: cst.BaseExpression, imports: ImportNames) -> cst.BaseExpression
 
 
 def _self_attributes(function: cst.FunctionDef, exclude: str) -> list[str]:
-    found: list[str] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            text = code_of(node)
-            if code_of(node.value) == "self" and text != exclude and text not in found:
-                found.append(text)
-            return True
-
-    function.body.visit(_Visitor())
-    return found
+    """`self.x` read anywhere in the function's body, each once, in the order written, but `exclude`."""
+    read = (code_of(n) for n in m.findall(function.body, m.Attribute(value=m.Name("self", lpar=[], rpar=[]))))
+    return [text for text in dict.fromkeys(read) if text != exclude]
 
 
 def _added_attributes(function: cst.FunctionDef) -> list[cst.Attribute]:
-    found: list[cst.Attribute] = []
-
-    class _Visitor(cst.CSTVisitor):
-        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
-            if isinstance(node.operator, cst.Add):
-                found.extend(s for s in (node.left, node.right)
-                             if isinstance(s, cst.Attribute) and code_of(s.value) == "self")
-
-    function.body.visit(_Visitor())
-    return found
+    """The `self.x` that a `+` of the function's body adds, either side."""
+    self_attribute = m.Attribute(value=m.Name("self", lpar=[], rpar=[]))
+    return [side for added in m.findall(function.body, m.BinaryOperation(operator=m.Add()))
+            for side in (added.left, added.right) if m.matches(side, self_attribute)]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
-
-from torch import fx
+from typing import TYPE_CHECKING
 
 from graphlint.capture import facts
 from graphlint.capture.autograd import AutogradNode, SavedTensor
 from graphlint.ops import op
 from graphlint.results import Severity
-from graphlint.rule import Example, FixerAt, Problem, Rule
+from graphlint.rule import Example, LazyFixer, Problem, Rule
+
+if TYPE_CHECKING:  # annotations only: the rule's module imports no torch of its own
+    from torch import fx
 
 # Positional index of `inplace` in functionals that take it (modules pass it by keyword).
 _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "hardswish": 1, "hardsigmoid": 1,
@@ -306,8 +308,16 @@ def _problem(writer: fx.Node, victims: list[tuple[AutogradNode, SavedTensor]]) -
                 f"{{occurrences}}; {consequence}; {_advice(writer, silent)}.",
         related=related,
         at_build_site=True,
-        fix=FixerAt("graphlint.rewrite.out_of_place:out_of_place"),
+        fix=out_of_place,
     )
+
+
+@LazyFixer
+def out_of_place():
+    """GL201's fix: the write made out-of-place, or into a copy of its own."""
+    from .fix import out_of_place
+
+    return out_of_place
 
 
 def _producer_name(autograd_node: AutogradNode) -> str:

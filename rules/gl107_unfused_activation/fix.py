@@ -33,13 +33,13 @@ def activation_call(site: FixSite, library: str) -> Rewrite | str:
 
 def _formula_input(node: cst.CSTNode, library: str, site: FixSite):
     """The formula's input `x` as the user wrote it ((x, dim) for the softmax), or why it cannot be read. With the
-    rule's match, the sigmoid, tanh or exp it is built on is the one the graph ran (the role `transcendental`),
+    rule's match, the sigmoid, tanh or exp it is built on is the one the graph ran (GL107's `match.transcendental`),
     not any factor or numerator that calls one."""
     imports, function = site.imports, site.function
     if not isinstance(node, cst.BinaryOperation):
         return "the formula is not one expression graphlint can rewrite"
-    matched = site.role("transcendental")
-    core = matched[0].node if matched else None  # None: it ran in no file of the user's
+    matched = site.match.transcendental
+    core = matched.node if matched is not None else None  # None: it ran in no file of the user's
     if library == "torch.softmax(x, dim)":
         return _softmax_input(node, site, core)
     if library == "F.silu(x)" and isinstance(node.operator, cst.Divide):

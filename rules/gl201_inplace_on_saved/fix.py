@@ -9,11 +9,12 @@ made just before it (`y = y.clone()`), so that the tensor autograd saved keeps i
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 import torch
 
 from graphlint.rewrite.aliases import is_attribute_path, is_read_after, lines_of, statement_of, unshared, viewed
 from graphlint.rewrite.contract import FixSite, Refused, Rewrite, atom, code_of, is_namespace
-from graphlint.rewrite.source import import_bindings, path_to, root_name
+from graphlint.rewrite.source import all_nodes, import_bindings, path_to, root_name
 
 _AUGMENTED = {cst.AddAssign: cst.Add, cst.SubtractAssign: cst.Subtract, cst.MultiplyAssign: cst.Multiply,
               cst.DivideAssign: cst.Divide, cst.PowerAssign: cst.Power, cst.MatrixMultiplyAssign: cst.MatrixMultiply,
@@ -32,7 +33,7 @@ _INPLACE_POSITION = {"relu": 1, "relu6": 1, "selu": 1, "silu": 1, "mish": 1, "ha
 
 
 def out_of_place(site: FixSite) -> Rewrite | str:
-    """GL201's fix: the same computation without the write (rules/gl201_inplace_on_saved.py, `fixes`), or why
+    """GL201's fix: the same computation without the write (rules/gl201_inplace_on_saved/__init__.py, `fixes`), or why
     this write has none."""
     try:
         return _rewrite(site)
@@ -253,17 +254,9 @@ def _builds_a_list(value: cst.BaseExpression | None) -> bool:
 
 
 def _nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-
-    class _All(cst.CSTVisitor):
-        def on_visit(self, visited: cst.CSTNode) -> bool:
-            if not isinstance(visited, (cst.LeftParen, cst.RightParen, cst.ParenthesizedWhitespace,
-                                        cst.SimpleWhitespace)):
-                found.append(visited)
-            return True
-
-    node.visit(_All())
-    return found
+    """Every node under `node`, itself included, in source order, but parentheses and whitespace."""
+    skipped = (cst.LeftParen, cst.RightParen, cst.ParenthesizedWhitespace, cst.SimpleWhitespace)
+    return [n for n in all_nodes(node) if not isinstance(n, skipped)]
 
 
 def _line_of(site: FixSite, statement: cst.BaseSmallStatement) -> cst.SimpleStatementLine | None:
@@ -290,11 +283,6 @@ def _in_place_name(name: str) -> bool:
 
 def _renamed(root: cst.Call, calls: list[cst.Call]) -> cst.Call:
     """`root` with the in-place methods of `calls` (found by identity) named out-of-place."""
-
-    class _Rename(cst.CSTTransformer):
-        def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-            if any(original is call for call in calls):
-                return updated.with_changes(func=updated.func.with_changes(attr=cst.Name(original.func.attr.value[:-1])))
-            return updated
-
-    return root.visit(_Rename())
+    return m.replace(root, m.MatchIfTrue(lambda n: any(n is call for call in calls)),
+                     lambda updated, _: updated.with_changes(func=updated.func.with_changes(
+                         attr=cst.Name(updated.func.attr.value[:-1]))))
