@@ -1,4 +1,4 @@
-"""GL101's match (graphlint.rewrite.attention.match): the rule fills one typed record of the nodes it matched, it
+"""GL101's match (rules/gl101_unfused_attention/fix/match.py): the rule fills one typed record of the nodes it matched, it
 crosses locate as `Problem.roles`, and the fixer reads it back by attribute; a role name the two do not share
 fails loudly on either side instead of leaving the fixer without the node."""
 
@@ -13,7 +13,7 @@ from conftest import write
 from graphlint.capture import capture_target, load_target
 from graphlint.engine import rule_by_id
 from graphlint.ops import op
-from graphlint.rewrite.attention.match import AttentionMatch, Step
+from graphlint.rules.gl101_unfused_attention.fix.match import AttentionMatch, Step
 from graphlint.rewrite.contract import FixSite, Role
 from graphlint.target import TargetSpec
 

@@ -1,8 +1,8 @@
 """Reading a helper of the project as if its body were written at its call: `s = self.scores(q, k)` or
 `s = apply_mask(s, m)` followed into the helper, and what is read there put back in the caller's terms.
 
-A fixer that walks a chain of statements (graphlint.rewrite.attention) keeps the helpers it is inside as a stack of
-`Inlined` scopes, innermost last; any other fixer can do the same. Whatever cannot be read exactly raises
+A fixer that walks a chain of statements (GL101's, rules/gl101_unfused_attention/fix/) keeps the helpers it is
+inside as a stack of `Inlined` scopes, innermost last; any other fixer can do the same. Whatever cannot be read exactly raises
 `Refused` with the reason.
 """
 

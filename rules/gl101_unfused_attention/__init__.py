@@ -417,10 +417,11 @@ class UnfusedAttention(Rule):
 
 
 def _roles(softmax: fx.Node, before: list[fx.Node], after: list[fx.Node]) -> tuple[tuple[str, fx.Node], ...]:
-    """What the fix is built from (graphlint.rewrite.attention.match, a record without torch or libcst): the two
+    """What the fix is built from (fix/match.py, a record without torch or libcst, which
+    importing the fix package does not pull in): the two
     products, the steps between them by kind, and every other use of the probabilities, which the fused call
     cannot give back."""
-    from graphlint.rewrite.attention.match import AttentionMatch, Step
+    from .fix.match import AttentionMatch, Step
 
     chain = {softmax, *after}
     return AttentionMatch(
@@ -534,7 +535,7 @@ def _refuse(reason: str, site) -> str:
 @LazyFixer
 def rewrite_attention():
     """GL101's fix: one scaled_dot_product_attention call in place of the chain."""
-    from graphlint.rewrite.attention import rewrite_attention
+    from .fix import rewrite_attention
 
     return rewrite_attention
 
@@ -542,7 +543,7 @@ def rewrite_attention():
 @LazyFixer
 def use_sdpa_in_transformers():
     """GL101's fix for a transformers model: attn_implementation="sdpa" where it is built."""
-    from graphlint.rewrite.attention import use_sdpa_in_transformers
+    from .fix import use_sdpa_in_transformers
 
     return use_sdpa_in_transformers
 

@@ -42,14 +42,14 @@ __all__ = ["rewrite_attention", "use_sdpa_in_transformers"]
 
 
 def __getattr__(name: str):
-    """The fixers, imported when a fix is asked for (graphlint.rule.FixerAt names them here): the rule imports
+    """The fixers, imported when a fix is asked for (the rule's LazyFixer loaders import them from here): the rule imports
     match.py from this package while it checks, and that must not import libcst."""
     if name == "rewrite_attention":
-        from graphlint.rewrite.attention.fixer import rewrite_attention
+        from .fixer import rewrite_attention
 
         return rewrite_attention
     if name == "use_sdpa_in_transformers":
-        from graphlint.rewrite.attention.implementation import use_sdpa_in_transformers
+        from .implementation import use_sdpa_in_transformers
 
         return use_sdpa_in_transformers
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import dataclasses
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Reading, block_in
+from .chain import Reading, block_in
 from graphlint.rewrite.contract import Refused, Rewrite, code_of
 from graphlint.rewrite.source import indent_of, inside, path_to, plain_name_assignment
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from graphlint.rewrite import inline
-from graphlint.rewrite.attention.match import AttentionMatch
-from graphlint.rewrite.attention.returned import module_call, returned_from, why_not_called
-from graphlint.rewrite.attention.views import added_to_a_view, filled_in_a_view, viewed_back
+from .match import AttentionMatch
+from .returned import module_call, returned_from, why_not_called
+from .views import added_to_a_view, filled_in_a_view, viewed_back
 from graphlint.rewrite.inline import Inlined
 from graphlint.rewrite.contract import FixSite, ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.rewrite.source import (assigned_names, block_of, bound_arguments, calls_function, calls_in,
@@ -213,7 +213,7 @@ def definition(reading: Reading, name: str, before: cst.BaseStatement, guarded: 
 
 def _before_the_masking(body, name: str) -> tuple:
     """The statements of a guard before the one that masks the scores, or the two that add a mask to them
-    viewed in another shape and view them back (graphlint.rewrite.attention.views)."""
+    viewed in another shape and view them back (fix/views.py)."""
     if len(body) >= 2 and added_to_a_view(body[-2], name) and viewed_back(body[-1], name):
         return tuple(body[:-2])
     if filled_in_a_view(body, name):  # view, masked_fill, view back

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Reading
+from .chain import Reading
 from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, names_read, one_line
 from graphlint.rewrite.source import assigned_names, binding_names, inside, mutated_in_place, path_to, plain_assignment
 

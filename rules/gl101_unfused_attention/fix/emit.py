@@ -7,8 +7,8 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from graphlint.rewrite.attention.chain import Chain, Reading, as_operand, compact, to_layout
-from graphlint.rewrite.attention.masks import dtype_extreme, is_causal
+from .chain import Chain, Reading, as_operand, compact, to_layout
+from .masks import dtype_extreme, is_causal
 from graphlint.rewrite.contract import Refused, atom, code_of, laid_out, names_read
 from graphlint.rewrite.source import local_assignments, self_assignments
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 import libcst as cst
 import libcst.matchers as m
 
-from graphlint.rewrite.attention.branches import with_block
-from graphlint.rewrite.attention.chain import Reading, anchor_at_the_values, block_in
+from .branches import with_block
+from .chain import Reading, anchor_at_the_values, block_in
 from graphlint.rewrite.contract import Refused, Rewrite, code_of, names_read
 from graphlint.rewrite.source import assigned_names, calls_in, indent_of, inside, mutated_in_place, path_to
 from graphlint.results import SAFE

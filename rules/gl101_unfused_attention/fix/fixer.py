@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.branches import softmax_in_both_branches
-from graphlint.rewrite.attention.chain import Reading, anchor_at_the_values, softmax_input
-from graphlint.rewrite.attention.checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
-from graphlint.rewrite.attention.emit import fused_call
-from graphlint.rewrite.attention.fallback import guarded_fallback
-from graphlint.rewrite.attention.masks import FILL_REASON, dtype_extreme, inline_setup
-from graphlint.rewrite.attention.scores import fold_prescaled, walk_to_scores, zeros_for_added
-from graphlint.rewrite.attention.values import walk_to_values
+from .branches import softmax_in_both_branches
+from .chain import Reading, anchor_at_the_values, softmax_input
+from .checks import check_inputs_unchanged, check_matches_the_graph, check_names, trim_dels
+from .emit import fused_call
+from .fallback import guarded_fallback
+from .masks import FILL_REASON, dtype_extreme, inline_setup
+from .scores import fold_prescaled, walk_to_scores, zeros_for_added
+from .values import walk_to_values
 from graphlint.rewrite.contract import FixSite, Refused, Rewrite, code_of, dead_definitions
 from graphlint.rewrite.source import inside
 from graphlint.results import UNSAFE

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Reading
+from .chain import Reading
 from graphlint.rewrite.contract import Refused, atom, code_of, names_read
 from graphlint.rewrite.source import assigned_names, inside, mutated_in_place, plain_assignment, redefinition
 

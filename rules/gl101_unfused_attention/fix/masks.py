@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import Reading, as_operand, definition, here
+from .chain import Reading, as_operand, definition, here
 from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, code_of, names_read
 from graphlint.rewrite.source import (assigned_names, inside, keeps_a_tensor, local_assignments, plain_name_assignment,
                                       presence_test, redefinition, root_name, self_assignments, substituted)

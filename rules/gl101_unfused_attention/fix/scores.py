@@ -1,5 +1,5 @@
 """Backwards from the softmax's input to the `q · kᵀ` product: the scales (into `scale=`), casts, helpers the
-scores pass through, and the masks met on the way (graphlint.rewrite.attention.masks)."""
+scores pass through, and the masks met on the way (fix/masks.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
-from graphlint.rewrite.attention.chain import (CASTS, MATMULS, Reading, compact, definition, einsum_spec, helper_called, here,
+from .chain import (CASTS, MATMULS, Reading, compact, definition, einsum_spec, helper_called, here,
                                                is_parameter, to_layout, transposed, without_transpose)
-from graphlint.rewrite.attention.chosen import chosen_bias
-from graphlint.rewrite.attention.loops import list_statement, summed, summed_in_a_loop
-from graphlint.rewrite.attention.masks import fill_of, set_mask, very_negative
-from graphlint.rewrite.attention.views import ViewedMask, adds_to, viewed_fill, viewed_mask
+from .chosen import chosen_bias
+from .loops import list_statement, summed, summed_in_a_loop
+from .masks import fill_of, set_mask, very_negative
+from .views import ViewedMask, adds_to, viewed_fill, viewed_mask
 from graphlint.rewrite.contract import ImportNames, Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.rewrite.source import inside, is_number, plain_name_assignment, redefinition, substituted
 

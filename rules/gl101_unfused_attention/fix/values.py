@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from graphlint.rewrite.attention.chain import CASTS, MATMULS, Reading, einsum_spec, to_layout, transposed, without_transpose
+from .chain import CASTS, MATMULS, Reading, einsum_spec, to_layout, transposed, without_transpose
 from graphlint.rewrite.contract import Refused, atom, call_parts, code_of, is_namespace, names_read
 from graphlint.rewrite.source import assigned_names, is_target, path_to, plain_assignment
 
