@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from graphlint.errors import GraphlintError
 from graphlint.results import TargetError, TargetResult, json_ready
-from graphlint.run.wire import GraphJob, MemoryJob, Reported
+from graphlint.run.wire import GraphJob, MemoryJob, Reported, TimeJob
 from graphlint.stages import reached
+
+if TYPE_CHECKING:
+    from graphlint.project import Project
+
+T = TypeVar("T")
 
 # graphlint.memory.measure reports no stages of its own: a memory child that dies is said to have died during this.
 MEASUREMENT_STAGE = "measurement"
@@ -45,35 +52,50 @@ def graph_report(job: GraphJob) -> Reported:
 
 
 def memory_estimate(job: MemoryJob) -> Reported:
-    """Measure the target's training step as the job asks; a problem with the target or the request is the
-    target's error, as is an internal error (one line, with its traceback under --debug)."""
+    """Measure the target's training step as the job asks (see `step_answer`)."""
     from graphlint.memory.kernels import probe_threads
     from graphlint.memory.measure import measure
+
+    def measured(project):
+        with probe_threads(job.threads):
+            return measure(job.target, Path(job.base), job.request, project.pythonpath)
+
+    result, estimate = step_answer(job, MEASUREMENT_STAGE, "measuring", measured)
+    if estimate is None:
+        return Reported(result)
+    result.device = estimate.device
+    return Reported(result, estimate_to_wire(estimate))
+
+
+def step_answer(job: MemoryJob | TimeJob, stage: str, doing: str, run: Callable[[Project], T]) -> \
+        tuple[TargetResult, T | None]:
+    """The child's side of a job on the target's training step (`memory`, `time`): `run(project)` under `stage`.
+    A problem with the target or the request is the target's error, as is an internal error (one line saying
+    what graphlint was `doing`, its traceback under --debug): then (the result, None). Else (the result, with the
+    files and libraries the answer depends on for the result cache, the answer)."""
     from graphlint.pipeline import depends_on
     from graphlint.target import TargetSpec, add_target_folders
 
-    reached(MEASUREMENT_STAGE)
+    reached(stage)
     result = TargetResult(target=job.target)
     project = job.project()
     try:
-        with probe_threads(job.threads):
-            estimate = measure(job.target, Path(job.base), job.request, project.pythonpath)
+        answer = run(project)
     except GraphlintError as error:
         result.errors.append(TargetError(job.target, str(error)))
-        return Reported(result)
+        return result, None
     except Exception as error:  # a bug in graphlint: one line, and the other targets go on
         if job.debug:
             traceback.print_exc()
-        result.errors.append(TargetError(job.target, f"internal error in graphlint while measuring "
+        result.errors.append(TargetError(job.target, f"internal error in graphlint while {doing} "
                                                      f"({type(error).__name__}: {error}); please report it with the "
                                                      "output of --debug"))
-        return Reported(result)
+        return result, None
     spec = TargetSpec.parse(job.target, Path(job.base))
     if spec.file is not None:
         add_target_folders(project, spec)
-    result.device = estimate.device
     result.inputs, result.libraries = depends_on(project, spec)
-    return Reported(result, estimate_to_wire(estimate))
+    return result, answer
 
 
 def estimate_to_wire(estimate) -> dict:
