@@ -39,7 +39,7 @@ _LSTM = 2  # oneDNN's mode number for an LSTM (aten::mkldnn_rnn_layer's `mode`)
 _GENERIC: dict = {torch._VF.gru: "gru", torch._VF.rnn_tanh: "tanh", torch._VF.rnn_relu: "relu"}
 
 
-@stand_in(torch._VF.lstm, *_GENERIC, train_on=("cpu",))
+@stand_in(torch._VF.lstm, *_GENERIC, train_on=("cpu",), native=True)
 def _recurrent_layer(func, train_on, args, kwargs):
     """Recurrent layers on the meta device, as CPU's kernels run them (see the module's docstring)."""
     if len(args) != 9 or not _on_meta(args[0]) or not args[0].is_floating_point():

@@ -14,7 +14,7 @@ import inspect
 import torch
 from torch.overrides import TorchFunctionMode
 
-from graphlint.memory.registry import STAND_INS
+from graphlint.memory.registry import STAND_INS, native_loop
 
 
 def call_inside(mode: TorchFunctionMode, func, types, args, kwargs):
@@ -53,7 +53,11 @@ class StandIns(TorchFunctionMode):
         except TypeError:  # an unhashable callable: no stand-in is registered for it
             entry = None
         if entry is not None and entry.below_autocast == self.below_autocast and self.train_on in entry.train_on:
-            result = entry.run(func, self.train_on, args, kwargs)
+            if entry.native:
+                with native_loop():
+                    result = entry.run(func, self.train_on, args, kwargs)
+            else:
+                result = entry.run(func, self.train_on, args, kwargs)
             if result is not None:
                 return result
         return call_inside(self, func, types, args, kwargs)

@@ -68,20 +68,42 @@ class StandIn:
     shapes the kernel does not take); `train_on`: the devices whose kernels it stands in for (`--train-on`);
     `below_autocast`: whether the model's own autocast regions cast the call's arguments before it (attention,
     whose kernel gets the cast tensors), else it runs above them, so that the calls it makes (a recurrent
-    layer's products) are cast as the model's own are."""
+    layer's products) are cast as the model's own are; `native`: the device's kernel issues the ops the stand-in
+    makes from a loop of its own in C++, with no Python between them (aten's recurrent layers), which a step's
+    timing prices so (`in_native_loop`)."""
 
     run: Callable[[Callable, str, tuple, dict], Any]
     train_on: tuple[str, ...] = ("cuda", "cpu")
     below_autocast: bool = False
+    native: bool = False
 
 
 STAND_INS: dict[Callable, StandIn] = {}
 
 
-def stand_in(*functions: Callable, train_on: tuple[str, ...] = ("cuda", "cpu"), below_autocast: bool = False):
+def stand_in(*functions: Callable, train_on: tuple[str, ...] = ("cuda", "cpu"), below_autocast: bool = False,
+             native: bool = False):
     """A decorator: the function is the stand-in for calls of each of `functions` (see StandIn)."""
     def add(run):
         for function in functions:
-            STAND_INS[function] = StandIn(run, train_on, below_autocast)
+            STAND_INS[function] = StandIn(run, train_on, below_autocast, native)
         return run
     return add
+
+
+_native_depth = [0]  # how many `native` stand-ins are running now (one thread runs the step)
+
+
+class native_loop:  # noqa: N801 (used as a context manager, named as one)
+    """Entered around a `native` stand-in's run: the ops made inside are issued, on the device, from C++."""
+
+    def __enter__(self):
+        _native_depth[0] += 1
+
+    def __exit__(self, *exc):
+        _native_depth[0] -= 1
+
+
+def in_native_loop() -> bool:
+    """Whether the op being made now stands for one a kernel's own C++ loop issues (see StandIn.native)."""
+    return _native_depth[0] > 0

@@ -8,24 +8,30 @@ from pathlib import Path
 from graphlint.memory.measure import Request, measure
 from graphlint.timing.devices import Accelerator, CpuPeaks
 from graphlint.timing.record import OpRecord, OpRecorder
+from graphlint.timing.replay import time_calls
 from graphlint.timing.roofline import StepTime, price
 
 
-def record_step(text: str, base: Path, request: Request,
-                pythonpath: tuple[Path, ...] | list[Path] = ()) -> tuple[list[OpRecord], object]:
+def record_step(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = (),
+                calls: bool = False) -> tuple[list[OpRecord], object]:
     """Every op of the target's step, and the step's memory estimate (its sizes and notes); a problem with the
-    target or the request raises graphlint.errors.TargetFailure."""
-    recorder = OpRecorder()
+    target or the request raises graphlint.errors.TargetFailure. With `calls`, each record keeps its call to be
+    timed again (graphlint.timing.replay)."""
+    recorder = OpRecorder(calls=calls)
     estimate = measure(text, base, request, pythonpath, observer=recorder)
     return recorder.records, estimate
 
 
 def time_step(text: str, base: Path, request: Request, device: Accelerator | CpuPeaks,
-              pythonpath: tuple[Path, ...] | list[Path] = ()) -> tuple[StepTime, list[OpRecord]]:
-    """The step's time on `device`, and the records it was priced from."""
-    records, estimate = record_step(text, base, request, pythonpath)
-    result = price(records, device, text)
+              pythonpath: tuple[Path, ...] | list[Path] = (), replay: bool = True) -> tuple[StepTime, list[OpRecord]]:
+    """The step's time on `device`, and the records it was priced from. On this machine's CPU (a CpuPeaks
+    device), each op call is timed here (graphlint.timing.replay) unless `replay` is false, and the roofline
+    prices only what could not be."""
+    on_cpu = replay and isinstance(device, CpuPeaks)
+    records, estimate = record_step(text, base, request, pythonpath, calls=on_cpu)
+    times = time_calls((r.call for r in records if r.call is not None), device.threads) if on_cpu else None
+    result = price(records, device, text, times)
     result.optimizer, result.train_on, result.autocast = request.optimizer, request.train_on, request.autocast
     result.batch, result.seq = estimate.batch, estimate.seq
-    result.notes = list(estimate.notes)
+    result.notes = list(estimate.notes) + (times.notes() if times is not None else [])
     return result, records

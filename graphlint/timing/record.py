@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -24,6 +24,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from graphlint.files import is_hidden_file
+from graphlint.memory.registry import in_native_loop
+from graphlint.timing.calls import OpCall, call_of
 
 aten = torch.ops.aten
 # Autograd's next sequence number; a torch without it places backward ops at no line
@@ -92,6 +94,11 @@ class OpRecord:
     # products it is made of (what sets its efficiency: an LSTM's per-step hidden product, not the whole sequence).
     work_flops: int = 0
     work_grain: int = 0
+    # The call by its arguments' layouts, to be made again on this CPU (graphlint.timing.replay); kept only when
+    # the recorder is asked to (`calls=True`), for ops that move bytes or compute
+    call: OpCall | None = field(default=None, compare=False, repr=False)
+    # issued by a kernel's own loop in C++ on the device (a recurrent layer's steps), not from Python
+    native: bool = False
 
     @property
     def bytes(self) -> int:
@@ -102,10 +109,12 @@ class OpRecorder(TorchDispatchMode):
     """Records each op of the step it is entered around (graphlint.memory.step.run_step's `observer`). The phase
     is read from the step itself: backward from the first op run by an autograd node, the optimizer from torch's
     global optimizer-step hook (registered only while the recorder is entered); a backward op with grad mode on is
-    a checkpoint's recomputation. A backward op's line is its forward op's, linked by autograd's sequence number."""
+    a checkpoint's recomputation. A backward op's line is its forward op's, linked by autograd's sequence number.
+    With `calls`, each record of an op that runs a kernel keeps its call by layouts (graphlint.timing.calls)."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls: bool = False) -> None:
         super().__init__()
+        self.calls = calls
         self.records: list[OpRecord] = []
         self._phase = "forward"
         self._lines: dict[int, tuple[str, int]] = {}  # autograd sequence number -> the forward op's line
@@ -173,9 +182,10 @@ class OpRecorder(TorchDispatchMode):
             kind = "attention" if "attention" in name else "conv" if "conv" in name else "matmul"
         else:
             kind = "memory" if read or written else "view"
+        call = call_of(func, args, kwargs) if self.calls and kind != "view" else None
         self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
                                      where[0] if where else None, where[1] if where else None, kind,
-                                     work_flops, work_grain))
+                                     work_flops, work_grain, call, in_native_loop()))
         return out
 
     def _user_line(self) -> tuple[str, int] | None:

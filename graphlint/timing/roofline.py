@@ -4,7 +4,8 @@ On a GPU of the table (graphlint.timing.devices.ACCELERATORS) the peaks are the 
 op class (GPU_EFFICIENCY), and every op that runs a kernel pays one launch (GPU_LAUNCH). On this machine's CPU the
 peaks are those measured at the op's own size (a small product reaches less of the peak than a large one; a copy
 that fits in cache runs faster than one that does not), and every op pays the fixed cost measured for an op of its
-phase, a view that of a view.
+phase, a view that of a view. An op whose call was timed on this CPU (graphlint.timing.replay) costs that time
+instead of its roofline, less the cheapest call's (which the fixed cost already counts).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from graphlint.timing.phases import PHASES
 
 if TYPE_CHECKING:
     from graphlint.timing.record import OpRecord
+    from graphlint.timing.replay import CallTimes
 
 TOP_LINES = 10
 
 
-def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float, bool]:
-    """The op's estimated seconds on `device`, and whether its bytes, not its FLOPs, bound it."""
+def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks,
+               times: CallTimes | None = None) -> tuple[float, bool]:
+    """The op's estimated seconds on `device`, and whether its bytes, not its FLOPs, bound it; `times`, the op
+    calls timed on this CPU (a CpuPeaks device only)."""
     if isinstance(device, CpuPeaks):
         if record.kind == "view":
             return device.view, False
@@ -34,13 +38,21 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
             compute += record.work_flops / device.flops_at(record.dtype, record.work_grain or record.work_flops,
                                                            "recurrent", direction)
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
-        return max(compute, transfer) + device.launch[record.phase], transfer >= compute
+        timed = times.seconds.get(record.call.key) if times is not None and record.call is not None else None
+        kernel = max(compute, transfer) if timed is None else max(timed - times.floor, 0.0)
+        return kernel + _fixed_cost(record, device), transfer >= compute
     if record.kind == "view":
         return 0.0, False
     work = record.flops + record.work_flops
     compute = work / (device.peak(record.dtype, record.kind) * GPU_EFFICIENCY[record.kind]) if work else 0.0
     transfer = record.bytes / (device.bandwidth * GPU_EFFICIENCY["memory"])
     return max(compute, transfer) + GPU_LAUNCH, transfer >= compute
+
+
+def _fixed_cost(record: OpRecord, device: Accelerator | CpuPeaks) -> float:
+    if not isinstance(device, CpuPeaks):
+        return GPU_LAUNCH
+    return device.native if record.native and device.native else device.launch[record.phase]
 
 
 @dataclass
@@ -105,15 +117,17 @@ class StepTime:
         }
 
 
-def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "") -> StepTime:
-    """The step's time on `device`, op by op, summed per phase and per source line."""
+def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "",
+          times: CallTimes | None = None) -> StepTime:
+    """The step's time on `device`, op by op, summed per phase and per source line; `times`, the op calls timed
+    on this CPU (graphlint.timing.replay), for a CpuPeaks device."""
     phases = dict.fromkeys(PHASES, 0.0)
     phase_flops = dict.fromkeys(PHASES, 0)
     flops_by_dtype: dict[str, int] = defaultdict(int)
     lines: dict[tuple[str, int], list] = {}
     total = bound = recompute = overhead = unplaced = 0.0
     for record in records:
-        seconds, memory_bound = op_seconds(record, device)
+        seconds, memory_bound = op_seconds(record, device, times)
         total += seconds
         phases[record.phase] += seconds
         phase_flops[record.phase] += record.flops
@@ -124,7 +138,7 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
         if record.recompute:
             recompute += seconds
         if record.kind != "view":
-            overhead += device.launch[record.phase] if isinstance(device, CpuPeaks) else GPU_LAUNCH
+            overhead += _fixed_cost(record, device)
         elif isinstance(device, CpuPeaks):
             overhead += seconds
         if record.file is None:

@@ -1,0 +1,218 @@
+"""Each distinct op call of a step, timed on this machine's CPU: made again at its own sizes on tensors of the
+step's layouts, alone, with autograd off, and cached per machine.
+
+A roofline prices an op by its FLOPs and bytes at rates measured on a few kernels (graphlint.timing.devices); on
+a CPU, kernels of the same FLOPs and bytes differ by an order of magnitude (a Bernoulli draw, a log-softmax's
+exponentials, a depthwise convolution, a boolean reduction), so `graphlint time --cpu` times each call instead,
+as torch's runtime estimator does on a GPU, and keeps the roofline for the calls it cannot make again. What a
+step pays beyond the kernel (the dispatcher, autograd's bookkeeping, the Python around each op) is the fixed cost
+the micro-step measures (CpuPeaks.launch); `floor`, the time of the cheapest call made the same way, is taken off
+each call's time so that it is not paid twice.
+
+A replay is invisible to the target: its tensors are its own, filled from its own generator; torch's global random
+state (a dropout's draw consumes it), the denormal mode and the thread count are as they were before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils._pytree import tree_map
+
+from graphlint.timing.calls import OpCall, TensorLayout
+from graphlint.timing.devices import cache_folder, cpu_label
+
+REPLAY_VERSION = 3  # what a cached time means; a cache of another version is measured again
+BUDGET_SECONDS = 30.0  # the most time one step's replays take (calls past it keep the roofline's price)
+LARGEST_CALL = 1 << 30  # bytes of tensors one replay may allocate
+POOL = 16 << 20  # bytes of arguments a replay turns over: more than a core's nearest caches hold
+MAX_COPIES = 32
+CACHE_ENTRIES = 50_000  # a cache file keeps the latest this many calls
+
+
+@dataclass
+class CallTimes:
+    """Seconds of each replayed call (by OpCall.key), and what the replays did not time."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    floor: float = 0.0  # a no-op-sized call's seconds, made the same way
+    measured: int = 0  # calls timed in this run (the others came from the cache)
+    failed: int = 0  # calls the CPU refused (they keep the roofline's price)
+    skipped: int = 0  # calls past the budget or over LARGEST_CALL
+
+    def notes(self) -> list[str]:
+        notes = []
+        if self.failed:
+            notes.append(f"{self.failed} op call(s) could not be made again on this CPU and are priced by the "
+                         "roofline")
+        if self.skipped:
+            notes.append(f"{self.skipped} op call(s) were not timed (over {BUDGET_SECONDS:.0f} s of timing in all, "
+                         f"or over {LARGEST_CALL >> 30} GiB of tensors) and are priced by the roofline")
+        return notes
+
+
+def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None,
+               budget: float = BUDGET_SECONDS) -> CallTimes:
+    """Time each distinct call on this CPU with `threads` threads, reading and adding to the cache in `folder`
+    (default: graphlint's cache folder's `op-times`), spending at most `budget` seconds on new measurements."""
+    path = (folder or cache_folder().parent / "op-times") / f"{_machine_key(threads)}.json"
+    cached = _read(path)
+    result = CallTimes()
+    distinct = {call.key: call for call in calls}
+    fresh: dict[str, float | None] = {}
+    with _quiet_state(threads):
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        result.floor = _floor(clock, cached)
+        deadline = time.perf_counter() + budget
+        for key, call in distinct.items():
+            if key in cached:
+                if cached[key] is None:
+                    result.failed += 1
+                else:
+                    result.seconds[key] = cached[key]
+                continue
+            if time.perf_counter() > deadline or call.nbytes() > LARGEST_CALL:
+                result.skipped += 1
+                continue
+            seconds = _time_one(call, clock)
+            fresh[key] = seconds
+            result.measured += 1
+            if seconds is None:
+                result.failed += 1
+            else:
+                result.seconds[key] = seconds
+    if fresh:
+        _write(path, {**cached, **fresh, "floor": result.floor})
+    return result
+
+
+def _machine_key(threads: int) -> str:
+    text = f"{cpu_label()}|{torch.__version__}|{threads}|{REPLAY_VERSION}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    if len(data) > CACHE_ENTRIES:  # oldest first: dicts keep insertion order, and fresh entries come last
+        data = dict(list(data.items())[-CACHE_ENTRIES:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(data))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only home: timed again next time
+
+
+@contextmanager
+def _quiet_state(threads: int):
+    """torch's global state as a replay needs it, and as it was afterwards: no autograd, `threads` threads,
+    denormals flushed (an in-place op made again hundreds of times on its own output drifts into them, which the
+    step never does), the global random state untouched."""
+    previous_threads = torch.get_num_threads()
+    flushing = _flushes_denormals()
+    random_state = torch.random.get_rng_state()
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.set_flush_denormal(flushing)
+        torch.random.set_rng_state(random_state)
+        torch.set_num_threads(previous_threads)
+
+
+def _flushes_denormals() -> bool:
+    """Whether the CPU flushes denormals now (torch can set the mode but not say it)."""
+    tiny = torch.tensor([1e-39], dtype=torch.float32)
+    return bool((tiny * 1.0).item() == 0.0)
+
+
+_generator = None
+
+
+def _tensor(layout: TensorLayout) -> torch.Tensor:
+    """A CPU tensor of `layout`: floating point values in [0.5, 1.5) (positive, so that a square root, a log or a
+    division by it computes what the step's does, with no NaN paths), integers and booleans zero (a valid index
+    into any dimension)."""
+    global _generator
+    if _generator is None:
+        _generator = torch.Generator().manual_seed(0)
+    size = max(layout.storage, 1)
+    if layout.dtype.is_floating_point or layout.dtype.is_complex:
+        base = torch.rand(size, generator=_generator).add_(0.5).to(layout.dtype)
+    else:
+        base = torch.zeros(size, dtype=layout.dtype)
+    return base.as_strided(layout.shape, layout.stride, layout.offset)
+
+
+def _materialise(value):
+    return _tensor(value) if isinstance(value, TensorLayout) else value
+
+
+def _time_one(call: OpCall, clock) -> float | None:
+    """The median seconds of the call, made again in batches of about a millisecond; None when the CPU refuses it.
+
+    In a step, an op mostly reads what other ops wrote a while before; made again on the same tensors, it would
+    find them in the core's nearest caches. So the call turns over enough copies of its arguments to fill POOL
+    bytes (more than those caches hold). Its output is freed at once, and the next call's output takes the same
+    memory, as a step's allocations mostly take memory its earlier ones freed."""
+    copies = max(1, min(MAX_COPIES, POOL // max(call.nbytes(), 1)))
+    try:
+        sets = [(tree_map(_materialise, call.args), tree_map(_materialise, call.kwargs)) for _ in range(copies)]
+    except Exception:  # a layout the CPU cannot allocate
+        return None
+    turn = itertools.cycle(sets)
+
+    def run():
+        args, kwargs = next(turn)
+        call.op(*args, **kwargs)
+
+    try:
+        return _median_call(run, clock)
+    except Exception:  # arguments the kernel refuses with other values, an op the CPU has no kernel for
+        return None
+
+
+def _median_call(run, clock) -> float:
+    run()  # the first call pays one-time costs (a kernel's lazy set-up, a first allocation)
+    start = clock()
+    run()
+    once = max(clock() - start, 1e-7)
+    batch = max(1, int(1e-3 / once))
+    batches = 5 if once < 5e-3 else 3  # a long call varies less, and costs more to repeat
+    times = []
+    for _ in range(batches):
+        start = clock()
+        for _ in range(batch):
+            run()
+        times.append((clock() - start) / batch)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _floor(clock, cached: dict) -> float:
+    """The seconds of a call of the smallest kernel made as replays make theirs (through the op's overload, from
+    Python), from the cache when it holds it."""
+    value = cached.get("floor")
+    if isinstance(value, float):
+        return value
+    one = torch.ones(4)
+    return _median_call(lambda: torch.ops.aten.add.Tensor(one, one), clock)

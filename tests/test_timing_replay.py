@@ -1,0 +1,142 @@
+"""`graphlint time --cpu` times each op call of the step on this CPU (graphlint.timing.replay): every distinct call
+once, cached per machine, without touching the target's global state; what it cannot time keeps the roofline's
+price; ops a recurrent layer's C++ loop issues pay that loop's fixed cost, not a Python call's."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphlint.memory.measure import Request
+from graphlint.timing.calls import call_of
+from graphlint.timing.devices import CpuPeaks
+from graphlint.timing.measure import record_step
+from graphlint.timing.record import OpRecord
+from graphlint.timing.replay import CallTimes, time_calls
+from graphlint.timing.roofline import op_seconds, price
+from conftest import write
+
+MODELS = """
+import torch
+from torch import nn
+
+
+def dropout_mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5), nn.GELU(), nn.Linear(32, 4))
+    return model, (torch.randn(8, 16),)
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def gru():
+    torch.manual_seed(0)
+    return Tagger(), (torch.randn(2, 6, 8),)
+"""
+
+LAUNCH = {"forward": 1e-5, "backward": 2e-5, "optimizer": 3e-5}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    return write(tmp_path_factory.mktemp("replay"), "replay_models.py", MODELS)
+
+
+def _records(models: Path, factory: str, calls: bool = True) -> list[OpRecord]:
+    records, _ = record_step(f"{models}:{factory}", models.parent, Request(train_on="cpu"), calls=calls)
+    return records
+
+
+def _cpu(native: float = 0.0) -> CpuPeaks:
+    return CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 1e9)]}, [(1e3, 1e9), (1e9, 1e9)], dict(LAUNCH),
+                    1e-7, native=native)
+
+
+def test_each_distinct_call_is_timed_once_then_read_from_the_cache(models, tmp_path):
+    records = _records(models, "dropout_mlp")
+    calls = [r.call for r in records if r.call is not None]
+    assert calls and all(r.call is not None for r in records if r.kind != "view")
+    distinct = {call.key for call in calls}
+    assert len(distinct) < len(calls)  # the two Linear layers' transposes, AdamW's per-parameter ops...
+    first = time_calls(calls, 1, tmp_path)
+    assert first.measured == len(distinct) and first.failed == 0 and first.skipped == 0
+    assert set(first.seconds) == distinct and all(s > 0 for s in first.seconds.values())
+    again = time_calls(calls, 1, tmp_path)
+    assert again.measured == 0 and again.seconds == first.seconds and again.floor == first.floor
+
+
+def test_timing_the_calls_leaves_torchs_global_state_as_it_was(models, tmp_path):
+    # the dropout's Bernoulli draw, made again, would consume torch's global generator
+    calls = [r.call for r in _records(models, "dropout_mlp") if r.call is not None]
+    assert any("bernoulli" in call.key for call in calls)
+    torch.manual_seed(1234)
+    threads = torch.get_num_threads()
+    before = torch.random.get_rng_state()
+    time_calls(calls, 1, tmp_path)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert torch.get_num_threads() == threads
+    assert torch.is_grad_enabled()
+    assert (torch.tensor([1e-39]) * 1.0).item() != 0.0  # denormals are not flushed, as before
+
+
+def test_a_timed_call_prices_its_op_instead_of_the_roofline():
+    x = torch.empty(256, 256, device="meta")
+    call = call_of(torch.ops.aten.exp.default, (x,), {})
+    record = OpRecord("aten.exp.default", 0, 256 * 256 * 4, 256 * 256 * 4, "float32", "forward", False, None, None,
+                      "memory", call=call)
+    cpu = _cpu()
+    assert op_seconds(record, cpu)[0] == pytest.approx(2 * 256 * 256 * 4 / 1e9 + LAUNCH["forward"])
+    times = CallTimes({call.key: 5e-3}, floor=1e-6)
+    # the call's own time, less the cheapest call's (the fixed cost counts that), plus the phase's fixed cost
+    assert op_seconds(record, cpu, times)[0] == pytest.approx(5e-3 - 1e-6 + LAUNCH["forward"])
+    other = dataclasses.replace(record, call=call_of(torch.ops.aten.exp.default, (x[:128],), {}))
+    assert op_seconds(other, cpu, times) == op_seconds(other, cpu)  # not timed: the roofline
+
+
+def test_a_call_the_cpu_refuses_keeps_the_roofline_and_is_said(tmp_path):
+    q = torch.empty(1, 2, 4, 8, device="meta")
+    # a CUDA-only kernel: no CPU implementation to time
+    refused = call_of(torch.ops.aten._scaled_dot_product_efficient_attention.default, (q, q, q, None, False), {})
+    kept = call_of(torch.ops.aten.exp.default, (q,), {})
+    times = time_calls([refused, kept], 1, tmp_path)
+    assert times.failed == 1 and set(times.seconds) == {kept.key}
+    assert any("could not be made again" in note for note in times.notes())
+    assert time_calls([refused], 1, tmp_path).failed == 1  # the refusal is cached too
+
+
+def test_calls_past_the_budget_are_priced_by_the_roofline(models, tmp_path):
+    records = _records(models, "dropout_mlp")
+    calls = [r.call for r in records if r.call is not None]
+    times = time_calls(calls, 1, tmp_path, budget=0.0)
+    assert times.seconds == {} and times.skipped == len({c.key for c in calls})
+    assert any("not timed" in note for note in times.notes())
+    cpu = _cpu()
+    assert price(records, cpu, "m", times).seconds == pytest.approx(price(records, cpu, "m").seconds)
+
+
+def test_the_recorder_keeps_calls_only_when_asked(models):
+    assert all(r.call is None for r in _records(models, "dropout_mlp", calls=False))
+
+
+def test_a_recurrent_layers_steps_pay_the_native_loops_fixed_cost(models):
+    records = _records(models, "gru")
+    native = [r for r in records if r.native]
+    assert native and {r.phase for r in native} == {"forward"}
+    # the head's Linear (a product of the 3-d output) is called from Python
+    assert any(r.kind == "matmul" and not r.native for r in records if r.phase == "forward")
+    assert not any(r.native for r in _records(models, "dropout_mlp"))
+    cpu = _cpu(native=2e-6)
+    step = next(r for r in native if r.kind != "view")
+    roofline = op_seconds(dataclasses.replace(step, native=False), cpu)[0]
+    assert op_seconds(step, cpu)[0] == pytest.approx(roofline - LAUNCH["forward"] + 2e-6)
