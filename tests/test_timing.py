@@ -298,6 +298,8 @@ def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     peaks = json.loads(measured.read_text())
     assert set(peaks["matmul"]) == {"float32", "bfloat16", "float16"}
     assert set(peaks["launch"]) == {"forward", "backward", "optimizer"} and all(peaks["launch"].values())
+    assert set(peaks["per_phase"]) == {"forward", "backward", "optimizer"}
+    assert set(peaks["native"]) == {"forward", "backward"} and all(peaks["native"].values())
     [step] = json.loads(first.stdout)["targets"]
     assert step["train_on"] == "cpu" and step["seconds"] > 0 and "measured on this machine" in step["device_source"]
     # each op call of the step timed on this CPU, kept for the next run (graphlint.timing.replay)

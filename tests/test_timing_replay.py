@@ -58,9 +58,9 @@ def _records(models: Path, factory: str, calls: bool = True) -> list[OpRecord]:
     return records
 
 
-def _cpu(native: float = 0.0) -> CpuPeaks:
+def _cpu(native: dict | None = None, per_phase: dict | None = None) -> CpuPeaks:
     return CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 1e9)]}, [(1e3, 1e9), (1e9, 1e9)], dict(LAUNCH),
-                    1e-7, native=native)
+                    1e-7, native=native or {}, per_phase=per_phase or {})
 
 
 def test_each_distinct_call_is_timed_once_then_read_from_the_cache(models, tmp_path):
@@ -132,11 +132,25 @@ def test_the_recorder_keeps_calls_only_when_asked(models):
 def test_a_recurrent_layers_steps_pay_the_native_loops_fixed_cost(models):
     records = _records(models, "gru")
     native = [r for r in records if r.native]
-    assert native and {r.phase for r in native} == {"forward"}
-    # the head's Linear (a product of the 3-d output) is called from Python
-    assert any(r.kind == "matmul" and not r.native for r in records if r.phase == "forward")
+    # the loop's ops forward, and their gradients backward
+    assert {r.phase for r in native} == {"forward", "backward"}
+    # the head's Linear (a product of the 3-d output) is called from Python, and so is its gradient run
+    for phase in ("forward", "backward"):
+        assert any(r.kind == "matmul" and not r.native for r in records if r.phase == phase)
     assert not any(r.native for r in _records(models, "dropout_mlp"))
-    cpu = _cpu(native=2e-6)
-    step = next(r for r in native if r.kind != "view")
-    roofline = op_seconds(dataclasses.replace(step, native=False), cpu)[0]
-    assert op_seconds(step, cpu)[0] == pytest.approx(roofline - LAUNCH["forward"] + 2e-6)
+    cpu = _cpu(native={"forward": 2e-6, "backward": 3e-6})
+    for phase in ("forward", "backward"):
+        step = next(r for r in native if r.kind != "view" and r.phase == phase)
+        roofline = op_seconds(dataclasses.replace(step, native=False), cpu)[0]
+        assert op_seconds(step, cpu)[0] == pytest.approx(roofline - LAUNCH[phase] + cpu.native[phase])
+
+
+def test_each_phase_pays_its_fixed_cost_once_per_step(models):
+    records = _records(models, "dropout_mlp", calls=False)
+    plain = price(records, _cpu(), "m")
+    once = {"forward": 0.0, "backward": 4e-5, "optimizer": 5e-5}
+    step = price(records, _cpu(per_phase=once), "m")
+    for phase, seconds in once.items():
+        assert step.phases[phase] == pytest.approx(plain.phases[phase] + seconds)
+    assert step.overhead_seconds == pytest.approx(plain.overhead_seconds + 9e-5)
+    assert step.unplaced_seconds == pytest.approx(plain.unplaced_seconds + 9e-5)

@@ -105,8 +105,12 @@ class CpuPeaks:
     attention: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     # oneDNN's float32 LSTM layer: FLOPs of one time step's hidden product -> FLOP/s of the layer's work
     recurrent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    # the fixed cost of a forward op that a kernel's own C++ loop issues (aten's GRU), with no Python around it
-    native: float = 0.0
+    # the fixed cost per op, by phase ("forward", "backward"), of the ops a kernel's own C++ loop issues (aten's
+    # GRU), with no Python around them, and of their gradients
+    native: dict[str, float] = field(default_factory=dict)
+    # the fixed cost of each phase once per step, beyond its ops' (autograd's engine starting, optimizer.step()'s
+    # hooks and checks)
+    per_phase: dict[str, float] = field(default_factory=dict)
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
@@ -172,7 +176,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
                         conv={k: [tuple(p) for p in v] for k, v in data.get("conv", {}).items()},
                         attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()},
                         recurrent={k: [tuple(p) for p in v] for k, v in data.get("recurrent", {}).items()},
-                        native=data["native"])
+                        native=dict(data["native"]), per_phase=dict(data["per_phase"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -186,7 +190,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 6  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 8  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -214,7 +218,7 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         tiny = torch.ones(4)
         view = _best(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
         plain = _best(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
-        launch = _fixed_costs(clock, view)
+        launch, per_phase = _fixed_costs(clock, view)
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -232,31 +236,44 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         conv = _convolutions(clock)
         attention = _attention(clock)
         recurrent = _recurrent(clock)
-        native = _native_cost(clock)
+        native = _native_cost(clock, view)
     finally:
         torch.set_num_threads(previous)
-    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native)
+    return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native,
+                    per_phase)
 
 
-def _native_cost(clock) -> float:
-    """Seconds per forward op of aten's GRU on 4-wide tensors (its loop in C++ issues each step's ops, with
-    autograd recording), as the recorder counts its ops."""
+def _native_cost(clock, view: float) -> dict[str, float]:
+    """Seconds per op of aten's GRU on 4-wide tensors (its loop in C++ issues each step's ops, with autograd
+    recording) forward, and of their gradients backward, less their views', as the recorder counts their ops
+    (run on meta with the stand-in that marks them, graphlint.memory.kernels)."""
     import torch
 
+    from graphlint.memory.modes import StandIns
     from graphlint.timing.record import OpRecorder
 
     layer = torch.nn.GRU(4, 4)
-    x = torch.randn(64, 1, 4)
+    x = torch.randn(64, 1, 4, requires_grad=True)
 
     def forward():
         return layer(x)[0]
 
-    with OpRecorder() as recorder:
-        forward()
-    kernels = sum(1 for r in recorder.records if r.kind != "view")
-    views = len(recorder.records) - kernels
-    return max(_best(forward, clock, budget=0.1, median=True) - views * _best(
-        lambda: x.view(64, 4), clock, budget=0.05, median=True), 0.0) / max(kernels, 1)
+    def both():
+        forward().sum().backward()
+
+    import graphlint.memory.kernels  # noqa: F401 (registers the recurrent layers' stand-in)
+
+    on_meta = torch.nn.GRU(4, 4, device="meta")
+    with StandIns("cpu", False), OpRecorder() as recorder:
+        on_meta(torch.empty(64, 1, 4, device="meta", requires_grad=True))[0].sum().backward()
+    ahead = _best(forward, clock, budget=0.1, median=True)
+    seconds = {"forward": ahead, "backward": max(_best(both, clock, budget=0.1, median=True) - ahead, 0.0)}
+    costs = {}
+    for phase, spent in seconds.items():
+        ops = [r for r in recorder.records if r.phase == phase and r.native]
+        kernels = sum(1 for r in ops if r.kind != "view")
+        costs[phase] = max(spent - (len(ops) - kernels) * view, 0.0) / max(kernels, 1)
+    return costs
 
 
 def _recurrent(clock) -> dict[str, list[tuple[float, float]]]:
@@ -377,22 +394,36 @@ def _elementwise(size: int, clock, plain: float) -> tuple[float, float]:
     return 2.0 * element, statistics.median(rates)
 
 
-def _fixed_costs(clock, view: float) -> dict[str, float]:
-    """Seconds per op that eager PyTorch pays beyond arithmetic in each phase (the dispatcher, autograd, the
-    modules' and the optimizer's Python), from a micro-step on 4-wide tensors: its time less its views' over the
-    ops that run a kernel, as the recorder counts them."""
+def _fixed_costs(clock, view: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds that eager PyTorch pays beyond arithmetic in each phase (the dispatcher, autograd, the modules' and
+    the optimizer's Python): per op that runs a kernel, and per phase once (`loss.backward()` starting autograd's
+    engine, `optimizer.step()` its hooks and checks). From two micro-steps on 4-wide tensors, CHAIN / 2 tiny
+    Linear and GELU modules and one of each: the difference of their times over the difference of their kernel
+    ops (as the recorder counts them, their views' time taken off) is the cost per op; what the small one spends
+    beyond its ops is the cost per phase."""
+    large, small = _micro_step(CHAIN // 2, clock, view), _micro_step(1, clock, view)
+    per_op, per_phase = {}, {}
+    for phase in large:
+        (spent, kernels), (spent_small, kernels_small) = large[phase], small[phase]
+        per_op[phase] = max(spent - spent_small, 0.0) / max(kernels - kernels_small, 1)
+        per_phase[phase] = max(spent_small - kernels_small * per_op[phase], 0.0)
+    return per_op, per_phase
+
+
+def _micro_step(layers: int, clock, view: float) -> dict[str, tuple[float, int]]:
+    """(seconds less its views', kernel ops) of each phase of a step of `layers` tiny Linear and GELU modules
+    trained with AdamW."""
     import torch
 
     from graphlint.timing.record import OpRecorder
 
-    layers = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
-                                   for _ in range(CHAIN // 2)))
-    weights = list(layers.parameters())
-    optimizer = torch.optim.AdamW(weights, lr=1e-3, foreach=False)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                  for _ in range(layers)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     x = torch.ones(1, 4)
 
     def forward():
-        return layers(x).sum()
+        return model(x).sum()
 
     forward().backward()
     optimizer.step()  # the state exists, as in a step after the first
@@ -405,7 +436,7 @@ def _fixed_costs(clock, view: float) -> dict[str, float]:
     seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
                "backward": _backward_seconds(forward, clock),
                "optimizer": _best(optimizer.step, clock, budget=0.1, median=True)}
-    return {phase: max(seconds[phase] - views * view, 0.0) / max(kernels, 1)
+    return {phase: (max(seconds[phase] - views * view, 0.0), kernels)
             for phase, (kernels, views) in counts.items()}
 
 

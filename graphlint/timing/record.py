@@ -97,7 +97,8 @@ class OpRecord:
     # The call by its arguments' layouts, to be made again on this CPU (graphlint.timing.replay); kept only when
     # the recorder is asked to (`calls=True`), for ops that move bytes or compute
     call: OpCall | None = field(default=None, compare=False, repr=False)
-    # issued by a kernel's own loop in C++ on the device (a recurrent layer's steps), not from Python
+    # issued by a kernel's own loop in C++ on the device (a recurrent layer's steps), not from Python; in backward,
+    # the gradient of such an op
     native: bool = False
 
     @property
@@ -118,6 +119,7 @@ class OpRecorder(TorchDispatchMode):
         self.records: list[OpRecord] = []
         self._phase = "forward"
         self._lines: dict[int, tuple[str, int]] = {}  # autograd sequence number -> the forward op's line
+        self._native: set[int] = set()  # sequence numbers of the nodes a native loop's forward ops made
         self._visible: dict[int, tuple[object, str | None]] = {}  # id(code) -> (code, its file if the user's)
         self._boundary = None
         self._hook = None
@@ -128,6 +130,7 @@ class OpRecorder(TorchDispatchMode):
             self.records = []  # a step retried on another device starts again
             self._phase = "forward"
             self._lines = {}
+            self._native = set()
             self._boundary = sys._getframe(1)
             self._hook = register_optimizer_step_pre_hook(self._optimizer_step)
         self._depth += 1
@@ -165,16 +168,21 @@ class OpRecorder(TorchDispatchMode):
         work_flops, work_grain = work(*args, **kwargs) if work is not None and not flops else (0, 0)
         recompute = phase == "backward" and torch.is_grad_enabled()
         where = None
+        native = in_native_loop()
         if phase == "backward" and not recompute:
             # a backward op belongs to the forward op whose node runs it; the stack holds only the call of backward
             node = torch._C._current_autograd_node()
             if node is not None:
                 where = self._lines.get(node._sequence_nr())
+                native = node._sequence_nr() in self._native
         if where is None:
             where = self._user_line()
-        if phase == "forward" and where is not None and sequence is not None:
+        if phase == "forward" and sequence is not None:
             # the autograd node this op made (if any) took the number before the one now current
-            self._lines.setdefault(sequence - 1, where)
+            if where is not None:
+                self._lines.setdefault(sequence - 1, where)
+            if native:
+                self._native.add(sequence - 1)
         name = func.__name__.split(".")[0]
         moves = not (func.is_view or name in _NO_TRAFFIC)
         read, written = _traffic(func, name, args, kwargs, out) if moves else (0, 0)
@@ -185,7 +193,7 @@ class OpRecorder(TorchDispatchMode):
         call = call_of(func, args, kwargs) if self.calls and kind != "view" else None
         self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
                                      where[0] if where else None, where[1] if where else None, kind,
-                                     work_flops, work_grain, call, in_native_loop()))
+                                     work_flops, work_grain, call, native))
         return out
 
     def _user_line(self) -> tuple[str, int] | None:

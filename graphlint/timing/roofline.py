@@ -3,9 +3,10 @@
 On a GPU of the table (graphlint.timing.devices.ACCELERATORS) the peaks are the datasheet's, scaled by a share per
 op class (GPU_EFFICIENCY), and every op that runs a kernel pays one launch (GPU_LAUNCH). On this machine's CPU the
 peaks are those measured at the op's own size (a small product reaches less of the peak than a large one; a copy
-that fits in cache runs faster than one that does not), and every op pays the fixed cost measured for an op of its
-phase, a view that of a view. An op whose call was timed on this CPU (graphlint.timing.replay) costs that time
-instead of its roofline, less the cheapest call's (which the fixed cost already counts).
+that fits in cache runs faster than one that does not); every op pays the fixed cost measured for an op of its
+phase (a view that of a view; an op a recurrent layer's C++ loop issues that of such ops), and each phase its own
+once per step. An op whose call was timed on this CPU (graphlint.timing.replay) costs that time instead of its
+roofline, less the cheapest call's (which the fixed cost already counts).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks,
 def _fixed_cost(record: OpRecord, device: Accelerator | CpuPeaks) -> float:
     if not isinstance(device, CpuPeaks):
         return GPU_LAUNCH
-    return device.native if record.native and device.native else device.launch[record.phase]
+    native = device.native.get(record.phase) if record.native else None
+    return native if native is not None else device.launch[record.phase]
 
 
 @dataclass
@@ -151,6 +153,14 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
         entry[3] += 1
         if memory_bound and record.kind != "view":
             entry[4] += seconds
+    if isinstance(device, CpuPeaks):
+        # each phase the step runs pays its fixed cost once (autograd's engine starting, optimizer.step()'s checks)
+        for phase in {record.phase for record in records}:
+            once = device.per_phase.get(phase, 0.0)
+            phases[phase] += once
+            total += once
+            overhead += once
+            unplaced += once
     flops = sum(phase_flops.values())
     dominant = max(flops_by_dtype, key=flops_by_dtype.get) if flops_by_dtype else "float32"
     if isinstance(device, CpuPeaks):
