@@ -49,7 +49,7 @@ from graphlint.target import normalize_factory_result  # noqa: E402
 from graphlint.timing.devices import measure_cpu  # noqa: E402
 from graphlint.timing.measure import record_step  # noqa: E402
 from graphlint.timing.record import flop_counter_mapping  # noqa: E402
-from graphlint.timing.replay import time_calls  # noqa: E402
+from graphlint.timing.replay import timed_records  # noqa: E402
 from graphlint.timing.roofline import price  # noqa: E402
 
 WARMUP, REPEATS = 2, 7
@@ -117,8 +117,8 @@ def table(only: str | None = None) -> tuple[str, str]:
         try:
             request = Request(optimizer=optimizer, train_on="cpu", autocast=autocast)
             records, _ = record_step(f"{HERE / file}:{factory}", HERE, request, calls=True)
-            times = time_calls((r.call for r in records if r.call is not None), THREADS, Path(replays))
-            step, plain = price(records, device, factory, times), price(records, device, factory)
+            timed, _ = timed_records(records, THREADS, Path(replays))
+            step, plain = price(timed, device, factory), price(records, device, factory)
             flops, own, wall = real_step(file, factory, optimizer, autocast)
         except Exception as error:  # a failure is a row, not the end of the benchmark
             message = str(error).splitlines()[0][:90] if str(error) else type(error).__name__

@@ -15,7 +15,7 @@ from graphlint.timing.calls import call_of
 from graphlint.timing.devices import CpuPeaks
 from graphlint.timing.measure import record_step
 from graphlint.timing.record import OpRecord
-from graphlint.timing.replay import CallTimes, time_calls
+from graphlint.timing.replay import time_calls, timed_records
 from graphlint.timing.roofline import op_seconds, price
 from conftest import write
 
@@ -90,18 +90,23 @@ def test_timing_the_calls_leaves_torchs_global_state_as_it_was(models, tmp_path)
     assert (torch.tensor([1e-39]) * 1.0).item() != 0.0  # denormals are not flushed, as before
 
 
-def test_a_timed_call_prices_its_op_instead_of_the_roofline():
+def test_a_timed_call_prices_its_op_instead_of_the_roofline(models, tmp_path):
     x = torch.empty(256, 256, device="meta")
-    call = call_of(torch.ops.aten.exp.default, (x,), {})
     record = OpRecord("aten.exp.default", 0, 256 * 256 * 4, 256 * 256 * 4, "float32", "forward", False, None, None,
-                      "memory", call=call)
+                      "memory", call=call_of(torch.ops.aten.exp.default, (x,), {}))
     cpu = _cpu()
     assert op_seconds(record, cpu)[0] == pytest.approx(2 * 256 * 256 * 4 / 1e9 + LAUNCH["forward"])
-    times = CallTimes({call.key: 5e-3}, floor=1e-6)
-    # the call's own time, less the cheapest call's (the fixed cost counts that), plus the phase's fixed cost
-    assert op_seconds(record, cpu, times)[0] == pytest.approx(5e-3 - 1e-6 + LAUNCH["forward"])
-    other = dataclasses.replace(record, call=call_of(torch.ops.aten.exp.default, (x[:128],), {}))
-    assert op_seconds(other, cpu, times) == op_seconds(other, cpu)  # not timed: the roofline
+    assert op_seconds(dataclasses.replace(record, timed=5e-3), cpu)[0] == pytest.approx(5e-3 + LAUNCH["forward"])
+    # a step's records get their call's time less the cheapest call's (the fixed cost counts that one)
+    records = _records(models, "dropout_mlp")
+    timed, times = timed_records(records, 1, tmp_path)
+    assert len(timed) == len(records)
+    for before, after in zip(records, timed, strict=True):
+        if before.call is None:
+            assert after is before
+        else:
+            assert after.timed == pytest.approx(max(times.seconds[before.call.key] - times.floor, 0.0))
+    assert price(timed, cpu, "m").seconds != pytest.approx(price(records, cpu, "m").seconds)
 
 
 def test_a_call_the_cpu_refuses_keeps_the_roofline_and_is_said(tmp_path):
@@ -118,11 +123,10 @@ def test_a_call_the_cpu_refuses_keeps_the_roofline_and_is_said(tmp_path):
 def test_calls_past_the_budget_are_priced_by_the_roofline(models, tmp_path):
     records = _records(models, "dropout_mlp")
     calls = [r.call for r in records if r.call is not None]
-    times = time_calls(calls, 1, tmp_path, budget=0.0)
+    timed, times = timed_records(records, 1, tmp_path, budget=0.0)
     assert times.seconds == {} and times.skipped == len({c.key for c in calls})
     assert any("not timed" in note for note in times.notes())
-    cpu = _cpu()
-    assert price(records, cpu, "m", times).seconds == pytest.approx(price(records, cpu, "m").seconds)
+    assert all(r.timed is None for r in timed)
 
 
 def test_the_recorder_keeps_calls_only_when_asked(models):

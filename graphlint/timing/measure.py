@@ -8,7 +8,7 @@ from pathlib import Path
 from graphlint.memory.measure import Request, measure
 from graphlint.timing.devices import Accelerator, CpuPeaks
 from graphlint.timing.record import OpRecord, OpRecorder
-from graphlint.timing.replay import time_calls
+from graphlint.timing.replay import timed_records
 from graphlint.timing.roofline import StepTime, price
 
 
@@ -29,8 +29,10 @@ def time_step(text: str, base: Path, request: Request, device: Accelerator | Cpu
     prices only what could not be."""
     on_cpu = replay and isinstance(device, CpuPeaks)
     records, estimate = record_step(text, base, request, pythonpath, calls=on_cpu)
-    times = time_calls((r.call for r in records if r.call is not None), device.threads) if on_cpu else None
-    result = price(records, device, text, times)
+    times = None
+    if on_cpu:
+        records, times = timed_records(records, device.threads)
+    result = price(records, device, text)
     result.optimizer, result.train_on, result.autocast = request.optimizer, request.train_on, request.autocast
     result.batch, result.seq = estimate.batch, estimate.seq
     result.notes = list(estimate.notes) + (times.notes() if times is not None else [])

@@ -97,6 +97,8 @@ class OpRecord:
     # The call by its arguments' layouts, to be made again on this CPU (graphlint.timing.replay); kept only when
     # the recorder is asked to (`calls=True`), for ops that move bytes or compute
     call: OpCall | None = field(default=None, compare=False, repr=False)
+    # the kernel's seconds on this machine's CPU, its call timed there (graphlint.timing.replay), else None
+    timed: float | None = None
     # issued by a kernel's own loop in C++ on the device (a recurrent layer's steps), not from Python; in backward,
     # the gradient of such an op
     native: bool = False
@@ -193,7 +195,7 @@ class OpRecorder(TorchDispatchMode):
         call = call_of(func, args, kwargs) if self.calls and kind != "view" else None
         self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
                                      where[0] if where else None, where[1] if where else None, kind,
-                                     work_flops, work_grain, call, native))
+                                     work_flops, work_grain, call, None, native))
         return out
 
     def _user_line(self) -> tuple[str, int] | None:

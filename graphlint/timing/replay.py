@@ -15,6 +15,7 @@ state (a dropout's draw consumes it), the denormal mode and the thread count are
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -30,6 +31,7 @@ from torch.utils._pytree import tree_map
 
 from graphlint.timing.calls import OpCall, TensorLayout
 from graphlint.timing.devices import cache_folder, cpu_label
+from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 3  # what a cached time means; a cache of another version is measured again
 BUDGET_SECONDS = 30.0  # the most time one step's replays take (calls past it keep the roofline's price)
@@ -58,6 +60,18 @@ class CallTimes:
             notes.append(f"{self.skipped} op call(s) were not timed (over {BUDGET_SECONDS:.0f} s of timing in all, "
                          f"or over {LARGEST_CALL >> 30} GiB of tensors) and are priced by the roofline")
         return notes
+
+
+def timed_records(records: list[OpRecord], threads: int, folder: Path | None = None,
+                  budget: float = BUDGET_SECONDS) -> tuple[list[OpRecord], CallTimes]:
+    """The records with each timed call's kernel seconds (its time less the cheapest call's: OpRecord.timed), and
+    what the timing did (see time_calls)."""
+    times = time_calls((r.call for r in records if r.call is not None), threads, folder, budget)
+    timed = []
+    for record in records:
+        seconds = times.seconds.get(record.call.key) if record.call is not None else None
+        timed.append(record if seconds is None else dataclasses.replace(record, timed=max(seconds - times.floor, 0.0)))
+    return timed, times
 
 
 def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None,

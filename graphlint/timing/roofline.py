@@ -20,15 +20,13 @@ from graphlint.timing.phases import PHASES
 
 if TYPE_CHECKING:
     from graphlint.timing.record import OpRecord
-    from graphlint.timing.replay import CallTimes
 
 TOP_LINES = 10
 
 
-def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks,
-               times: CallTimes | None = None) -> tuple[float, bool]:
-    """The op's estimated seconds on `device`, and whether its bytes, not its FLOPs, bound it; `times`, the op
-    calls timed on this CPU (a CpuPeaks device only)."""
+def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float, bool]:
+    """The op's estimated seconds on `device`, and whether its bytes, not its FLOPs, bound it; on this machine's
+    CPU, a record whose call was timed there costs that time (OpRecord.timed) beside its fixed cost."""
     if isinstance(device, CpuPeaks):
         if record.kind == "view":
             return device.view, False
@@ -39,8 +37,7 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks,
             compute += record.work_flops / device.flops_at(record.dtype, record.work_grain or record.work_flops,
                                                            "recurrent", direction)
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
-        timed = times.seconds.get(record.call.key) if times is not None and record.call is not None else None
-        kernel = max(compute, transfer) if timed is None else max(timed - times.floor, 0.0)
+        kernel = max(compute, transfer) if record.timed is None else record.timed
         return kernel + _fixed_cost(record, device), transfer >= compute
     if record.kind == "view":
         return 0.0, False
@@ -119,17 +116,15 @@ class StepTime:
         }
 
 
-def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "",
-          times: CallTimes | None = None) -> StepTime:
-    """The step's time on `device`, op by op, summed per phase and per source line; `times`, the op calls timed
-    on this CPU (graphlint.timing.replay), for a CpuPeaks device."""
+def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "") -> StepTime:
+    """The step's time on `device`, op by op, summed per phase and per source line."""
     phases = dict.fromkeys(PHASES, 0.0)
     phase_flops = dict.fromkeys(PHASES, 0)
     flops_by_dtype: dict[str, int] = defaultdict(int)
     lines: dict[tuple[str, int], list] = {}
     total = bound = recompute = overhead = unplaced = 0.0
     for record in records:
-        seconds, memory_bound = op_seconds(record, device, times)
+        seconds, memory_bound = op_seconds(record, device)
         total += seconds
         phases[record.phase] += seconds
         phase_flops[record.phase] += record.flops
