@@ -97,10 +97,11 @@ class ResultCache:
 
     def key(self, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
             vary: tuple[str, ...] = (), memory_budget: int | None = None, tags: Collection[str] = (),
-            cost_gpu: str | None = None) -> str:
+            cost_gpu: str | None = None, cost_cpu: str | None = None) -> str:
         """The key of one target's entry; `rules` are the IDs of the rules that run on its capture and `tags` their
         tags (graphlint.tags), which say whether `vary`, the input dimensions the torch.compile analysis grows, and
-        `memory_budget` change what the capture finds; `cost_gpu` the GPU the findings are priced on."""
+        `memory_budget` change what the capture finds; `cost_gpu` the GPU the findings are priced on, `cost_cpu` the
+        CPU (its model)."""
         fields = {
             "graphlint": self._code,
             "torch": _torch_version(),
@@ -114,6 +115,7 @@ class ResultCache:
             "vary": list(vary) if COMPILE_TAG in tags else [],
             "memory_budget": memory_budget if BUDGET_TAG in tags else None,
             **({"cost_gpu": cost_gpu} if cost_gpu is not None else {}),  # absent: the keys made before it stay
+            **({"cost_cpu": cost_cpu} if cost_cpu is not None else {}),
         }
         return _digest(json.dumps(fields, sort_keys=True, default=str).encode())[:32]
 

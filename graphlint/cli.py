@@ -107,7 +107,7 @@ def _check_command(commands) -> None:
     _gpu_option(check)
     check.add_argument("--sort", choices=("location", "cost"), default="location",
                        help="order of the findings: by file and line (default), or by their time per step, most "
-                            "first (needs --gpu)")
+                            "first (needs --gpu or --cpu)")
 
 
 def _graph_command(commands) -> None:
@@ -165,8 +165,6 @@ def _time_command(commands) -> None:
     _targets_argument(timing)
     _model_options(timing)
     _gpu_option(timing)
-    timing.add_argument("--cpu", action="store_true",
-                        help="price the step on this machine's CPU, its peaks measured once and cached")
     _step_options(timing)
     timing.add_argument("--top", type=int, default=10, metavar="N",
                         help="how many source lines to show (default: 10)")
@@ -221,10 +219,14 @@ def _ddp_option(command: argparse.ArgumentParser) -> None:
 
 
 def _gpu_option(command: argparse.ArgumentParser) -> None:
+    """The device a step is priced on: --gpu NAME or --cpu."""
     command.add_argument("--gpu", metavar="NAME",
                          help="price the training step on this GPU (" + ", ".join(_gpu_names()) + "): time prices "
                               "the whole step; check says what each performance finding (GL101-GL107, GL204, GL301) "
                               "costs per step and what its fix saves (default: no cost)")
+    command.add_argument("--cpu", action="store_true",
+                         help="price the training step on this machine's CPU instead, as it would train there: each "
+                              "op call timed on it, its peaks measured once, all cached")
 
 
 def _step_options(command: argparse.ArgumentParser) -> None:
@@ -378,18 +380,26 @@ def _check(args: argparse.Namespace) -> int:
     from graphlint.report.text import diagnostics, summary
     from graphlint.session import Session
 
-    if args.sort == "cost" and args.gpu is None:
-        raise UsageError("--sort cost orders the findings by their time per step on a GPU; name it with --gpu NAME")
-    cost_gpu = None
+    if args.gpu is not None and args.cpu:
+        raise UsageError("--gpu and --cpu are two devices to price the findings on; pass one of them")
+    if args.sort == "cost" and args.gpu is None and not args.cpu:
+        raise UsageError("--sort cost orders the findings by their time per step on a device; name it with --gpu "
+                         "NAME or --cpu")
+    cost_gpu = cost_cpu = None
     if args.gpu is not None:
         from graphlint.timing.devices import accelerator
 
         if accelerator(args.gpu) is None:
             raise UsageError(f"unknown GPU {args.gpu!r}; the known ones are {', '.join(_gpu_names())}")
         cost_gpu = accelerator(args.gpu).name
+    elif args.cpu:
+        from graphlint.timing.devices import cpu_label
+
+        cost_cpu = cpu_label()
     project = _discover(args)
     config = project.config.overridden(
         cost_gpu=cost_gpu,
+        cost_cpu=cost_cpu,
         device=args.device,
         select=split_codes(args.select),
         extend_select=split_codes(args.extend_select),

@@ -62,6 +62,7 @@ class Config:
     vary: tuple[str, ...] = ("batch",)  # input dimensions the torch.compile analysis (GL302) grows: batch, seq
     memory_budget: int | None = None  # bytes a training step may peak at (GL401); None: no budget
     cost_gpu: str | None = None  # check --gpu: the findings' time per step on this GPU (graphlint.costs)
+    cost_cpu: str | None = None  # check --cpu: on this machine's CPU instead, named by its model
     distributed: str = "none"  # one of DISTRIBUTED: "ddp" turns on the rules tagged ddp (GL402)
     # Folders (absolute) that targets import from, before the project's src/ and root: [tool.graphlint] pythonpath,
     # else [tool.pytest.ini_options] pythonpath, so that graphlint imports the project as its tests do; None when

@@ -31,13 +31,14 @@ from graphlint.target import TargetSpec, add_target_folders, importable
 def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: str, debug: bool = False,
                 vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
                 compile_memo: str = "", early: Callable[[TargetResult], None] | None = None,
-                cost_gpu: str | None = None) -> TargetResult:
+                cost_gpu: str | None = None, cost_cpu_threads: int | None = None) -> TargetResult:
     """Lint one target; `vary` names the input dimensions (batch, seq) the torch.compile analysis grows,
     `memory_budget` the bytes a training step may peak at (GL401), `compile_memo` the folder where torch.compile
     analyses are kept across runs ("": none). `early(result)`, when given and a rule that needs the torch.compile
     analysis runs, is handed the other rules' result before that analysis starts (see `_early_result`); what
     this returns is the same with or without it. `cost_gpu`, a GPU of graphlint.timing.devices, prices the
-    performance findings' time per step on it (graphlint.costs); None: findings carry no cost."""
+    performance findings' time per step on it (graphlint.costs); `cost_cpu_threads`, on this machine's CPU with
+    that many threads instead (as `graphlint time --cpu`); neither: findings carry no cost."""
     after = None
     measured = []
     kept_for_longer = []
@@ -98,28 +99,30 @@ def lint_target(text: str, base: Path, locator: Locator, rules: tuple, device: s
         result.findings, errors = run_rules(rules, capture, locator, debug)
         result.errors.extend(errors)
         result.failures.extend(locator.failures[failed_before:])
-        if cost_gpu is not None:
-            result.findings = _priced(result, text, base, locator, device, cost_gpu, debug)
+        if cost_gpu is not None or cost_cpu_threads is not None:
+            result.findings = _priced(result, text, base, locator, device, cost_gpu, cost_cpu_threads, debug)
     return result
 
 
-def _priced(result: TargetResult, text: str, base: Path, locator: Locator, device: str, gpu: str,
-            debug: bool) -> list:
-    """The findings with their cost on `gpu`: the training step `graphlint time` prices, run only when a finding
-    of a priced rule is there to cost; a step that fails leaves them without, and a note says why."""
+def _priced(result: TargetResult, text: str, base: Path, locator: Locator, device: str, gpu: str | None,
+            cpu_threads: int | None, debug: bool) -> list:
+    """The findings with their cost on `gpu`, or on this CPU with `cpu_threads` threads: the training step
+    `graphlint time` prices (meant for CUDA on a GPU, for the CPU on it), run only when a finding of a priced rule
+    is there to cost; a step that fails leaves them without, and a note says why."""
     from graphlint.costs import COSTED, step_lines, with_costs
 
     if not any(f.rule_id in COSTED for f in result.findings):
         return result.findings
     reached("cost")
     from graphlint.memory.measure import Request
-    from graphlint.timing.devices import accelerator
+    from graphlint.timing.devices import accelerator, cpu_peaks
     from graphlint.timing.measure import time_step
 
-    priced_on = accelerator(gpu)
+    priced_on = accelerator(gpu) if gpu is not None else cpu_peaks(cpu_threads)
+    request = Request(device=device, train_on="cuda" if gpu is not None else "cpu")
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            step, records = time_step(text, base, Request(device=device), priced_on, locator.project.pythonpath)
+            step, records = time_step(text, base, request, priced_on, locator.project.pythonpath)
     except Exception as error:  # the findings stand; only their cost is missing
         if debug:
             traceback.print_exc()

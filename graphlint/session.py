@@ -234,7 +234,7 @@ class Session:
             return self.cache.job_key(type(text).__name__, fields)
         return self.cache.key(text, self.base, self.project, self.config.device, self.rule_ids,
                               target_vary(text, self.config.vary), self.config.memory_budget, self.rule_tags,
-                              self.config.cost_gpu)
+                              self.config.cost_gpu, self.config.cost_cpu)
 
     def _store(self, text: Item, result: TargetResult | Reported) -> None:
         """Keep a fresh result in the cache (not a failure: the next run tries again). A cache hit is not
@@ -256,7 +256,7 @@ class Session:
         memo = self.cache.compile_folder() if self.cache is not None else ""
         return LintJob.of(text, self.base, self.project, self.config.device, self.rule_ids, self.options.debug,
                           target_vary(text, self.config.vary), self.config.memory_budget, memo, self.options.partial,
-                          self.config.cost_gpu)
+                          self.config.cost_gpu, self.config.cost_cpu or "")
 
     def _failure(self, text: Item, message: str) -> TargetResult | Reported:
         """The answer of a target, or a job, that no child could run: the reason as its error."""

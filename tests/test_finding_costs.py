@@ -1,5 +1,6 @@
-"""What a performance finding costs per training step on a named GPU (`graphlint check --gpu NAME`, graphlint.costs):
-the time of the ops at its lines, what its fix saves, in text, JSON and SARIF; nothing of it without a device."""
+"""What a performance finding costs per training step on a named GPU (`graphlint check --gpu NAME`) or on this
+machine's CPU (`--cpu`), graphlint.costs: the time of the ops at its lines, what its fix saves, in text, JSON and
+SARIF; nothing of it without a device."""
 
 from __future__ import annotations
 
@@ -146,9 +147,34 @@ def test_the_result_cache_answers_another_gpu_anew(model_dir, tmp_path):
 
 
 @pytest.mark.cli
+def test_findings_priced_on_this_cpu_carry_its_name_and_are_cached_apart_from_a_gpus(model_dir, tmp_path):
+    from graphlint.timing.devices import cpu_label
+
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    answers = {}
+    for device in (("--gpu", "h100"), ("--cpu",)):
+        done = run_graphlint("check", "model.py:make", "--ignore", "GL3", "--format", "json", *cache, *device,
+                             cwd=model_dir)
+        assert done.returncode == 1, done.stderr
+        answers[device[0]] = {f["rule"]: f["cost"] for f in json.loads(done.stdout)["findings"]}
+    on_cpu = answers["--cpu"]
+    assert set(on_cpu) == {"GL101", "GL107"}
+    for cost in on_cpu.values():
+        assert cost["device"] == cpu_label() and cost["batch"] == 4
+        assert 0 < cost["fix_saves"] <= cost["time_per_step"] < cost["step_seconds"]
+    assert on_cpu["GL101"]["step_seconds"] != answers["--gpu"]["GL101"]["step_seconds"]
+    sorted_text = run_graphlint("check", "model.py:make", "--ignore", "GL3", "--cpu", "--sort", "cost", *cache,
+                                cwd=model_dir)
+    costly = max(on_cpu, key=lambda rule: on_cpu[rule]["time_per_step"])
+    first = next(line for line in sorted_text.stdout.splitlines() if ": GL" in line)
+    assert f" {costly} " in first and f"per step on {cpu_label()} at batch 4" in first
+
+
+@pytest.mark.cli
 @pytest.mark.parametrize("args, said", [
     (("--sort", "cost"), "--sort cost orders the findings"),
     (("--gpu", "tpu9"), "unknown GPU 'tpu9'"),
+    (("--gpu", "h100", "--cpu"), "--gpu and --cpu are two devices to price the findings on; pass one of them"),
 ])
 def test_bad_cost_options_are_one_line_and_exit_2(model_dir, args, said):
     done = _check(model_dir, *args)

@@ -39,7 +39,9 @@ def child_main(job: Job, launch: Launch, connection) -> None:
     if isinstance(job, ProofJob):
         connection.send(_prove(job))
     elif isinstance(job, LintJob):
-        result, imported = _target_job(job.target, connection, lambda: _lint(job, connection))
+        # a lint pricing its findings on this CPU measures it with the warm parent's threads, as `time --cpu` does
+        threads = (parent_threads or _threads()) if job.cost_cpu else None
+        result, imported = _target_job(job.target, connection, lambda: _lint(job, connection, threads))
         connection.send(Linted(result, imported))
     else:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
@@ -84,7 +86,8 @@ def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[obj
     return answer, tuple(_installed_libraries(set(sys.modules) - before))
 
 
-def _lint(job: LintJob, connection) -> TargetResult:
+def _lint(job: LintJob, connection, cpu_threads: int | None = None) -> TargetResult:
+    """Lint the job's target; `cpu_threads`, the threads its findings are priced on this CPU with (job.cost_cpu)."""
     from pathlib import Path
 
     with long_lived():  # a spawned child imports these itself; a forked one has them already
@@ -100,7 +103,7 @@ def _lint(job: LintJob, connection) -> TargetResult:
 
     return lint_target(job.target, Path(job.base), Locator(job.project(), job.debug), rules, job.device, job.debug,
                        job.vary, job.memory_budget, job.compile_memo, early if job.partial else None,
-                       job.cost_gpu)
+                       job.cost_gpu, cpu_threads)
 
 
 # The torch.compile analysis after an early result is background work: the server publishing that result comes first.

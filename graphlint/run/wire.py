@@ -38,14 +38,16 @@ class LintJob:
     compile_memo: str = ""  # the folder of torch.compile analyses kept across runs; "": none (--no-cache)
     partial: bool = False  # send the other rules' findings (`Partial`) before the torch.compile analysis
     cost_gpu: str | None = None  # price the findings' time per step on this GPU (graphlint.costs); None: no cost
+    cost_cpu: str = ""  # or on this machine's CPU, named by its model (graphlint.timing.devices.cpu_label); "": not
 
     @classmethod
     def of(cls, target: str, base: Path, project: Project, device: str, rules: tuple[str, ...],
            debug: bool = False, vary: tuple[str, ...] = ("batch",), memory_budget: int | None = None,
-           compile_memo: str = "", partial: bool = False, cost_gpu: str | None = None) -> LintJob:
+           compile_memo: str = "", partial: bool = False, cost_gpu: str | None = None,
+           cost_cpu: str = "") -> LintJob:
         return cls(target, str(base), str(project.root), tuple(str(f) for f in project.first_party_folders), device,
                    tuple(rules), debug, tuple(vary), memory_budget, tuple(str(f) for f in project.pythonpath),
-                   compile_memo, partial, cost_gpu)
+                   compile_memo, partial, cost_gpu, cost_cpu)
 
     def project(self) -> Project:
         return _project(self)
