@@ -253,7 +253,7 @@ def _native_cost(clock, view: float) -> dict[str, float]:
     from graphlint.timing.record import OpRecorder
 
     layer = torch.nn.GRU(4, 4)
-    x = torch.randn(64, 1, 4, requires_grad=True)
+    x = torch.randn(16, 1, 4, requires_grad=True)
 
     def forward():
         return layer(x)[0]
@@ -265,7 +265,7 @@ def _native_cost(clock, view: float) -> dict[str, float]:
 
     on_meta = torch.nn.GRU(4, 4, device="meta")
     with StandIns("cpu", False), OpRecorder() as recorder:
-        on_meta(torch.empty(64, 1, 4, device="meta", requires_grad=True))[0].sum().backward()
+        on_meta(torch.empty(16, 1, 4, device="meta", requires_grad=True))[0].sum().backward()
     ahead = _best(forward, clock, budget=0.1, median=True)
     seconds = {"forward": ahead, "backward": max(_best(both, clock, budget=0.1, median=True) - ahead, 0.0)}
     costs = {}
@@ -440,7 +440,7 @@ def _micro_step(layers: int, clock, view: float) -> dict[str, tuple[float, int]]
             for phase, (kernels, views) in counts.items()}
 
 
-def _backward_seconds(forward, clock, batches: int = 15, calls: int = 20) -> float:
+def _backward_seconds(forward, clock, batches: int = 9, calls: int = 10) -> float:
     """The median over batches of the seconds one backward of `forward()`'s loss takes, the forward untimed."""
     times = []
     for _ in range(batches):
