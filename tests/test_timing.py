@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,7 @@ def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     assert set(peaks["native"]) == {"forward", "backward"} and all(peaks["native"].values())
     [step] = json.loads(first.stdout)["targets"]
     assert step["train_on"] == "cpu" and step["seconds"] > 0 and "measured on this machine" in step["device_source"]
+    assert re.search(r"; \d+ distinct op calls timed on it$", step["device_source"])
     # each op call of the step timed on this CPU, kept for the next run (graphlint.timing.replay)
     [timed] = list((cache / "graphlint" / "op-times").iterdir())
     assert any(key.startswith("aten.addmm.default|") for key in json.loads(timed.read_text()))
