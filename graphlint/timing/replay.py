@@ -33,7 +33,7 @@ from graphlint.timing.calls import OpCall, TensorLayout
 from graphlint.timing.devices import cache_folder, cpu_label
 from graphlint.timing.record import OpRecord
 
-REPLAY_VERSION = 3  # what a cached time means; a cache of another version is measured again
+REPLAY_VERSION = 4  # what a cached time means; a cache of another version is measured again
 BUDGET_SECONDS = 30.0  # the most time one step's replays take (calls past it keep the roofline's price)
 LARGEST_CALL = 1 << 30  # bytes of tensors one replay may allocate
 POOL = 16 << 20  # bytes of arguments a replay turns over: more than a core's nearest caches hold
@@ -171,7 +171,7 @@ def _tensor(layout: TensorLayout) -> torch.Tensor:
         _generator = torch.Generator().manual_seed(0)
     size = max(layout.storage, 1)
     if layout.dtype.is_floating_point or layout.dtype.is_complex:
-        base = torch.rand(size, generator=_generator).add_(0.5).to(layout.dtype)
+        base = torch.empty(size).uniform_(0.5, 1.5, generator=_generator).to(layout.dtype)
     else:
         base = torch.zeros(size, dtype=layout.dtype)
     return base.as_strided(layout.shape, layout.stride, layout.offset)
@@ -189,10 +189,14 @@ def _time_one(call: OpCall, clock) -> float | None:
     bytes (more than those caches hold). Its output is freed at once, and the next call's output takes the same
     memory, as a step's allocations mostly take memory its earlier ones freed."""
     copies = max(1, min(MAX_COPIES, POOL // max(call.nbytes(), 1)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # filling the copies is not timed; one thread spares the others' wake-ups
     try:
         sets = [(tree_map(_materialise, call.args), tree_map(_materialise, call.kwargs)) for _ in range(copies)]
     except Exception:  # a layout the CPU cannot allocate
         return None
+    finally:
+        torch.set_num_threads(threads)
     turn = itertools.cycle(sets)
 
     def run():
