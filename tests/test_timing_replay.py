@@ -5,6 +5,7 @@ price; ops a recurrent layer's C++ loop issues pay that loop's fixed cost, not a
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,15 @@ def test_each_phase_pays_its_fixed_cost_once_per_step(models):
         assert step.phases[phase] == pytest.approx(plain.phases[phase] + seconds)
     assert step.overhead_seconds == pytest.approx(plain.overhead_seconds + 9e-5)
     assert step.unplaced_seconds == pytest.approx(plain.unplaced_seconds + 9e-5)
+
+
+def test_a_cache_entry_of_another_shape_is_timed_again(models, tmp_path):
+    calls = [r.call for r in _records(models, "dropout_mlp") if r.call is not None]
+    first = time_calls(calls, 1, tmp_path)
+    [cache] = list(tmp_path.iterdir())
+    data = json.loads(cache.read_text())
+    spoiled = next(key for key in data if key.startswith("aten."))
+    cache.write_text(json.dumps({**data, spoiled: "fast", "floor": -1}))
+    again = time_calls(calls, 1, tmp_path)
+    assert again.measured == 1 and set(again.seconds) == set(first.seconds)
+    assert again.floor > 0 and isinstance(again.seconds[spoiled], float)

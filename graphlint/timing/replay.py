@@ -115,11 +115,16 @@ def _machine_key(threads: int) -> str:
 
 
 def _read(path: Path) -> dict:
+    """The cached times: seconds, or None for a call the CPU refused; an entry of another shape is left out (a file
+    written by hand, or cut short), and its call timed again."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: value for key, value in data.items()
+            if value is None or (isinstance(value, float | int) and not isinstance(value, bool) and value >= 0)}
 
 
 def _write(path: Path, data: dict) -> None:
@@ -230,7 +235,7 @@ def _floor(clock, cached: dict) -> float:
     """The seconds of a call of the smallest kernel made as replays make theirs (through the op's overload, from
     Python), from the cache when it holds it."""
     value = cached.get("floor")
-    if isinstance(value, float):
-        return value
+    if value is not None:
+        return float(value)
     one = torch.ones(4)
     return _median_call(lambda: torch.ops.aten.add.Tensor(one, one), clock)
