@@ -54,8 +54,9 @@ def models(tmp_path_factory) -> Path:
     return write(tmp_path_factory.mktemp("replay"), "replay_models.py", MODELS)
 
 
-def _records(models: Path, factory: str, calls: bool = True) -> list[OpRecord]:
-    records, _ = record_step(f"{models}:{factory}", models.parent, Request(train_on="cpu"), calls=calls)
+def _records(models: Path, factory: str, calls: bool = True, device: str = "auto") -> list[OpRecord]:
+    records, _ = record_step(f"{models}:{factory}", models.parent, Request(train_on="cpu", device=device),
+                             calls=calls)
     return records
 
 
@@ -134,8 +135,10 @@ def test_the_recorder_keeps_calls_only_when_asked(models):
     assert all(r.call is None for r in _records(models, "dropout_mlp", calls=False))
 
 
-def test_a_recurrent_layers_steps_pay_the_native_loops_fixed_cost(models):
-    records = _records(models, "gru")
+# on meta the step runs the layer's stand-in; on the CPU itself (a model meta cannot run) torch's own loop
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_a_recurrent_layers_steps_pay_the_native_loops_fixed_cost(models, device):
+    records = _records(models, "gru", device=device)
     native = [r for r in records if r.native]
     # the loop's ops forward, and their gradients backward
     assert {r.phase for r in native} == {"forward", "backward"}

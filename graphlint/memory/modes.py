@@ -9,6 +9,7 @@ on the stack.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -53,11 +54,9 @@ class StandIns(TorchFunctionMode):
         except TypeError:  # an unhashable callable: no stand-in is registered for it
             entry = None
         if entry is not None and entry.below_autocast == self.below_autocast and self.train_on in entry.train_on:
-            if entry.native:
-                with native_loop():
-                    result = entry.run(func, self.train_on, args, kwargs)
-            else:
+            # a native call's ops come from the device's C++ loop whether they are stood in for (on meta) or the
+            # device's own kernel makes them (a step run on the CPU itself)
+            with native_loop() if entry.native else contextlib.nullcontext():
                 result = entry.run(func, self.train_on, args, kwargs)
-            if result is not None:
-                return result
+                return result if result is not None else call_inside(self, func, types, args, kwargs)
         return call_inside(self, func, types, args, kwargs)
