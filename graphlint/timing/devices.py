@@ -258,16 +258,14 @@ def _native_cost(clock, view: float) -> dict[str, float]:
     def forward():
         return layer(x)[0]
 
-    def both():
-        forward().sum().backward()
-
     import graphlint.memory.kernels  # noqa: F401 (registers the recurrent layers' stand-in)
 
     on_meta = torch.nn.GRU(4, 4, device="meta")
     with StandIns("cpu", False), OpRecorder() as recorder:
         on_meta(torch.empty(16, 1, 4, device="meta", requires_grad=True))[0].sum().backward()
-    ahead = _best(forward, clock, budget=0.1, median=True)
-    seconds = {"forward": ahead, "backward": max(_best(both, clock, budget=0.1, median=True) - ahead, 0.0)}
+    # backward timed on its own (not as a difference of two medians, which a busy machine can make negative)
+    seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
+               "backward": _backward_seconds(lambda: forward().sum(), clock)}
     costs = {}
     for phase, spent in seconds.items():
         ops = [r for r in recorder.records if r.phase == phase and r.native]
@@ -397,15 +395,16 @@ def _elementwise(size: int, clock, plain: float) -> tuple[float, float]:
 def _fixed_costs(clock, view: float) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds that eager PyTorch pays beyond arithmetic in each phase (the dispatcher, autograd, the modules' and
     the optimizer's Python): per op that runs a kernel, and per phase once (`loss.backward()` starting autograd's
-    engine, `optimizer.step()` its hooks and checks). From two micro-steps on 4-wide tensors, CHAIN / 2 tiny
-    Linear and GELU modules and one of each: the difference of their times over the difference of their kernel
-    ops (as the recorder counts them, their views' time taken off) is the cost per op; what the small one spends
-    beyond its ops is the cost per phase."""
+    engine, `optimizer.step()` its hooks and checks). From two micro-steps on 4-wide tensors: CHAIN / 2 tiny
+    Linear and GELU modules, whose time over its kernel ops (as the recorder counts them, its views' time taken
+    off) is the cost per op, and one of each, whose time beyond its ops at that cost is the cost per phase. (Not
+    the two steps' difference over their ops': on a busy machine with more threads than free cores, a parallel
+    region's wait for its threads can outweigh a step's ops, and that difference can come out nothing.)"""
     large, small = _micro_step(CHAIN // 2, clock, view), _micro_step(1, clock, view)
     per_op, per_phase = {}, {}
     for phase in large:
         (spent, kernels), (spent_small, kernels_small) = large[phase], small[phase]
-        per_op[phase] = max(spent - spent_small, 0.0) / max(kernels - kernels_small, 1)
+        per_op[phase] = spent / max(kernels, 1)
         per_phase[phase] = max(spent_small - kernels_small * per_op[phase], 0.0)
     return per_op, per_phase
 
