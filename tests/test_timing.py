@@ -301,6 +301,7 @@ def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     assert set(peaks["launch"]) == {"forward", "backward", "optimizer"} and all(peaks["launch"].values())
     assert set(peaks["per_phase"]) == {"forward", "backward", "optimizer"}
     assert set(peaks["native"]) == {"forward", "backward"} and all(peaks["native"].values())
+    assert peaks["zero_grad"] > 0
     [step] = json.loads(first.stdout)["targets"]
     assert step["train_on"] == "cpu" and step["seconds"] > 0 and "measured on this machine" in step["device_source"]
     assert re.search(r"; \d+ distinct op calls timed on it$", step["device_source"])

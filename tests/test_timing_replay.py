@@ -15,7 +15,7 @@ from graphlint.memory.measure import Request
 from graphlint.timing.calls import call_of
 from graphlint.timing.devices import CpuPeaks
 from graphlint.timing.measure import record_step
-from graphlint.timing.record import OpRecord
+from graphlint.timing.record import OpRecord, OpRecorder
 from graphlint.timing.replay import time_calls, timed_records
 from graphlint.timing.roofline import op_seconds, price
 from conftest import write
@@ -174,3 +174,18 @@ def test_a_cache_entry_of_another_shape_is_timed_again(models, tmp_path):
     again = time_calls(calls, 1, tmp_path)
     assert again.measured == 1 and set(again.seconds) == set(first.seconds)
     assert again.floor > 0 and isinstance(again.seconds[spoiled], float)
+
+
+def test_the_loops_zero_grad_is_priced_per_parameter_the_optimizer_updates(models):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    with OpRecorder() as recorder:
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    assert recorder.parameters == 4
+    records = _records(models, "dropout_mlp", calls=False)
+    cpu = dataclasses.replace(_cpu(), zero_grad=2e-6)
+    plain, dropped = price(records, cpu, "m"), price(records, cpu, "m", parameters=4)
+    assert dropped.phases["optimizer"] == pytest.approx(plain.phases["optimizer"] + 8e-6)
+    assert dropped.phases["forward"] == plain.phases["forward"]
+    assert dropped.seconds == pytest.approx(plain.seconds + 8e-6)

@@ -111,6 +111,8 @@ class CpuPeaks:
     # the fixed cost of each phase once per step, beyond its ops' (autograd's engine starting, optimizer.step()'s
     # hooks and checks)
     per_phase: dict[str, float] = field(default_factory=dict)
+    # `Module.zero_grad(set_to_none=True)` per parameter, the walk over the modules included (the micro-step's)
+    zero_grad: float = 0.0
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
@@ -176,7 +178,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
                         conv={k: [tuple(p) for p in v] for k, v in data.get("conv", {}).items()},
                         attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()},
                         recurrent={k: [tuple(p) for p in v] for k, v in data.get("recurrent", {}).items()},
-                        native=dict(data["native"]), per_phase=dict(data["per_phase"]))
+                        native=dict(data["native"]), per_phase=dict(data["per_phase"]), zero_grad=data["zero_grad"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -190,7 +192,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 8  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 9  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -219,6 +221,7 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         view = _best(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
         plain = _best(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
         launch, per_phase = _fixed_costs(clock, view)
+        zero_grad = _zero_grad_cost(clock)
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -240,7 +243,27 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     finally:
         torch.set_num_threads(previous)
     return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native,
-                    per_phase)
+                    per_phase, zero_grad)
+
+
+def _zero_grad_cost(clock) -> float:
+    """Seconds per parameter of `zero_grad(set_to_none=True)` on the fixed-cost micro-step's modules (CHAIN / 2
+    Linear and GELU modules in their Sequential), gradients set: the loop's walk over modules and parameters."""
+    import torch
+
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                  for _ in range(CHAIN // 2)))
+    parameters = list(model.parameters())
+
+    def zero_grad():
+        for p in parameters:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+        started = clock()
+        model.zero_grad(set_to_none=True)
+        return clock() - started
+
+    times = sorted(sum(zero_grad() for _ in range(20)) / 20 for _ in range(9))
+    return times[len(times) // 2] / len(parameters)
 
 
 def _native_cost(clock, view: float) -> dict[str, float]:

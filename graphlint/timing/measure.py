@@ -17,9 +17,15 @@ def record_step(text: str, base: Path, request: Request, pythonpath: tuple[Path,
     """Every op of the target's step, and the step's memory estimate (its sizes and notes); a problem with the
     target or the request raises graphlint.errors.TargetFailure. With `calls`, each record keeps its call to be
     timed again (graphlint.timing.replay)."""
+    records, estimate, _ = _recorded(text, base, request, pythonpath, calls)
+    return records, estimate
+
+
+def _recorded(text: str, base: Path, request: Request, pythonpath, calls: bool) -> tuple[list[OpRecord], object, int]:
+    """record_step's answer, and how many parameters the step's optimizer updated."""
     recorder = OpRecorder(calls=calls)
     estimate = measure(text, base, request, pythonpath, observer=recorder)
-    return recorder.records, estimate
+    return recorder.records, estimate, recorder.parameters
 
 
 def time_step(text: str, base: Path, request: Request, device: Accelerator | CpuPeaks,
@@ -28,11 +34,11 @@ def time_step(text: str, base: Path, request: Request, device: Accelerator | Cpu
     device), each op call is timed here (graphlint.timing.replay) unless `replay` is false, and the roofline
     prices only what could not be."""
     on_cpu = replay and isinstance(device, CpuPeaks)
-    records, estimate = record_step(text, base, request, pythonpath, calls=on_cpu)
+    records, estimate, parameters = _recorded(text, base, request, pythonpath, on_cpu)
     times = None
     if on_cpu:
         records, times = timed_records(records, device.threads)
-    result = price(records, device, text)
+    result = price(records, device, text, parameters)
     result.optimizer, result.train_on, result.autocast = request.optimizer, request.train_on, request.autocast
     result.batch, result.seq = estimate.batch, estimate.seq
     result.notes = list(estimate.notes) + (times.notes() if times is not None else [])

@@ -126,10 +126,12 @@ class OpRecorder(TorchDispatchMode):
         self._boundary = None
         self._hook = None
         self._depth = 0
+        self.parameters = 0  # tensors the step's optimizer updates (what a loop's zero_grad walks)
 
     def __enter__(self):
         if self._depth == 0:  # not the re-entry of a decomposition below
             self.records = []  # a step retried on another device starts again
+            self.parameters = 0
             self._phase = "forward"
             self._lines = {}
             self._native = set()
@@ -146,8 +148,9 @@ class OpRecorder(TorchDispatchMode):
             self._boundary = None
         return super().__exit__(*exc)
 
-    def _optimizer_step(self, _optimizer, _args, _kwargs) -> None:
+    def _optimizer_step(self, optimizer, _args, _kwargs) -> None:
         self._phase = "optimizer"
+        self.parameters += sum(len(group["params"]) for group in optimizer.param_groups)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -116,8 +116,9 @@ class StepTime:
         }
 
 
-def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "") -> StepTime:
-    """The step's time on `device`, op by op, summed per phase and per source line."""
+def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str = "", parameters: int = 0) -> StepTime:
+    """The step's time on `device`, op by op, summed per phase and per source line; `parameters`, the tensors the
+    optimizer updates, whose gradients the loop's zero_grad drops (host time on a CPU, in the optimizer phase)."""
     phases = dict.fromkeys(PHASES, 0.0)
     phase_flops = dict.fromkeys(PHASES, 0)
     flops_by_dtype: dict[str, int] = defaultdict(int)
@@ -151,7 +152,7 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
     if isinstance(device, CpuPeaks):
         # each phase the step runs pays its fixed cost once (autograd's engine starting, optimizer.step()'s checks)
         for phase in {record.phase for record in records}:
-            once = device.per_phase.get(phase, 0.0)
+            once = device.per_phase.get(phase, 0.0) + (device.zero_grad * parameters if phase == "optimizer" else 0.0)
             phases[phase] += once
             total += once
             overhead += once
