@@ -47,7 +47,7 @@ from graphlint.memory.measure import Request  # noqa: E402
 from graphlint.memory.step import make_optimizer  # noqa: E402
 from graphlint.target import normalize_factory_result  # noqa: E402
 from graphlint.timing.devices import measure_cpu  # noqa: E402
-from graphlint.timing.measure import record_step  # noqa: E402
+from graphlint.timing.measure import record  # noqa: E402
 from graphlint.timing.record import flop_counter_mapping  # noqa: E402
 from graphlint.timing.replay import timed_records  # noqa: E402
 from graphlint.timing.roofline import price  # noqa: E402
@@ -116,9 +116,11 @@ def table(only: str | None = None) -> tuple[str, str]:
         started = time.perf_counter()
         try:
             request = Request(optimizer=optimizer, train_on="cpu", autocast=autocast)
-            records, _ = record_step(f"{HERE / file}:{factory}", HERE, request, calls=True)
+            recording = record(f"{HERE / file}:{factory}", HERE, request, calls=True)
+            records = recording.records
             timed, _ = timed_records(records, THREADS, Path(replays))
-            step, plain = price(timed, device, factory), price(records, device, factory)
+            step = price(timed, device, factory, recording.parameters)
+            plain = price(records, device, factory, recording.parameters)
             flops, own, wall = real_step(file, factory, optimizer, autocast)
         except Exception as error:  # a failure is a row, not the end of the benchmark
             message = str(error).splitlines()[0][:90] if str(error) else type(error).__name__

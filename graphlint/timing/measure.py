@@ -3,6 +3,7 @@ optimizer, autocast, input sizes, the device the step is meant for), recorded op
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from graphlint.memory.measure import Request, measure
@@ -17,15 +18,25 @@ def record_step(text: str, base: Path, request: Request, pythonpath: tuple[Path,
     """Every op of the target's step, and the step's memory estimate (its sizes and notes); a problem with the
     target or the request raises graphlint.errors.TargetFailure. With `calls`, each record keeps its call to be
     timed again (graphlint.timing.replay)."""
-    records, estimate, _ = _recorded(text, base, request, pythonpath, calls)
-    return records, estimate
+    recording = record(text, base, request, pythonpath, calls)
+    return recording.records, recording.estimate
 
 
-def _recorded(text: str, base: Path, request: Request, pythonpath, calls: bool) -> tuple[list[OpRecord], object, int]:
-    """record_step's answer, and how many parameters the step's optimizer updated."""
+@dataclass
+class Recording:
+    """A step recorded: its ops, its memory estimate, and the parameters its optimizer updated."""
+
+    records: list[OpRecord]
+    estimate: object
+    parameters: int
+
+
+def record(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...] | list[Path] = (),
+           calls: bool = False) -> Recording:
+    """The target's step recorded (see record_step)."""
     recorder = OpRecorder(calls=calls)
     estimate = measure(text, base, request, pythonpath, observer=recorder)
-    return recorder.records, estimate, recorder.parameters
+    return Recording(recorder.records, estimate, recorder.parameters)
 
 
 def time_step(text: str, base: Path, request: Request, device: Accelerator | CpuPeaks,
@@ -34,11 +45,12 @@ def time_step(text: str, base: Path, request: Request, device: Accelerator | Cpu
     device), each op call is timed here (graphlint.timing.replay) unless `replay` is false, and the roofline
     prices only what could not be."""
     on_cpu = replay and isinstance(device, CpuPeaks)
-    records, estimate, parameters = _recorded(text, base, request, pythonpath, on_cpu)
+    recording = record(text, base, request, pythonpath, on_cpu)
+    records, estimate = recording.records, recording.estimate
     times = None
     if on_cpu:
         records, times = timed_records(records, device.threads)
-    result = price(records, device, text, parameters)
+    result = price(records, device, text, recording.parameters)
     result.optimizer, result.train_on, result.autocast = request.optimizer, request.train_on, request.autocast
     result.batch, result.seq = estimate.batch, estimate.seq
     result.notes = list(estimate.notes) + (times.notes() if times is not None else [])
