@@ -87,8 +87,10 @@ def write(folder: Path, name: str, source: str) -> Path:
 
 def _selected(settings: dict) -> dict:
     """The in-process helpers leave the torch.compile rules (on by default) out unless a test selects rules
-    itself: they cost a dynamo run per target, and their own tests select them (`select=("GL3",)`)."""
-    if "select" in settings or "extend_select" in settings:
+    itself or extends the selection with one of them: they cost a dynamo run per target, and their own tests
+    select them (`select=("GL3",)`); a test that turns on one rule of another kind does not pay for them."""
+    extended = settings.get("extend_select", ())
+    if "select" in settings or any(code.startswith("GL3") or "GL3".startswith(code) for code in extended):
         return settings
     return {**settings, "ignore": (*settings.get("ignore", ()), "GL3")}
 

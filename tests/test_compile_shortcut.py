@@ -7,6 +7,7 @@ must not hide."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import pytest
@@ -184,18 +185,33 @@ def _observed(analysis) -> tuple:
             tuple(analysis.limit_hit), tuple(analysis.dropped), analysis.unavailable)
 
 
+@pytest.fixture(scope="module")
+def block_analyses(tmp_path_factory):
+    """`analyses(vary)`: each repeated-block model's analysis with the shortcut and with whole-model compilation
+    forced, by name; made once per call plan for the tests below, which read them."""
+    path = write(tmp_path_factory.mktemp("blocks"), "blocks.py", BLOCKS)
+
+    @functools.cache
+    def analyses(vary) -> dict[str, tuple]:
+        both = {}
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            for name in BLOCK_TARGETS:
+                monkeypatch.delenv(WHOLE_MODEL_ENV, raising=False)
+                shortcut = _analysed(path, name, vary)
+                monkeypatch.setenv(WHOLE_MODEL_ENV, "1")
+                both[name] = (shortcut, _analysed(path, name, vary))
+        return both
+
+    return analyses
+
+
 # The analysis with the shortcut against the whole model compiled, compared directly: the findings and notes of
 # GL301 and GL302 are made from it alone (`test_the_compile_rule_examples_give_what_whole_model_compilation_gives`
 # compares them through the command). `vary` None is what a run with GL301 alone asks for: one call.
 @pytest.mark.parametrize("vary", [("batch",), None], ids=["GL301+GL302", "GL301"])
-def test_repeated_blocks_give_what_whole_model_compilation_gives(vary, tmp_path, monkeypatch):
-    path = write(tmp_path, "blocks.py", BLOCKS)
+def test_repeated_blocks_give_what_whole_model_compilation_gives(vary, block_analyses):
     seen, taken = {}, set()
-    for name in BLOCK_TARGETS:
-        monkeypatch.delenv(WHOLE_MODEL_ENV, raising=False)
-        shortcut = _analysed(path, name, vary)
-        monkeypatch.setenv(WHOLE_MODEL_ENV, "1")
-        whole = _analysed(path, name, vary)
+    for name, (shortcut, whole) in block_analyses(vary).items():
         assert not whole.shortcut
         assert _observed(shortcut) == _observed(whole), name
         seen[name] = shortcut
@@ -210,21 +226,10 @@ def test_repeated_blocks_give_what_whole_model_compilation_gives(vary, tmp_path,
     assert expected <= flagged
 
 
-def test_the_shortcut_is_taken_where_blocks_repeat_cleanly_and_not_where_state_changes(tmp_path):
+def test_the_shortcut_is_taken_where_blocks_repeat_cleanly_and_not_where_state_changes(block_analyses):
     """The comparison above is only worth its name if the shortcut really runs on some models."""
-    import importlib.util
-
-    path = write(tmp_path, "blocks_module.py", BLOCKS)
-    spec = importlib.util.spec_from_file_location("blocks_module", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    taken = {}
-    for name in ("plain", "scaled", "mutates", "block_break", "config"):
-        model, args = getattr(module, name)()
-        with torch.device("meta"):
-            model = model.to("meta")
-        analysis = analyse_target(Target(model, tuple(a.to("meta") for a in args), {}), "meta", ("batch",))
-        taken[name] = analysis.shortcut
+    analyses = block_analyses(("batch",))
+    taken = {name: analyses[name][0].shortcut for name in ("plain", "scaled", "mutates", "block_break", "config")}
     # Alike blocks only (`scaled` reads each block's own index); no state change, no break, no repeated guard.
     assert taken == {"plain": True, "scaled": False, "mutates": False, "block_break": False, "config": False}
 

@@ -60,12 +60,19 @@ def _seen(report, rule_id: str) -> list[tuple[int, str]]:
     return sorted((f.location.line, f.message) for f in findings_of(report, rule_id))
 
 
+# The report without a fault is the same for every stage: one lint per rule, shared by its stages' tests (the
+# fixture's module scope groups them together, also on one pytest-xdist worker).
+@pytest.fixture(scope="module", params=FIXING, ids=[rule.id for rule, _ in FIXING])
+def linted_clean(request, tmp_path_factory):
+    """A rule with a fix, its example, the example's file and its report without a fault."""
+    rule, example = request.param
+    path = write(tmp_path_factory.mktemp("example"), "example.py", example.code)
+    return rule, example, path, lint_file(path, extend_select=(rule.id,))
+
+
 @pytest.mark.parametrize("stage", sorted(STAGES))
-@pytest.mark.parametrize("case", FIXING, ids=[rule.id for rule, _ in FIXING])
-def test_a_fault_after_detection_costs_no_finding(case, stage, tmp_path, monkeypatch):
-    rule, example = case
-    path = write(tmp_path, "example.py", example.code)
-    clean = lint_file(path, extend_select=(rule.id,))
+def test_a_fault_after_detection_costs_no_finding(linted_clean, stage, monkeypatch):
+    rule, example, path, clean = linted_clean
     assert [f for f in findings_of(clean, rule.id) if f.fix is not None], "the example must have a fix to lose"
     STAGES[stage](monkeypatch, rule)
 

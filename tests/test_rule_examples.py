@@ -37,21 +37,26 @@ def test_every_rule_has_its_full_anatomy(rule):
     assert rule.bad_examples and rule.good_examples
 
 
-@pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
-def test_bad_example_is_flagged_at_its_expected_lines(case, tmp_path):
-    rule, example = case
-    report = lint_file(write(tmp_path, "example.py", example.code), extend_select=(rule.id,), **dict(example.settings))
+# Each BAD example is linted once for both of its tests: the fixture's module scope groups them together (also on
+# one pytest-xdist worker, which takes tests in order).
+@pytest.fixture(scope="module", params=BAD, ids=[_id(c) for c in BAD])
+def linted_bad(request, tmp_path_factory):
+    """A BAD example's rule, the example, its file and its report with the rule selected."""
+    rule, example = request.param
+    path = write(tmp_path_factory.mktemp("bad_example"), "example.py", example.code)
+    return rule, example, path, lint_file(path, extend_select=(rule.id,), **dict(example.settings))
+
+
+def test_bad_example_is_flagged_at_its_expected_lines(linted_bad):
+    rule, example, _, report = linted_bad
     assert report.errors == []
     assert sorted(f.location.line for f in findings_of(report, rule.id)) == example.expected_lines(rule.id)
 
 
-@pytest.mark.parametrize("case", BAD, ids=[_id(c) for c in BAD])
-def test_bad_example_fixes_give_its_expected_fixed_source(case, tmp_path):
+def test_bad_example_fixes_give_its_expected_fixed_source(linted_bad):
     """Every fix the rule offers, applied to the example, gives exactly `Example.fixed` (the source itself when
     the example has nothing fixable), and a rule documents a fix exactly when it offers one."""
-    rule, example = case
-    path = write(tmp_path, "example.py", example.code)
-    report = lint_file(path, extend_select=(rule.id,), **dict(example.settings))
+    rule, example, path, report = linted_bad
     fixes = [f.fix for f in findings_of(report, rule.id) if f.fix is not None]
     assert all(e.path == str(path) for fix in fixes for e in fix.edits)
     fixed = apply_edits(example.code, [e for fix in fixes for e in fix.edits])
