@@ -15,10 +15,12 @@ optimizer's state made by a first step, then zero_grad(set_to_none=True), forwar
   torch's own attention formula (graphlint.timing.record.flop_counter_mapping; torch's registry has no entry for
   it and counts 0 for attention on CPU).
 - Seconds: the prediction against the median of REPEATS real steps after WARMUP, on one thread (the CPU's peaks
-  measured for one thread by graphlint.timing.devices.measure_cpu at the start of the same run, not read from
-  the cache, so that the peaks and the steps are measured under the same load). On a machine other work shares, wall time counts
-  the time other processes take the core; the table gives the thread's own CPU time (time.thread_time) as the
-  measured step, and the wall-clock median beside it.
+  measured for one thread by graphlint.timing.devices.measure_cpu at the start of the same run, and each op call
+  timed by graphlint.timing.replay into a cache folder of this run's own, neither read from the user's cache, so
+  that the prediction and the steps are measured under the same load). Beside it, the step priced by the
+  roofline alone (no op call timed). On a machine other work shares, wall time counts the time other processes
+  take the core; the table gives the thread's own CPU time (time.thread_time) as the measured step, and the
+  wall-clock median beside it.
 """
 
 from __future__ import annotations
