@@ -189,3 +189,11 @@ def test_the_loops_zero_grad_is_priced_per_parameter_the_optimizer_updates(model
     assert dropped.phases["optimizer"] == pytest.approx(plain.phases["optimizer"] + 8e-6)
     assert dropped.phases["forward"] == plain.phases["forward"]
     assert dropped.seconds == pytest.approx(plain.seconds + 8e-6)
+
+
+def test_a_call_whose_tensors_would_pass_the_cap_is_not_made(tmp_path):
+    # a product of small arguments whose output would take 2 GiB: priced by the roofline, never allocated
+    small = torch.empty(4, 4, device="meta")
+    huge = call_of(torch.ops.aten.exp.default, (small,), {}, written=2 << 30)
+    times = time_calls([huge], 1, tmp_path)
+    assert times.skipped == 1 and times.seconds == {} and times.measured == 0

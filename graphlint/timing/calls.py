@@ -51,20 +51,25 @@ class OpCall:
     args: tuple
     kwargs: dict
     key: str
+    written: int = 0  # bytes of its outputs, which a replay allocates too (a `zeros` of a large shape has no input)
 
     def nbytes(self) -> int:
-        """Bytes of the tensors a replay allocates."""
+        """Bytes of the argument tensors a replay allocates."""
         return sum(leaf.nbytes() for leaf in _leaves((self.args, self.kwargs)) if isinstance(leaf, TensorLayout))
 
+    def footprint(self) -> int:
+        """Bytes one replay holds at once: its arguments and its outputs."""
+        return self.nbytes() + self.written
 
-def call_of(func, args: tuple, kwargs: dict) -> OpCall | None:
+
+def call_of(func, args: tuple, kwargs: dict, written: int = 0) -> OpCall | None:
     """The call `func(*args, **kwargs)` by layouts, or None when an argument cannot be made again (a tensor of a
     layout without strides, an opaque object)."""
     try:
         args, kwargs = tree_map(_layout, args), tree_map(_layout, kwargs)
     except _NotReplayable:
         return None
-    return OpCall(func, args, kwargs, f"{func}|{_key(args)}|{_key(kwargs)}")
+    return OpCall(func, args, kwargs, f"{func}|{_key(args)}|{_key(kwargs)}", written)
 
 
 class _NotReplayable(Exception):

@@ -195,7 +195,7 @@ class OpRecorder(TorchDispatchMode):
             kind = "attention" if "attention" in name else "conv" if "conv" in name else "matmul"
         else:
             kind = "memory" if read or written else "view"
-        call = call_of(func, args, kwargs) if self.calls and kind != "view" else None
+        call = call_of(func, args, kwargs, written) if self.calls and kind != "view" else None
         self.records.append(OpRecord(str(func), flops, read, written, _dtype(args, kwargs, out), phase, recompute,
                                      where[0] if where else None, where[1] if where else None, kind,
                                      work_flops, work_grain, call, None, native))

@@ -35,7 +35,7 @@ from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 4  # what a cached time means; a cache of another version is measured again
 BUDGET_SECONDS = 30.0  # the most time one step's replays take (calls past it keep the roofline's price)
-LARGEST_CALL = 1 << 30  # bytes of tensors one replay may allocate
+LARGEST_CALL = 1 << 30  # bytes of arguments and outputs one replay may hold
 POOL = 16 << 20  # bytes of arguments a replay turns over: more than a core's nearest caches hold
 MAX_COPIES = 32
 CACHE_ENTRIES = 50_000  # a cache file keeps the latest this many calls
@@ -94,7 +94,7 @@ def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None
                 else:
                     result.seconds[key] = cached[key]
                 continue
-            if time.perf_counter() > deadline or call.nbytes() > LARGEST_CALL:
+            if time.perf_counter() > deadline or call.footprint() > LARGEST_CALL:
                 result.skipped += 1
                 continue
             seconds = _time_one(call, clock)
