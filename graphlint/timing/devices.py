@@ -218,8 +218,8 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     clock = time.thread_time if threads == 1 else time.perf_counter
     try:
         tiny = torch.ones(4)
-        view = _best(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
-        plain = _best(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
+        view = call_seconds(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
+        plain = call_seconds(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
         launch, per_phase = _fixed_costs(clock, view)
         zero_grad = _zero_grad_cost(clock)
         with torch.no_grad():
@@ -231,7 +231,7 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
                     b = torch.randn(n, n).to(dtype)
                     # a Linear's three products: x @ w.t() forward, grad @ w and grad.t() @ x backward
                     seconds = statistics.median(
-                        _best(lambda left=left, right=right: torch.mm(left, right), clock, budget=0.05, median=True)
+                        call_seconds(lambda left=left, right=right: torch.mm(left, right), clock, budget=0.05, median=True)
                         for left, right in ((a, b.t()), (a, b), (a.t(), b)))
                     points.append((2.0 * n * n * n, 2.0 * n * n * n / max(seconds - plain, seconds / 10)))
                 matmul[str(dtype).removeprefix("torch.")] = points
@@ -287,7 +287,7 @@ def _native_cost(clock, view: float) -> dict[str, float]:
     with StandIns("cpu", False), OpRecorder() as recorder:
         on_meta(torch.empty(16, 1, 4, device="meta", requires_grad=True))[0].sum().backward()
     # backward timed on its own (not as a difference of two medians, which a busy machine can make negative)
-    seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
+    seconds = {"forward": call_seconds(forward, clock, budget=0.1, median=True),
                "backward": _backward_seconds(lambda: forward().sum(), clock)}
     costs = {}
     for phase, spent in seconds.items():
@@ -320,8 +320,8 @@ def _recurrent(clock) -> dict[str, list[tuple[float, float]]]:
         work = {phase: [r for r in recorder.records if r.work_flops and r.phase == phase] for phase in curves}
         if not (work["forward"] and work["backward"]):
             continue  # no oneDNN layer in this build: its recurrent layers are priced by their parts
-        ahead = _best(forward, clock, budget=0.1, median=True)
-        behind = max(_best(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
+        ahead = call_seconds(forward, clock, budget=0.1, median=True)
+        behind = max(call_seconds(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
         for phase, seconds in (("forward", ahead), ("backward", behind)):
             curves[phase].append((work[phase][0].work_grain, sum(r.work_flops for r in work[phase]) / seconds))
     return curves
@@ -350,8 +350,8 @@ def _attention(clock) -> dict[str, list[tuple[float, float]]]:
             both()
         flops = {phase: sum(r.flops for r in recorder.records if r.kind == "attention" and r.phase == phase)
                  for phase in curves}
-        ahead = _best(forward, clock, budget=0.1, median=True)
-        behind = max(_best(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
+        ahead = call_seconds(forward, clock, budget=0.1, median=True)
+        behind = max(call_seconds(both, clock, budget=0.1, median=True) - ahead, ahead / 10)
         if flops["forward"] and flops["backward"]:
             curves["forward"].append((flops["forward"], flops["forward"] / ahead))
             curves["backward"].append((flops["backward"], flops["backward"] / behind))
@@ -371,13 +371,13 @@ def _convolutions(clock) -> dict[str, list[tuple[float, float]]]:
         w = torch.randn(channels, channels, 3, 3, requires_grad=True)
         flops = 2.0 * batch * channels * side * side * channels * 9
         with torch.no_grad():
-            forward = _best(lambda x=x, w=w: F.conv2d(x, w, padding=1), clock, budget=0.1, median=True)
+            forward = call_seconds(lambda x=x, w=w: F.conv2d(x, w, padding=1), clock, budget=0.1, median=True)
 
         def both(x=x, w=w):
             y = F.conv2d(x, w, padding=1)
             y.backward(torch.ones_like(y))
 
-        backward = max(_best(both, clock, budget=0.1, median=True) - forward, forward / 10)
+        backward = max(call_seconds(both, clock, budget=0.1, median=True) - forward, forward / 10)
         curves["forward"].append((flops, flops / forward))
         curves["backward"].append((2 * flops, 2 * flops / backward))
     return curves
@@ -410,7 +410,7 @@ def _elementwise(size: int, clock, plain: float) -> tuple[float, float]:
                (lambda: next_x().softmax(-1), 2))
     rates = []
     for run, operands in kernels:
-        seconds = _best(run, clock, budget=0.04, median=True)
+        seconds = call_seconds(run, clock, budget=0.04, median=True)
         rates.append(operands * element / max(seconds - plain, seconds / 10))
     return 2.0 * element, statistics.median(rates)
 
@@ -455,9 +455,9 @@ def _micro_step(layers: int, clock, view: float) -> dict[str, tuple[float, int]]
     counts = {phase: [0, 0] for phase in ("forward", "backward", "optimizer")}
     for record in recorder.records:
         counts[record.phase][0 if record.kind != "view" else 1] += 1
-    seconds = {"forward": _best(forward, clock, budget=0.1, median=True),
+    seconds = {"forward": call_seconds(forward, clock, budget=0.1, median=True),
                "backward": _backward_seconds(forward, clock),
-               "optimizer": _best(optimizer.step, clock, budget=0.1, median=True)}
+               "optimizer": call_seconds(optimizer.step, clock, budget=0.1, median=True)}
     return {phase: (max(seconds[phase] - views * view, 0.0), kernels)
             for phase, (kernels, views) in counts.items()}
 
@@ -477,7 +477,7 @@ def _backward_seconds(forward, clock, batches: int = 9, calls: int = 10) -> floa
     return times[len(times) // 2]
 
 
-def _best(run, clock, budget: float, median: bool = False) -> float:
+def call_seconds(run, clock, budget: float, median: bool = False) -> float:
     """Seconds one call of `run` takes on `clock`: calls batched to about a millisecond, for about `budget`
     seconds; the median batch, or the fastest (the machine at its best)."""
     run()

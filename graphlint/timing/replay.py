@@ -30,7 +30,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from graphlint.timing.calls import OpCall, TensorLayout
-from graphlint.timing.devices import cache_folder, cpu_label
+from graphlint.timing.devices import call_seconds, cache_folder, cpu_label
 from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 4  # what a cached time means; a cache of another version is measured again
@@ -209,26 +209,9 @@ def _time_one(call: OpCall, clock) -> float | None:
         call.op(*args, **kwargs)
 
     try:
-        return _median_call(run, clock)
+        return call_seconds(run, clock, budget=0.0, median=True)  # five batches of about a millisecond
     except Exception:  # arguments the kernel refuses with other values, an op the CPU has no kernel for
         return None
-
-
-def _median_call(run, clock) -> float:
-    run()  # the first call pays one-time costs (a kernel's lazy set-up, a first allocation)
-    start = clock()
-    run()
-    once = max(clock() - start, 1e-7)
-    batch = max(1, int(1e-3 / once))
-    batches = 5 if once < 5e-3 else 3  # a long call varies less, and costs more to repeat
-    times = []
-    for _ in range(batches):
-        start = clock()
-        for _ in range(batch):
-            run()
-        times.append((clock() - start) / batch)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def _floor(clock, cached: dict) -> float:
@@ -238,4 +221,4 @@ def _floor(clock, cached: dict) -> float:
     if value is not None:
         return float(value)
     one = torch.ones(4)
-    return _median_call(lambda: torch.ops.aten.add.Tensor(one, one), clock)
+    return call_seconds(lambda: torch.ops.aten.add.Tensor(one, one), clock, budget=0.0, median=True)
