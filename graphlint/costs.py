@@ -1,5 +1,5 @@
-"""The cost stage (after the rules, in the child, only when the user names a device: `check --gpu NAME`): each
-performance finding's time in one training step on that device, and what its fix would save.
+"""The cost stage (after the rules, in the child, only when the user names a device: `check --gpu NAME` or
+`--cpu`): each performance finding's time in one training step on that device, and what its fix would save.
 
 The step is the one `graphlint time` prices (graphlint.timing): every aten op of forward, backward (with
 recomputation) and optimizer, each at the user's line it ran at. A finding's time is that of the ops at its lines;
@@ -45,8 +45,9 @@ class StepLines:
 
 
 def step_lines(records, device, step) -> StepLines:
-    """The op records of a step (graphlint.timing.record) priced on `device` by the roofline, per line; `step` is
-    the graphlint.timing.roofline.StepTime priced from the same records."""
+    """The op records of a step (graphlint.timing.record) priced on `device` as graphlint.timing.roofline prices
+    them (the roofline, or an op's time on this CPU where its call was timed), per line; `step` is the
+    graphlint.timing.roofline.StepTime priced from the same records."""
     from graphlint.timing.roofline import op_seconds
 
     lines: dict[tuple[str, int], list[PricedOp]] = defaultdict(list)
