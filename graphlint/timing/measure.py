@@ -40,11 +40,11 @@ def record(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...]
 
 
 def time_step(text: str, base: Path, request: Request, device: Accelerator | CpuPeaks,
-              pythonpath: tuple[Path, ...] | list[Path] = (), replay: bool = True) -> tuple[StepTime, list[OpRecord]]:
+              pythonpath: tuple[Path, ...] | list[Path] = ()) -> tuple[StepTime, list[OpRecord]]:
     """The step's time on `device`, and the records it was priced from. On this machine's CPU (a CpuPeaks
-    device), each op call is timed here (graphlint.timing.replay) unless `replay` is false, and the roofline
-    prices only what could not be."""
-    on_cpu = replay and isinstance(device, CpuPeaks)
+    device), each op call is timed here (graphlint.timing.replay), and the roofline prices only what could not
+    be."""
+    on_cpu = isinstance(device, CpuPeaks)
     recording = record(text, base, request, pythonpath, on_cpu)
     records, estimate = recording.records, recording.estimate
     times = None
