@@ -151,6 +151,9 @@ def test_a_recurrent_layers_steps_pay_the_native_loops_fixed_cost(models, device
         step = next(r for r in native if r.kind != "view" and r.phase == phase)
         roofline = op_seconds(dataclasses.replace(step, native=False), cpu)[0]
         assert op_seconds(step, cpu)[0] == pytest.approx(roofline - LAUNCH[phase] + cpu.native[phase])
+    # a view inside the loop moves nothing and pays a view's cost, not an op's
+    view = next(r for r in native if r.kind == "view")
+    assert op_seconds(view, cpu)[0] == cpu.view
 
 
 def test_each_phase_pays_its_fixed_cost_once_per_step(models):

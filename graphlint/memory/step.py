@@ -168,12 +168,28 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
     tracker.finish(trainable)
     for p in (*trainable, *updated):
         p.grad = None
+    again = getattr(observer, "forward_again", None)
+    if again is not None:  # an observer that times the forward's host side runs it again, untracked
+        again(lambda: _forward_only(model, args, kwargs, loss_fn))
     trace = StepTrace(tracker.blocks, tracker.clock, tracker.starts, optimizer, device.type,
                      sum(1 for b in tracker.blocks if b.kind == "gradient"), tracker.loss_found,
                      {name: type(module).__name__ for name, module in model.named_modules()}, tracker.inputs,
                      tracker.roles, sorted(set(unseen)))
     trace.notes = _unseen(tracker, memory, train_on, set(trace.module_types.values()))
     return trace
+
+
+def _forward_only(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None) -> None:
+    """The step's forward and loss once more, with no stand-in, autocast, tracker or torch function mode (the
+    capture's `torch.device` context among them): each would add its own Python to every call, which a step on
+    the CPU does not pay. A forward that cannot run so raises, and its observer does without."""
+    popped = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        with compiled_code_eager():
+            choose_loss(model(*args, **kwargs), loss_fn)
+    finally:
+        for mode in reversed(popped):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 def _unseen(tracker: Tracker, memory, train_on: str, module_types: set[str]) -> list[str]:

@@ -113,6 +113,9 @@ class CpuPeaks:
     per_phase: dict[str, float] = field(default_factory=dict)
     # `Module.zero_grad(set_to_none=True)` per parameter, the walk over the modules included (the micro-step's)
     zero_grad: float = 0.0
+    # a forward's seconds on this CPU per second of its host side probed on meta (graphlint.timing.record
+    # .HostProbe), both measured on the micro-step's forward, whose kernels are tiny; 0.0 if not measured
+    host_scale: float = 0.0
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
@@ -178,7 +181,8 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
                         conv={k: [tuple(p) for p in v] for k, v in data.get("conv", {}).items()},
                         attention={k: [tuple(p) for p in v] for k, v in data.get("attention", {}).items()},
                         recurrent={k: [tuple(p) for p in v] for k, v in data.get("recurrent", {}).items()},
-                        native=dict(data["native"]), per_phase=dict(data["per_phase"]), zero_grad=data["zero_grad"])
+                        native=dict(data["native"]), per_phase=dict(data["per_phase"]), zero_grad=data["zero_grad"],
+                        host_scale=data["host_scale"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
@@ -192,7 +196,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 9  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 12  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -222,6 +226,7 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         plain = call_seconds(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
         launch, per_phase = _fixed_costs(clock, view)
         zero_grad = _zero_grad_cost(clock)
+        host_scale = _host_scale(clock)
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -243,7 +248,31 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     finally:
         torch.set_num_threads(previous)
     return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native,
-                    per_phase, zero_grad)
+                    per_phase, zero_grad, host_scale)
+
+
+def _host_scale(clock, probes: int = 5) -> float:
+    """The micro-step's forward (CHAIN / 2 tiny Linear and GELU modules and a sum, autograd recording; its kernels
+    are tiny) on this CPU, over the same forward's host seconds probed on meta (graphlint.timing.record.probe_host,
+    the median total of `probes` probes). The probe's round trip through Python for each op is most of the
+    difference; a forward of about as much Python per op as these modules' (a `transformers` model's is close)
+    is scaled right, one of much more plain Python per op is under-counted."""
+    import torch
+
+    from graphlint.timing.record import probe_host
+
+    def chain(device: str):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                      for _ in range(CHAIN // 2))).to(device)
+        x = torch.ones(1, 4, device=device)
+        return lambda: model(x).sum()
+
+    on_cpu = call_seconds(chain("cpu"), clock, budget=0.1, median=True)
+    on_meta = chain("meta")
+    probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
+    host = probed[len(probed) // 2] if probed else 0.0
+    return on_cpu / host if host > 0 else 0.0
 
 
 def _zero_grad_cost(clock) -> float:

@@ -36,7 +36,7 @@ def record(text: str, base: Path, request: Request, pythonpath: tuple[Path, ...]
     """The target's step recorded (see record_step)."""
     recorder = OpRecorder(calls=calls)
     estimate = measure(text, base, request, pythonpath, observer=recorder)
-    return Recording(recorder.records, estimate, recorder.parameters)
+    return Recording(recorder.with_host(), estimate, recorder.parameters)
 
 
 def time_step(text: str, base: Path, request: Request, device: Accelerator | CpuPeaks,

@@ -14,8 +14,16 @@ is written, not read.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import difflib
+import io
 import os
+import random
+import statistics
 import sys
+import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -102,6 +110,9 @@ class OpRecord:
     # issued by a kernel's own loop in C++ on the device (a recurrent layer's steps), not from Python; in backward,
     # the gradient of such an op
     native: bool = False
+    # the seconds of Python and dispatch between the op before it and this op in the forward, on meta under
+    # HostProbe (this machine's, not yet scaled to a CPU step's: CpuPeaks.host_scale); None if unprobed
+    host: float | None = None
 
     @property
     def bytes(self) -> int:
@@ -127,6 +138,8 @@ class OpRecorder(TorchDispatchMode):
         self._hook = None
         self._depth = 0
         self.parameters = 0  # tensors the step's optimizer updates (what a loop's zero_grad walks)
+        # the host probe's forward (see forward_again): its ops' names and each one's gap
+        self.host: tuple[list[str], list[float]] | None = None
 
     def __enter__(self):
         if self._depth == 0:  # not the re-entry of a decomposition below
@@ -147,6 +160,30 @@ class OpRecorder(TorchDispatchMode):
             self._hook = None
             self._boundary = None
         return super().__exit__(*exc)
+
+    def forward_again(self, forward) -> None:
+        """Given a function that runs the step's forward and loss once more as the step ran them, time the Python
+        and dispatch between its ops (HostProbe), when the records are to be timed on this CPU (`calls`)."""
+        if self.calls:
+            self.host = probe_host(forward)
+
+    def with_host(self) -> list[OpRecord]:
+        """The records, each forward op with its probed host seconds (OpRecord.host). The probe's ops are matched
+        to the step's by name, in order: where they differ (the step ran a stand-in's kernel, the probe meta's
+        own decomposition), the probe's gaps there go to the step's ops there, or to the next op matched."""
+        if not self.host:
+            return self.records
+        names, gaps = self.host
+        forward = [index for index, record in enumerate(self.records) if record.phase == "forward"]
+        if not forward or any(self.records[index].native for index in forward):
+            # the probe ran without the step's stand-ins: a recurrent layer's loop is meta's own there, whose ops
+            # are neither the step's nor matched to them, and the step's forward is priced per op
+            return self.records
+        shares = _aligned(names, gaps, [self.records[index].op for index in forward])
+        records = list(self.records)
+        for index, share in zip(forward, shares, strict=True):
+            records[index] = dataclasses.replace(records[index], host=share)
+        return records
 
     def _optimizer_step(self, optimizer, _args, _kwargs) -> None:
         self._phase = "optimizer"
@@ -215,6 +252,108 @@ class OpRecorder(TorchDispatchMode):
                 return entry[1], frame.f_lineno
             frame = frame.f_back
         return None
+
+
+class HostProbe(TorchDispatchMode):
+    """Times what a forward spends outside its ops' kernels: for each op the recorder would record (the same ops
+    passed by and decomposed), the seconds since the op before it returned, which is the model's Python (and its
+    library's), the arguments' parsing, autograd's bookkeeping and the dispatch to this mode; the time after the
+    last op is its. On meta the kernels cost what meta kernels cost, not what the CPU's do, and are left out; the
+    gaps hold this mode's own round trip through Python too, and are scaled to a CPU step's seconds by the same
+    measure of a micro-step (CpuPeaks.host_scale)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gaps: list[float] = []
+        self.names: list[str] = []
+        self._pending = 0.0
+        self._last = 0.0
+        self._depth = 0
+
+    def __enter__(self):
+        if self._depth == 0:  # not the re-entry of a decomposition below
+            self._last = time.perf_counter()
+        self._depth += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self._depth -= 1
+        if self._depth == 0 and self.gaps:
+            self.gaps[-1] += self._pending + time.perf_counter() - self._last
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        now = time.perf_counter()
+        self._pending += now - self._last
+        self._last = now  # a decomposition's ops below are timed from here
+        kwargs = kwargs or {}
+        try:
+            if func in _PASSED:
+                return func(*args, **kwargs)
+            if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+                if decomposed is not NotImplemented:
+                    return decomposed
+            self.gaps.append(self._pending)
+            self.names.append(str(func))
+            self._pending = 0.0
+            return func(*args, **kwargs)
+        finally:
+            self._last = time.perf_counter()
+
+
+HOST_PROBES = 3  # forwards probed; the median gap of each op
+
+
+def probe_host(forward) -> tuple[list[str], list[float]] | None:
+    """The ops of `forward` and the median over HOST_PROBES runs of each one's gap (HostProbe), or None when a run
+    raised or the runs saw different ops. Invisible to the model's code: what it prints and warns is dropped,
+    torch's and Python's random states are restored, and grad mode is the caller's."""
+    runs = []
+    cpu_rng, python_rng = torch.get_rng_state(), random.getstate()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(HOST_PROBES):
+                probe = HostProbe()
+                with probe:
+                    forward()
+                runs.append(probe)
+    except Exception:  # a forward that cannot run so is priced per op (CpuPeaks.launch)
+        return None
+    finally:
+        torch.set_rng_state(cpu_rng)
+        random.setstate(python_rng)
+    if not runs or any(run.names != runs[0].names for run in runs):
+        return None
+    return runs[0].names, [statistics.median(column) for column in zip(*(run.gaps for run in runs), strict=True)]
+
+
+ALIGNED_OPS = 50_000  # longer forwards share their probed seconds evenly instead of matching op by op
+
+
+def _aligned(names: list[str], gaps: list[float], ops: list[str]) -> list[float]:
+    """The probe's gaps given to the step's ops (`ops`, their names), matched in order by name; every probed
+    second is given to some op."""
+    if len(names) > ALIGNED_OPS or len(ops) > ALIGNED_OPS:
+        return [sum(gaps) / len(ops)] * len(ops)
+    shares = [0.0] * len(ops)
+    carried = 0.0
+    for tag, start, end, first, last in difflib.SequenceMatcher(None, names, ops, autojunk=False).get_opcodes():
+        if tag == "equal":
+            for offset in range(end - start):
+                shares[first + offset] += carried + gaps[start + offset]
+                carried = 0.0
+            continue
+        carried += sum(gaps[start:end])
+        if last > first:  # the step's own ops here take what the probe's spent here
+            for index in range(first, last):
+                shares[index] += carried / (last - first)
+            carried = 0.0
+    shares[-1] += carried
+    return shares
 
 
 def flop_counter_mapping() -> dict:

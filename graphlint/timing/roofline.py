@@ -29,7 +29,7 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
     CPU, a record whose call was timed there costs that time (OpRecord.timed) beside its fixed cost."""
     if isinstance(device, CpuPeaks):
         if record.kind == "view":
-            return device.view, False
+            return _fixed_cost(record, device), False
         direction = "backward" if "backward" in record.op else "forward"
         compute = (record.flops / device.flops_at(record.dtype, record.flops, record.kind, direction)
                    if record.flops else 0.0)
@@ -50,6 +50,10 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
 def _fixed_cost(record: OpRecord, device: Accelerator | CpuPeaks) -> float:
     if not isinstance(device, CpuPeaks):
         return GPU_LAUNCH
+    if record.host is not None and device.host_scale:
+        return record.host * device.host_scale  # the forward's own Python, probed (HostProbe)
+    if record.kind == "view":
+        return device.view
     native = device.native.get(record.phase) if record.native else None
     return native if native is not None else device.launch[record.phase]
 
@@ -151,7 +155,10 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
             entry[4] += seconds
     if isinstance(device, CpuPeaks):
         # each phase the step runs pays its fixed cost once (autograd's engine starting, optimizer.step()'s checks)
+        probed = device.host_scale and any(record.host is not None for record in records)
         for phase in {record.phase for record in records}:
+            if phase == "forward" and probed:
+                continue  # the probe timed the forward's whole host side, its start and end included
             once = device.per_phase.get(phase, 0.0) + (device.zero_grad * parameters if phase == "optimizer" else 0.0)
             phases[phase] += once
             total += once

@@ -1,0 +1,187 @@
+"""On this machine's CPU, a step's forward pays its own Python: the forward is run again on meta under a probe
+(graphlint.timing.record.HostProbe) that times the host side before each op, scaled by the same measure of a
+micro-step (CpuPeaks.host_scale). The probe is invisible to the model's code, and its seconds land on the ops
+(and lines) they preceded."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphlint.memory.measure import Request
+from graphlint.timing.devices import CpuPeaks
+from graphlint.timing.measure import record_step
+from graphlint.timing.record import HostProbe, _aligned, probe_host
+from graphlint.timing.roofline import op_seconds, price
+from conftest import write
+
+SPIN = 0.004  # seconds of plain Python the slow model spends before one op
+
+MODELS = f"""
+import time
+
+import torch
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(8, 8)
+        self.second = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.first(x)
+        until = time.perf_counter() + {SPIN}
+        while time.perf_counter() < until:
+            pass
+        return self.second(x)  # the line that pays for the spin
+
+
+def slow():
+    torch.manual_seed(0)
+    return Slow(), (torch.randn(4, 8),)
+
+
+def fast():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), (torch.randn(4, 8),)
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.GRU(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+def gru():
+    torch.manual_seed(0)
+    return Tagger(), (torch.randn(2, 6, 8),)
+"""
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    return write(tmp_path_factory.mktemp("host"), "host_models.py", MODELS)
+
+
+def _records(models: Path, factory: str):
+    records, _ = record_step(f"{models}:{factory}", models.parent, Request(train_on="cpu"), calls=True)
+    return records
+
+
+def _cpu(host_scale: float) -> CpuPeaks:
+    return CpuPeaks("test cpu", 1, {"float32": [(1e3, 1e9), (1e9, 1e9)]}, [(1e3, 1e9), (1e9, 1e9)],
+                    {"forward": 1e-5, "backward": 2e-5, "optimizer": 3e-5}, 1e-7,
+                    per_phase={"forward": 1e-3, "backward": 0.0, "optimizer": 0.0}, host_scale=host_scale)
+
+
+def test_the_probe_gives_each_op_the_python_before_it():
+    weight = torch.empty(8, 8, device="meta", requires_grad=True)
+    x = torch.empty(4, 8, device="meta")
+
+    def forward():
+        y = x @ weight
+        until = time.perf_counter() + SPIN
+        while time.perf_counter() < until:
+            pass
+        return (y @ weight).sum()
+
+    names, gaps = probe_host(forward)
+    assert names == ["aten.mm.default", "aten.mm.default", "aten.sum.default"]
+    assert gaps[1] >= SPIN  # the second product waited for the spin
+    assert gaps[1] == max(gaps)
+
+
+def test_a_decomposed_op_is_timed_by_its_parts_without_counting_twice():
+    x = torch.empty(4, 8, device="meta")
+    probe = HostProbe()
+    with probe:
+        torch.ops.aten.linear.default(x, torch.empty(8, 8, device="meta"))
+    # linear has no FLOP formula and decomposes (as the recorder counts it): its parts are the ops
+    assert "aten.linear.default" not in probe.names and probe.names
+    assert len(probe.gaps) == len(probe.names)
+    assert sum(probe.gaps) < 0.05
+
+
+def test_the_probe_is_invisible_to_the_models_code(capsys):
+    calls = []
+
+    def forward():
+        calls.append(1)
+        print("the model prints")
+        import warnings
+        warnings.warn("the model warns", UserWarning, stacklevel=1)
+        torch.rand(3)
+        random.random()
+        return torch.empty(2, device="meta").sum()
+
+    torch.manual_seed(7)
+    random.seed(7)
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    assert probe_host(forward) is not None
+    assert calls  # it ran
+    assert capsys.readouterr() == ("", "")
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
+
+    def raises():
+        torch.rand(3)
+        raise RuntimeError("only once")
+
+    assert probe_host(raises) is None
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert torch.is_grad_enabled()
+
+
+def test_the_probes_gaps_are_matched_to_the_steps_ops_by_name():
+    names = ["a", "b", "c", "d", "e"]
+    gaps = [1.0, 2.0, 4.0, 8.0, 16.0]
+    # b and c are meta's own decomposition where the step ran x (a stand-in's kernel); e is the probe's alone
+    shares = _aligned(names, gaps, ["a", "x", "d"])
+    assert shares == [1.0, 6.0, 8.0 + 16.0]
+    # ops only the probe saw are carried to the next op matched
+    assert _aligned(["a", "b", "c"], [1.0, 2.0, 4.0], ["a", "c"]) == [1.0, 6.0]
+    assert sum(_aligned(names, gaps, ["q"])) == sum(gaps)
+
+
+def test_a_steps_forward_pays_its_probed_python_at_its_line(models):
+    slow, fast = _records(models, "slow"), _records(models, "fast")
+    for records in (slow, fast):
+        forward = [r for r in records if r.phase == "forward"]
+        assert forward and all(r.host is not None for r in forward)
+        assert all(r.host is None for r in records if r.phase != "forward")
+    spun = max((r for r in slow if r.phase == "forward"), key=lambda r: r.host)
+    assert spun.host >= SPIN  # the first op of the second Linear (its weight's transpose)
+    source = Path(spun.file).read_text().splitlines()[spun.line - 1]
+    assert "the line that pays for the spin" in source
+    cpu = _cpu(host_scale=0.5)
+    assert op_seconds(spun, cpu)[0] >= 0.5 * SPIN
+    # the probe timed the forward's whole host side: no per-op or once-per-phase fixed cost is added to it
+    step = price(slow, cpu, "m")
+    assert step.phases["forward"] == pytest.approx(sum(op_seconds(r, cpu)[0] for r in slow if r.phase == "forward"))
+    assert step.phases["forward"] - price(fast, cpu, "m").phases["forward"] >= 0.5 * SPIN
+    # on a device the probe did not measure (no scale), the forward is priced per op as before
+    unscaled = price(slow, _cpu(host_scale=0.0), "m")
+    assert unscaled.phases["forward"] < step.phases["forward"]
+
+
+def test_a_forward_with_a_recurrent_layers_loop_is_priced_per_op(models):
+    records = _records(models, "gru")
+    assert any(r.native for r in records if r.phase == "forward")
+    assert all(r.host is None for r in records)
+
+
+def test_this_cpus_scale_is_measured_on_the_micro_step():
+    from graphlint.timing.devices import _host_scale
+
+    scale = _host_scale(time.thread_time)
+    # the probe's round trip through Python costs something on every op: a probed second is less than a CPU one
+    assert 0.0 < scale < 1.0
