@@ -79,9 +79,10 @@ def _model(path: Path):
     return step
 
 
-def measured_saving(original: Path, fixed: Path) -> tuple[float, float]:
-    """(median thread seconds of the original's step, of the fixed one's), rounds interleaved."""
-    steps = {"original": _model(original), "fixed": _model(fixed)}
+def measured_saving(original: Path, fixed: Path) -> tuple[float, float, float]:
+    """(median thread seconds of the original's step, of the fixed one's, of a second copy of the original's),
+    rounds interleaved: the two originals' difference is what the measurement cannot tell from nothing."""
+    steps = {"original": _model(original), "fixed": _model(fixed), "copy": _model(original)}
     times: dict[str, list[float]] = {name: [] for name in steps}
     for step in steps.values():
         for _ in range(WARMUP):
@@ -92,7 +93,7 @@ def measured_saving(original: Path, fixed: Path) -> tuple[float, float]:
                 started = time.thread_time()
                 step()
                 times[name].append(time.thread_time() - started)
-    return statistics.median(times["original"]), statistics.median(times["fixed"])
+    return statistics.median(times["original"]), statistics.median(times["fixed"]), statistics.median(times["copy"])
 
 
 def predicted_saving(folder: Path, rule: str, peaks) -> tuple[float, float, float]:
@@ -117,22 +118,28 @@ def main() -> None:
             (folder / "original.py").write_text(original, encoding="utf-8")
             (folder / "fixed.py").write_text(fixed, encoding="utf-8")
             saves, before, after = predicted_saving(folder, rule, peaks)
-            real_before, real_after = measured_saving(folder / "original.py", folder / "fixed.py")
-        rows.append((name, saves, before - after, real_before, real_after))
+            real_before, real_after, copy = measured_saving(folder / "original.py", folder / "fixed.py")
+        rows.append((name, saves, before - after, real_before, real_after, abs(real_before - copy)))
         print(f"{name}: predicted {saves * 1e6:.1f} µs, measured {(real_before - real_after) * 1e6:.1f} µs",
               file=sys.stderr)
     print("| model | predicted saving (finding) | predicted (step - fixed step) | measured step | measured fixed "
-          "| measured saving | measured share | sign |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    right = 0
-    for name, saves, difference, before, after in rows:
-        same = (saves > 0) == (before - after > 0)
-        right += same
+          "| measured saving | measured share | two originals differ by | sign |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    right = unclear = 0
+    for name, saves, difference, before, after, noise in rows:
+        saving = before - after
+        if abs(saving) <= noise:  # the measurement cannot tell this saving from none
+            verdict = "within the noise"
+            unclear += 1
+        else:
+            verdict = "right" if (saves > 0) == (saving > 0) else "WRONG"
+            right += verdict == "right"
         print(f"| {name} | {saves * 1e6:.1f} µs | {difference * 1e6:.1f} µs | {before * 1e3:.3f} ms | "
-              f"{after * 1e3:.3f} ms | {(before - after) * 1e6:.1f} µs | {(before - after) / before:+.1%} | "
-              f"{'right' if same else 'WRONG'} |")
+              f"{after * 1e3:.3f} ms | {saving * 1e6:.1f} µs | {saving / before:+.1%} | {noise * 1e6:.1f} µs | "
+              f"{verdict} |")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\n{right} of {len(rows)} signs right. Measured {datetime.date.today()} on {cpu_label()}, "
+    print(f"\n{right} of {len(rows) - unclear} signs right, {unclear} measured savings within the noise (no larger "
+          f"than two copies of the original differ by). Measured {datetime.date.today()} on {cpu_label()}, "
           f"{THREADS} thread, torch {torch.__version__}, load average {load}, medians of {ROUNDS * REPEATS} steps "
           f"each (`python benchmarks/fix_savings.py`).")
 

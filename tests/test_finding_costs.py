@@ -4,9 +4,11 @@ SARIF; nothing of it without a device."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
+import torch
 
 from conftest import run_graphlint, validate_sarif, write
 from graphlint.costs import PricedOp, StepLines, finding_lines, with_costs
@@ -243,3 +245,84 @@ def test_a_finding_two_targets_share_carries_the_cost_of_the_target_where_it_cos
     assert merged.targets == ("small", "large", "medium") and merged.cost.seconds == 0.004
     [merged] = _merge_across_targets([found("unpriced", None), found("small", 0.001)])
     assert merged.cost.seconds == 0.001
+
+
+# -- on this CPU, the fix's own call is asked of torch -------------------------------------------------------------
+
+def _cpu_step(lines: dict[int, list[PricedOp]], composite_op: float = 1e-6) -> StepLines:
+    return StepLines("this CPU", 1.0, 8, {("/m.py", line): ops for line, ops in lines.items()}, composite_op)
+
+
+def test_torch_is_asked_whether_the_norms_library_call_is_one_kernel_on_the_cpu():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from graphlint.costs import _one_cpu_kernel
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if torch.Tag.pointwise in func.tags or "norm" in func.__name__ or "mean" in func.__name__:
+                self.kernels.append(func)
+            return func(*args, **(kwargs or {}))
+
+    for call in ("rms_norm", "layer_norm"):
+        x, weight = torch.ones(2, 4), torch.ones(4)
+        with Seen() as seen:
+            getattr(torch.nn.functional, call)(x, (4,), weight)
+        assert _one_cpu_kernel(call) == (len(seen.kernels) == 1), (call, seen.kernels)
+
+
+def test_a_norm_whose_library_call_decomposes_on_the_cpu_saves_only_the_python_between_its_ops(monkeypatch):
+    import graphlint.costs as costs
+
+    monkeypatch.setitem(costs._one_kernel, "rms_norm", False)
+    ops = [PricedOp("aten.pow.Tensor_Scalar", "memory", "forward", 0.010, 0.004),
+           PricedOp("aten.rsqrt.default", "memory", "forward", 0.010, 0.003),
+           PricedOp("aten.mul.Tensor", "memory", "backward", 0.010, 0.002)]
+    finding = dataclasses.replace(_finding("GL106", 5), message="RMSNorm written out by hand in the block")
+    [priced] = with_costs([finding], _cpu_step({5: ops}, composite_op=0.001))
+    assert priced.cost.saves == pytest.approx((0.004 - 0.001) + (0.003 - 0.001))  # the kernels stay
+    # on a GPU, and for a norm whose call is one kernel, the fused model holds
+    [on_gpu] = with_costs([finding], _step({5: ops}))
+    assert on_gpu.cost.saves == pytest.approx(0.010)
+    monkeypatch.setitem(costs._one_kernel, "rms_norm", True)
+    [one] = with_costs([finding], _cpu_step({5: ops}, composite_op=0.001))
+    assert one.cost.saves == pytest.approx(0.010)
+
+
+def test_fused_attention_on_the_cpu_is_timed_at_the_chains_sizes_once_per_occurrence(monkeypatch):
+    import graphlint.costs as costs
+
+    asked = []
+
+    def timed(heads, length, keys, width, causal, dropout):
+        asked.append((heads, length, keys, width, causal, dropout))
+        return 0.05
+
+    monkeypatch.setattr(costs, "_fused_attention_seconds", timed)
+    product = PricedOp("aten.bmm.default", "matmul", "forward", 0.1, 0.0, ((8, 16, 4), (8, 4, 12)))
+    ops = [product, PricedOp("aten.masked_fill.Scalar", "memory", "forward", 0.02),
+           PricedOp("aten._softmax.default", "memory", "forward", 0.03),
+           PricedOp("aten.clone.default", "memory", "forward", 0.05)]
+    [priced] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))
+    assert asked == [(8, 16, 12, 4, True, False)]
+    assert priced.cost.saves == pytest.approx(0.1 + 0.02 + 0.03 - 2 * 0.05)  # copies stay
+    # slower fused: a negative saving, said as such
+    monkeypatch.setattr(costs, "_fused_attention_seconds", lambda *a: 0.2)
+    [slower] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))
+    assert slower.cost.saves == pytest.approx(0.15 - 0.4)
+    from graphlint.report.text import cost_sentence
+
+    assert "would cost about 250 ms more" in cost_sentence(slower.cost)
+
+
+def test_timing_the_fused_attention_leaves_torchs_generator_as_it_was():
+    from graphlint.costs import _fused_attention_seconds
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert _fused_attention_seconds(2, 8, 8, 4, True, True) > 0
+    assert torch.equal(torch.get_rng_state(), before)

@@ -29,7 +29,7 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
     CPU, a record whose call was timed there costs that time (OpRecord.timed) beside its fixed cost."""
     if isinstance(device, CpuPeaks):
         if record.kind == "view":
-            return _fixed_cost(record, device), False
+            return fixed_cost(record, device), False
         direction = "backward" if "backward" in record.op else "forward"
         compute = (record.flops / device.flops_at(record.dtype, record.flops, record.kind, direction)
                    if record.flops else 0.0)
@@ -38,7 +38,7 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
                                                            "recurrent", direction)
         transfer = record.bytes / device.bandwidth_at(record.bytes) if record.bytes else 0.0
         kernel = max(compute, transfer) if record.timed is None else record.timed
-        return kernel + _fixed_cost(record, device), transfer >= compute
+        return kernel + fixed_cost(record, device), transfer >= compute
     if record.kind == "view":
         return 0.0, False
     work = record.flops + record.work_flops
@@ -47,7 +47,9 @@ def op_seconds(record: OpRecord, device: Accelerator | CpuPeaks) -> tuple[float,
     return max(compute, transfer) + GPU_LAUNCH, transfer >= compute
 
 
-def _fixed_cost(record: OpRecord, device: Accelerator | CpuPeaks) -> float:
+def fixed_cost(record: OpRecord, device: Accelerator | CpuPeaks) -> float:
+    """What the op pays beyond its kernel: a launch on a GPU; on this CPU its probed host seconds (HostProbe,
+    scaled), else the fixed cost of an op of its phase (of a view, of a recurrent loop's op)."""
     if not isinstance(device, CpuPeaks):
         return GPU_LAUNCH
     if record.host is not None and device.host_scale:
@@ -140,7 +142,7 @@ def price(records: list[OpRecord], device: Accelerator | CpuPeaks, target: str =
         if record.recompute:
             recompute += seconds
         if record.kind != "view":
-            overhead += _fixed_cost(record, device)
+            overhead += fixed_cost(record, device)
         elif isinstance(device, CpuPeaks):
             overhead += seconds
         if record.file is None:
