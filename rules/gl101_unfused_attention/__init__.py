@@ -44,7 +44,7 @@ class UnfusedAttention(Rule):
         number of occurrences), and inside libraries such as `transformers` with `attn_implementation="eager"`.
 
         The finding points at the softmax call, the heart of the chain; the scores and values products, the
-        scale and the mask are related locations. When the attention runs in a library, the finding points at
+        scale, the mask and a dropout of the probabilities are related locations. When the attention runs in a library, the finding points at
         the line of your code that built or called it, and the library line is a related location.
 
         Not flagged: `F.scaled_dot_product_attention`, `nn.MultiheadAttention`, a softmax that is not between
@@ -405,6 +405,8 @@ class UnfusedAttention(Rule):
                                        "installed transformers")
         related = [(scores, f"attention scores: {op(scores)}")]
         related += [(n, f"{name} of the scores") for n in before[1:] if (name := _step_name(n)) in ("scale", "mask")]
+        # the dropout the fused call's dropout_p takes over: its line goes with the chain (and is priced with it)
+        related += [(n, "dropout of the probabilities") for n in after if _step_name(n) == "dropout"]
         related.append((values, f"probabilities times values: {op(values)}"))
         return Problem(
             node=softmax,
