@@ -185,3 +185,10 @@ def test_this_cpus_scale_is_measured_on_the_micro_step():
     scale = _host_scale(time.thread_time)
     # the probe's round trip through Python costs something on every op: a probed second is less than a CPU one
     assert 0.0 < scale < 1.0
+
+
+def test_the_optimizers_profiler_marker_is_no_op_and_no_recomputation(models):
+    # torch.optim's step opens a record_function before its hooks run, still in backward's phase with grad on
+    records = _records(models, "fast")
+    assert not any(r.op.startswith("profiler.") for r in records)
+    assert not any(r.recompute for r in records)  # nothing is checkpointed here

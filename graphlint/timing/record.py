@@ -71,6 +71,14 @@ _PASSED = {aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_c
            aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
            aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
            torch.ops.prim.layout.default}
+
+
+def _passed(func) -> bool:
+    """Metadata queries, and the profiler's markers (`torch.optim`'s step opens a record_function before its hooks
+    run), which run no kernel."""
+    return func in _PASSED or func.namespace == "profiler"
+
+
 # Ops that allocate without writing, or only relabel a storage: no kernel moves bytes.
 _NO_TRAFFIC = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "detach",
                "alias", "lift_fresh", "resize_", "set_", "_local_scalar_dense", "_to_copy_meta"}
@@ -164,7 +172,8 @@ class OpRecorder(TorchDispatchMode):
     def forward_again(self, forward) -> None:
         """Given a function that runs the step's forward and loss once more as the step ran them, time the Python
         and dispatch between its ops (HostProbe), when the records are to be timed on this CPU (`calls`)."""
-        if self.calls:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.calls and not distributed:  # a rank's forward again would wait on collectives the others skip
             self.host = probe_host(forward)
 
     def with_host(self) -> list[OpRecord]:
@@ -191,7 +200,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _PASSED:
+        if _passed(func):
             return func(*args, **kwargs)
         if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
             # As FlopCounterMode does: an op without a formula that decomposes is counted by its parts.
@@ -288,7 +297,7 @@ class HostProbe(TorchDispatchMode):
         self._last = now  # a decomposition's ops below are timed from here
         kwargs = kwargs or {}
         try:
-            if func in _PASSED:
+            if _passed(func):
                 return func(*args, **kwargs)
             if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
                 with self:
