@@ -41,9 +41,9 @@ class StepLines:
     step_seconds: float
     batch: int | None
     lines: dict[tuple[str, int], list[PricedOp]]
-    # priced on this machine's CPU (check --cpu), whose kernels torch can be asked about: the fixed cost of an op
-    # a composite issues from C++ in the forward (CpuPeaks.native), else None
-    composite_op: float | None = None
+    # priced on this machine's CPU (check --cpu), whose kernels torch can be asked about and timed: its measured
+    # peaks (graphlint.timing.devices.CpuPeaks), else None
+    cpu: object | None = None
 
     def ops_at(self, lines: set[tuple[str, int]]) -> list[PricedOp]:
         return [op for key in sorted(lines) for op in self.lines.get(key, ())]
@@ -66,8 +66,8 @@ def step_lines(records, device, step) -> StepLines:
             if record.call is not None else ()
         lines[(_same(record.file), record.line)].append(
             PricedOp(record.op, record.kind, record.phase, seconds, fixed_cost(record, device), shapes))
-    composite = device.native.get("forward", 0.0) if isinstance(device, CpuPeaks) else None
-    return StepLines(step.device, step.seconds, step.batch, dict(lines), composite)
+    return StepLines(step.device, step.seconds, step.batch, dict(lines),
+                     device if isinstance(device, CpuPeaks) else None)
 
 
 def _same(path: str) -> str:
@@ -81,12 +81,16 @@ def _attention(ops: list[PricedOp], finding: Finding) -> float:
     return sum(op.seconds for op in ops if op.kind == "memory" and not _copies(op.op))
 
 
-def _attention_on_cpu(ops: list[PricedOp], finding: Finding) -> float | None:
-    """On this CPU the fused kernel is timed at the chain's own sizes (read from its first product, q @ k^T), for
-    the fused kernel is not always faster there (on small heads its blocking costs more than the chain it
-    replaces): what goes is every op of the chain but the copies, forward and backward, products included, and what
-    comes is the fused kernel's forward and backward, once per occurrence. None when the chain's product was not
-    recorded."""
+def _attention_on_cpu(ops: list[PricedOp], finding: Finding, cpu) -> float | None:
+    """On this CPU the fused kernel is not always faster (on small heads its blocking costs more than the chain it
+    replaces), so the call the fix writes is priced as the step's own calls are: with dropout, the CPU's
+    scaled_dot_product_attention takes its math path, a composite of the chain's own kernels, and only the Python
+    between them goes (_composite_saving); without, its flash kernel's forward and backward are timed here at the
+    chain's sizes (read from its first product, q @ k^T), causal where the chain masks, once per occurrence, and set
+    against every op of the chain but its copies, products included. None when the chain's product was not
+    recorded or the kernel could not be timed."""
+    if any("dropout" in op.op or "bernoulli" in op.op for op in ops):
+        return _composite_saving(ops, cpu)
     product = next((op for op in ops if op.phase == "forward" and op.kind == "matmul" and len(op.shapes) >= 2
                     and len(op.shapes[0]) >= 2 and len(op.shapes[1]) >= 2), None)
     if product is None:
@@ -95,49 +99,48 @@ def _attention_on_cpu(ops: list[PricedOp], finding: Finding) -> float | None:
     heads = 1
     for size in batch:
         heads *= size
-    chain = sum(op.seconds for op in ops if not _copies(op.op))
-    # the call the fix writes: causal where the chain masks, with dropout where it drops (which takes the CPU's
-    # math path instead of its flash kernel)
     masked = any("masked_fill" in op.op or "where" in op.op for op in ops)
-    dropped = any("dropout" in op.op or "bernoulli" in op.op for op in ops)
-    fused = _fused_attention_seconds(heads, length, keys, width, masked, dropped)
+    fused = _flash_attention_seconds(cpu, heads, length, keys, width, masked and length == keys)
+    if fused is None:
+        return None
+    chain = sum(op.seconds for op in ops if not _copies(op.op))
     return chain - fused * max(finding.occurrences, 1)  # one fused call per time the chain ran (every layer)
 
 
-_fused_times: dict[tuple, float] = {}
+def _composite_saving(ops: list[PricedOp], cpu) -> float:
+    """What a fix saves whose library call runs the same kernels as the code it replaces, issued from C++: the
+    Python between its forward ops, each op's fixed cost beyond such an op's (CpuPeaks.native)."""
+    issued = cpu.native.get("forward", 0.0)
+    return sum(max(op.fixed - issued, 0.0) for op in ops if op.phase == "forward")
 
 
-def _fused_attention_seconds(heads: int, length: int, keys: int, width: int, causal: bool, dropout: bool) -> float:
-    """The seconds of scaled_dot_product_attention's forward and backward on this CPU for `heads` heads of
-    `length` queries, `keys` keys and values, `width` wide (float32), causal or not, with dropout or not, beyond a
-    step that only sums its inputs."""
-    size = (heads, length, keys, width, causal, dropout)
-    if size not in _fused_times:
-        import time
+def _flash_attention_seconds(cpu, heads: int, length: int, keys: int, width: int, causal: bool) -> float | None:
+    """The CPU flash attention kernel's forward and backward for `heads` heads of `length` queries, `keys` keys and
+    values, `width` wide (float32, contiguous), each call timed as the step's calls are (graphlint.timing.replay,
+    its cache, threads and floor) plus the fixed cost of an op of its phase; None if either could not be timed."""
+    import torch
 
-        import torch
+    from graphlint.timing.calls import call_of
+    from graphlint.timing.replay import time_calls
 
-        from graphlint.timing.devices import call_seconds
+    aten = torch.ops.aten
 
-        seeded = torch.Generator().manual_seed(0)  # torch's global generator is the step's, left as it is
-        q = torch.rand(1, heads, length, width, generator=seeded, requires_grad=True)
-        k, v = (torch.rand(1, heads, keys, width, generator=seeded, requires_grad=True) for _ in range(2))
+    def meta(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, device="meta")
 
-        def fused():
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal and length == keys,
-                                                             dropout_p=0.1 if dropout else 0.0).sum().backward()
-
-        def plain():
-            (q.sum() + k.sum() + v.sum()).backward()
-
-        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-        state = torch.get_rng_state()  # the dropout draws from torch's global generator, which is the step's
-        try:
-            _fused_times[size] = max(call_seconds(fused, clock, budget=0.05, median=True)
-                                     - call_seconds(plain, clock, budget=0.05, median=True), 0.0)
-        finally:
-            torch.set_rng_state(state)
-    return _fused_times[size]
+    q, k, v = meta(1, heads, length, width), meta(1, heads, keys, width), meta(1, heads, keys, width)
+    out, logsumexp = meta(1, heads, length, width), meta(1, heads, length)
+    forward = call_of(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v, 0.0, causal), {},
+                      (out.numel() + logsumexp.numel()) * 4)
+    backward = call_of(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                       (out, q, k, v, out, logsumexp, 0.0, causal), {}, (q.numel() + k.numel() + v.numel()) * 4)
+    if forward is None or backward is None:
+        return None
+    times = time_calls([forward, backward], cpu.threads)
+    if forward.key not in times.seconds or backward.key not in times.seconds:
+        return None
+    return (max(times.seconds[forward.key] - times.floor, 0.0) + cpu.launch["forward"]
+            + max(times.seconds[backward.key] - times.floor, 0.0) + cpu.launch["backward"])
 
 
 def _copies(op: str) -> bool:
@@ -202,14 +205,14 @@ def _saves(finding: Finding, ops: list[PricedOp], step: StepLines) -> float | No
     model = FIX_MODELS.get(finding.rule_id)
     if model is None:
         return None
-    if step.composite_op is not None and finding.rule_id == "GL101":
-        measured = _attention_on_cpu(ops, finding)
+    if step.cpu is not None and finding.rule_id == "GL101":
+        measured = _attention_on_cpu(ops, finding, step.cpu)
         if measured is not None:
             return measured
-    if step.composite_op is not None and finding.rule_id == "GL106":
+    if step.cpu is not None and finding.rule_id == "GL106":
         call = NORM_CALLS.get(finding.message.split(" ", 1)[0])
         if call is not None and not _one_cpu_kernel(call):
-            return sum(max(op.fixed - step.composite_op, 0.0) for op in ops if op.phase == "forward")
+            return _composite_saving(ops, step.cpu)
     return model(ops, finding)
 
 

@@ -249,8 +249,12 @@ def test_a_finding_two_targets_share_carries_the_cost_of_the_target_where_it_cos
 
 # -- on this CPU, the fix's own call is asked of torch -------------------------------------------------------------
 
-def _cpu_step(lines: dict[int, list[PricedOp]], composite_op: float = 1e-6) -> StepLines:
-    return StepLines("this CPU", 1.0, 8, {("/m.py", line): ops for line, ops in lines.items()}, composite_op)
+def _cpu_step(lines: dict[int, list[PricedOp]], issued: float = 1e-6) -> StepLines:
+    from graphlint.timing.devices import CpuPeaks
+
+    cpu = CpuPeaks("this CPU", 1, launch={"forward": 1e-5, "backward": 2e-5, "optimizer": 3e-6},
+                   native={"forward": issued, "backward": issued})
+    return StepLines("this CPU", 1.0, 8, {("/m.py", line): ops for line, ops in lines.items()}, cpu)
 
 
 def test_torch_is_asked_whether_the_norms_library_call_is_one_kernel_on_the_cpu():
@@ -283,13 +287,13 @@ def test_a_norm_whose_library_call_decomposes_on_the_cpu_saves_only_the_python_b
            PricedOp("aten.rsqrt.default", "memory", "forward", 0.010, 0.003),
            PricedOp("aten.mul.Tensor", "memory", "backward", 0.010, 0.002)]
     finding = dataclasses.replace(_finding("GL106", 5), message="RMSNorm written out by hand in the block")
-    [priced] = with_costs([finding], _cpu_step({5: ops}, composite_op=0.001))
+    [priced] = with_costs([finding], _cpu_step({5: ops}, issued=0.001))
     assert priced.cost.saves == pytest.approx((0.004 - 0.001) + (0.003 - 0.001))  # the kernels stay
     # on a GPU, and for a norm whose call is one kernel, the fused model holds
     [on_gpu] = with_costs([finding], _step({5: ops}))
     assert on_gpu.cost.saves == pytest.approx(0.010)
     monkeypatch.setitem(costs._one_kernel, "rms_norm", True)
-    [one] = with_costs([finding], _cpu_step({5: ops}, composite_op=0.001))
+    [one] = with_costs([finding], _cpu_step({5: ops}, issued=0.001))
     assert one.cost.saves == pytest.approx(0.010)
 
 
@@ -298,31 +302,40 @@ def test_fused_attention_on_the_cpu_is_timed_at_the_chains_sizes_once_per_occurr
 
     asked = []
 
-    def timed(heads, length, keys, width, causal, dropout):
-        asked.append((heads, length, keys, width, causal, dropout))
+    def timed(cpu, heads, length, keys, width, causal):
+        asked.append((heads, length, keys, width, causal))
         return 0.05
 
-    monkeypatch.setattr(costs, "_fused_attention_seconds", timed)
-    product = PricedOp("aten.bmm.default", "matmul", "forward", 0.1, 0.0, ((8, 16, 4), (8, 4, 12)))
+    monkeypatch.setattr(costs, "_flash_attention_seconds", timed)
+    product = PricedOp("aten.bmm.default", "matmul", "forward", 0.1, 0.0, ((8, 12, 4), (8, 4, 12)))
     ops = [product, PricedOp("aten.masked_fill.Scalar", "memory", "forward", 0.02),
            PricedOp("aten._softmax.default", "memory", "forward", 0.03),
            PricedOp("aten.clone.default", "memory", "forward", 0.05)]
     [priced] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))
-    assert asked == [(8, 16, 12, 4, True, False)]
+    assert asked == [(8, 12, 12, 4, True)]
     assert priced.cost.saves == pytest.approx(0.1 + 0.02 + 0.03 - 2 * 0.05)  # copies stay
     # slower fused: a negative saving, said as such
-    monkeypatch.setattr(costs, "_fused_attention_seconds", lambda *a: 0.2)
+    monkeypatch.setattr(costs, "_flash_attention_seconds", lambda *a: 0.2)
     [slower] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))
     assert slower.cost.saves == pytest.approx(0.15 - 0.4)
     from graphlint.report.text import cost_sentence
 
     assert "would cost about 250 ms more" in cost_sentence(slower.cost)
+    # with dropout the CPU's fused call is a composite of the chain's own kernels: only its Python goes
+    dropped = [*ops, PricedOp("aten.bernoulli_.float", "memory", "forward", 0.01, 0.004)]
+    [composite] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: dropped}, issued=0.001))
+    assert composite.cost.saves == pytest.approx(0.004 - 0.001)
 
 
-def test_timing_the_fused_attention_leaves_torchs_generator_as_it_was():
-    from graphlint.costs import _fused_attention_seconds
+def test_the_flash_kernel_is_timed_as_the_steps_calls_are(tmp_path, monkeypatch):
+    from graphlint.costs import _flash_attention_seconds
+    from graphlint.timing.devices import CpuPeaks
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu = CpuPeaks("this CPU", 1, launch={"forward": 1e-5, "backward": 2e-5, "optimizer": 3e-6})
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    assert _fused_attention_seconds(2, 8, 8, 4, True, True) > 0
+    small, large = _flash_attention_seconds(cpu, 2, 16, 16, 8, True), _flash_attention_seconds(cpu, 8, 128, 128, 32, False)
+    assert 3e-5 < small < large  # its two launches at least; more heads and tokens cost more
     assert torch.equal(torch.get_rng_state(), before)
+    assert len(list((tmp_path / "graphlint" / "op-times").iterdir())) == 1  # in the replay's own cache
