@@ -4,7 +4,8 @@ for real, on this CPU.
     python benchmarks/fix_savings.py            # the table (a few minutes on 2 cores)
 
 The models: every BAD example of the rules whose fix saving is modelled and that offer a fix (GL101, GL106, GL107,
-GL204), each with its `fixed` source (the source after every fix, as the rule examples' tests prove it). For each:
+GL204), each with its `fixed` source (the source after every fix, as the rule examples' tests prove it), and the
+memory zoo's GPT against the same model with fused attention (GL101 on a model of a real size). For each:
 
 - predicted: the finding's `fix_saves` on this CPU (its peaks measured for one thread, as `graphlint time --device
   cpu` prices a step: the findings of `graphlint check`, their lines priced from the step's ops), summed over the
@@ -60,6 +61,11 @@ def cases() -> list[tuple[str, str, str, str]]:
         for number, example in enumerate(rule.bad_examples, start=1):
             if example.fixed_code:
                 found.append((f"{rule.id} example {number}", rule.id, example.code, example.fixed_code))
+    # one model of a real size: the memory zoo's GPT (4 layers, 128 wide, batch 8, 127 tokens), hand-written causal
+    # attention against the same model with scaled_dot_product_attention(is_causal=True), the call GL101's fix writes
+    zoo = (REPO / "benchmarks" / "memory_zoo_models.py").read_text(encoding="utf-8")
+    found.append(("GL101, the memory zoo's GPT", "GL101", zoo + "\n\nmake = gpt\n",
+                  zoo + "\n\nmake = gpt_fused_attention\n"))
     return found
 
 
