@@ -192,3 +192,22 @@ def test_the_optimizers_profiler_marker_is_no_op_and_no_recomputation(models):
     records = _records(models, "fast")
     assert not any(r.op.startswith("profiler.") for r in records)
     assert not any(r.recompute for r in records)  # nothing is checkpointed here
+
+
+def test_a_slow_forward_is_probed_once(monkeypatch):
+    import graphlint.timing.record as record
+
+    calls = []
+
+    def forward():
+        calls.append(1)
+        until = time.perf_counter() + 0.005
+        while time.perf_counter() < until:
+            pass
+        return torch.empty(2, device="meta").sum()
+
+    assert probe_host(forward) is not None and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(record, "SLOW_PROBE", 0.001)
+    names, gaps = probe_host(forward)
+    assert len(calls) == 1 and names == ["aten.sum.default"] and gaps[0] >= 0.005

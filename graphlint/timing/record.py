@@ -313,11 +313,12 @@ class HostProbe(TorchDispatchMode):
 
 
 HOST_PROBES = 3  # forwards probed; the median gap of each op
+SLOW_PROBE = 1.0  # seconds of one probed forward past which it is not run again
 
 
 def probe_host(forward) -> tuple[list[str], list[float]] | None:
-    """The ops of `forward` and the median over HOST_PROBES runs of each one's gap (HostProbe), or None when a run
-    raised or the runs saw different ops. Invisible to the model's code: what it prints and warns is dropped,
+    """The ops of `forward` and the median over HOST_PROBES runs (one, if a run takes over SLOW_PROBE seconds) of
+    each one's gap (HostProbe), or None when a run raised or the runs saw different ops. Invisible to the model's code: what it prints and warns is dropped,
     torch's and Python's random states are restored, and grad mode is the caller's."""
     runs = []
     cpu_rng, python_rng = torch.get_rng_state(), random.getstate()
@@ -327,9 +328,12 @@ def probe_host(forward) -> tuple[list[str], list[float]] | None:
             warnings.simplefilter("ignore")
             for _ in range(HOST_PROBES):
                 probe = HostProbe()
+                started = time.perf_counter()
                 with probe:
                     forward()
                 runs.append(probe)
+                if time.perf_counter() - started > SLOW_PROBE:
+                    break  # a forward this slow (real kernels: a step the meta device could not run) is probed once
     except Exception:  # a forward that cannot run so is priced per op (CpuPeaks.launch)
         return None
     finally:
