@@ -333,7 +333,7 @@ def probe_host(forward) -> tuple[list[str], list[float]] | None:
                     forward()
                 runs.append(probe)
                 if time.perf_counter() - started > SLOW_PROBE:
-                    break  # a forward this slow (real kernels: a step the meta device could not run) is probed once
+                    break  # this slow, it runs real kernels (a step meta could not run): probed once
     except Exception:  # a forward that cannot run so is priced per op (CpuPeaks.launch)
         return None
     finally:
