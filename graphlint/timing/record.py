@@ -318,8 +318,9 @@ SLOW_PROBE = 1.0  # seconds of one probed forward past which it is not run again
 
 def probe_host(forward) -> tuple[list[str], list[float]] | None:
     """The ops of `forward` and the median over HOST_PROBES runs (one, if a run takes over SLOW_PROBE seconds) of
-    each one's gap (HostProbe), or None when a run raised or the runs saw different ops. Invisible to the model's code: what it prints and warns is dropped,
-    torch's and Python's random states are restored, and grad mode is the caller's."""
+    each one's gap (HostProbe), or None when a run raised or the runs saw different ops. Invisible to the model's
+    code: what it prints and warns is dropped, torch's and Python's random states are restored, and grad mode is
+    the caller's."""
     runs = []
     cpu_rng, python_rng = torch.get_rng_state(), random.getstate()
     try:
