@@ -91,11 +91,10 @@ def _attention_on_cpu(ops: list[PricedOp], finding: Finding, cpu) -> float | Non
     recorded or the kernel could not be timed."""
     if any("dropout" in op.op or "bernoulli" in op.op for op in ops):
         return _composite_saving(ops, cpu)
-    product = next((op for op in ops if op.phase == "forward" and op.kind == "matmul" and len(op.shapes) >= 2
-                    and len(op.shapes[0]) >= 2 and len(op.shapes[1]) >= 2), None)
-    if product is None:
+    operands = next((_batched_operands(op) for op in ops if op.phase == "forward" and _batched_operands(op)), None)
+    if operands is None:
         return None
-    (*batch, length, width), (*_, _, keys) = product.shapes[0], product.shapes[1]
+    (*batch, length, width), (*_, _, keys) = operands
     heads = 1
     for size in batch:
         heads *= size
@@ -105,6 +104,19 @@ def _attention_on_cpu(ops: list[PricedOp], finding: Finding, cpu) -> float | Non
         return None
     chain = sum(op.seconds for op in ops if not _copies(op.op))
     return chain - fused * max(finding.occurrences, 1)  # one fused call per time the chain ran (every layer)
+
+
+def _batched_operands(op: PricedOp) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The two operands of a batched product of the chain (q and k^T: [..., L, D] and [..., D, S]), past the
+    added input of `baddbmm`; None for any other op, and for a 2-d product (a Linear's, on the scores' line)."""
+    name = op.op.split(".")[1] if op.op.count(".") >= 2 else op.op
+    shapes = op.shapes[1:] if name in ("baddbmm", "addmm") else op.shapes
+    if op.kind != "matmul" or name not in ("bmm", "matmul", "baddbmm") or len(shapes) < 2:
+        return None
+    left, right = shapes[0], shapes[1]
+    if len(left) < 3 or len(right) < 3 or left[-1] != right[-2]:
+        return None
+    return left, right
 
 
 def _composite_saving(ops: list[PricedOp], cpu) -> float:

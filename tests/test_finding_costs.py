@@ -314,6 +314,12 @@ def test_fused_attention_on_the_cpu_is_timed_at_the_chains_sizes_once_per_occurr
     [priced] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))
     assert asked == [(8, 12, 12, 4, True)]
     assert priced.cost.saves == pytest.approx(0.1 + 0.02 + 0.03 - 2 * 0.05)  # copies stay
+    # baddbmm's added input comes first; a 2-d product on the chain's lines (a Linear's) is not the scores'
+    asked.clear()
+    linear = PricedOp("aten.mm.default", "matmul", "forward", 0.01, 0.0, ((32, 64), (64, 32)))
+    biased = PricedOp("aten.baddbmm.default", "matmul", "forward", 0.1, 0.0, ((8, 1, 12), (8, 12, 4), (8, 4, 12)))
+    with_costs([_finding("GL101", 10)], _cpu_step({10: [linear, biased, *ops[1:]]}))
+    assert asked == [(8, 12, 12, 4, True)]
     # slower fused: a negative saving, said as such
     monkeypatch.setattr(costs, "_flash_attention_seconds", lambda *a: 0.2)
     [slower] = with_costs([_finding("GL101", 10, occurrences=2)], _cpu_step({10: ops}))

@@ -180,14 +180,22 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callabl
 
 
 def _forward_only(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None) -> None:
-    """The step's forward and loss once more, with no stand-in, autocast, tracker or torch function mode (the
-    capture's `torch.device` context among them): each would add its own Python to every call, which a step on
-    the CPU does not pay. A forward that cannot run so raises, and its observer does without."""
+    """The step's forward and loss once more, with no stand-in, autocast or tracker: every torch function mode but
+    a `torch.device` context (the capture's, which puts the tensors the forward makes without a device where the
+    step put them) is taken off for the run, since each adds its own Python to every call, which a step on the
+    CPU does not pay. A forward that cannot run so raises, and its observer does without."""
+    from torch.utils._device import DeviceContext
+
     popped = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
     try:
+        for mode in reversed(popped):
+            if isinstance(mode, DeviceContext):
+                torch._C._push_on_torch_function_stack(mode)
         with compiled_code_eager():
             choose_loss(model(*args, **kwargs), loss_fn)
     finally:
+        while torch._C._len_torch_function_stack():
+            torch._C._pop_torch_function_stack()
         for mode in reversed(popped):
             torch._C._push_on_torch_function_stack(mode)
 

@@ -196,7 +196,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 12  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 13  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -268,9 +268,10 @@ def _host_scale(clock, probes: int = 5) -> float:
         x = torch.ones(1, 4, device=device)
         return lambda: model(x).sum()
 
-    on_cpu = call_seconds(chain("cpu"), clock, budget=0.1, median=True)
+    on_cpu = call_seconds(chain("cpu"), time.perf_counter, budget=0.1, median=True)  # the probe's own clock
     on_meta = chain("meta")
-    probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
+    with torch.device("meta"):  # as the step's forward is probed: inside the capture's device context
+        probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
     host = probed[len(probed) // 2] if probed else 0.0
     return on_cpu / host if host > 0 else 0.0
 

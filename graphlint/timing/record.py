@@ -177,9 +177,8 @@ class OpRecorder(TorchDispatchMode):
             self.host = probe_host(forward)
 
     def with_host(self) -> list[OpRecord]:
-        """The records, each forward op with its probed host seconds (OpRecord.host). The probe's ops are matched
-        to the step's by name, in order: where they differ (the step ran a stand-in's kernel, the probe meta's
-        own decomposition), the probe's gaps there go to the step's ops there, or to the next op matched."""
+        """The records, each forward op with its probed host seconds (OpRecord.host), the probe's ops matched to
+        the step's by name, in order (_aligned)."""
         if not self.host:
             return self.records
         names, gaps = self.host
@@ -191,7 +190,8 @@ class OpRecorder(TorchDispatchMode):
         shares = _aligned(names, gaps, [self.records[index].op for index in forward])
         records = list(self.records)
         for index, share in zip(forward, shares, strict=True):
-            records[index] = dataclasses.replace(records[index], host=share)
+            if share is not None:
+                records[index] = dataclasses.replace(records[index], host=share)
         return records
 
     def _optimizer_step(self, optimizer, _args, _kwargs) -> None:
@@ -345,28 +345,38 @@ def probe_host(forward) -> tuple[list[str], list[float]] | None:
     return runs[0].names, [statistics.median(column) for column in zip(*(run.gaps for run in runs), strict=True)]
 
 
-ALIGNED_OPS = 50_000  # longer forwards share their probed seconds evenly instead of matching op by op
+ALIGNED_OPS = 10_000  # longer forwards share their probed seconds evenly instead of matching op by op
 
 
-def _aligned(names: list[str], gaps: list[float], ops: list[str]) -> list[float]:
-    """The probe's gaps given to the step's ops (`ops`, their names), matched in order by name; every probed
-    second is given to some op."""
+def _aligned(names: list[str], gaps: list[float], ops: list[str]) -> list[float | None]:
+    """The probe's gaps given to the step's ops (`ops`, their names), matched in order by name. Where the two
+    differ: ops only the probe ran carry their gaps to the step's next op; where the probe ran more ops than the
+    step (meta's decomposition of what the step ran as one stand-in kernel, issued from C++ inside one call), the
+    step's ops there take as many of the probe's gaps, the first holding the Python before the call, and the rest,
+    the probe's own round trips, are dropped; an op only the step ran (an autocast cast, backward's seed) that
+    nothing was carried to is not probed (None)."""
     if len(names) > ALIGNED_OPS or len(ops) > ALIGNED_OPS:
         return [sum(gaps) / len(ops)] * len(ops)
-    shares = [0.0] * len(ops)
+    shares: list[float | None] = [None] * len(ops)
     carried = 0.0
     for tag, start, end, first, last in difflib.SequenceMatcher(None, names, ops, autojunk=False).get_opcodes():
         if tag == "equal":
             for offset in range(end - start):
-                shares[first + offset] += carried + gaps[start + offset]
+                shares[first + offset] = carried + gaps[start + offset]
                 carried = 0.0
             continue
-        carried += sum(gaps[start:end])
-        if last > first:  # the step's own ops here take what the probe's spent here
+        if last == first:  # the probe's alone
+            carried += sum(gaps[start:end])
+            continue
+        if end - start > last - first:
+            end = start + (last - first)
+        spent = carried + sum(gaps[start:end])
+        carried = 0.0
+        if spent or end > start:
             for index in range(first, last):
-                shares[index] += carried / (last - first)
-            carried = 0.0
-    shares[-1] += carried
+                shares[index] = spent / (last - first)
+    if carried:
+        shares[-1] = (shares[-1] or 0.0) + carried
     return shares
 
 
