@@ -44,8 +44,9 @@ class UnfusedAttention(Rule):
         number of occurrences), and inside libraries such as `transformers` with `attn_implementation="eager"`.
 
         The finding points at the softmax call, the heart of the chain; the scores and values products, the
-        scale, the mask and a dropout of the probabilities are related locations. When the attention runs in a library, the finding points at
-        the line of your code that built or called it, and the library line is a related location.
+        scale, the mask and a dropout of the probabilities are related locations. When the attention runs in a
+        library, the finding points at the line of your code that built or called it, and the library line is a
+        related location.
 
         Not flagged: `F.scaled_dot_product_attention`, `nn.MultiheadAttention`, a softmax that is not between
         two products of activations (classifier heads, gating and mixture-of-experts weights computed against
