@@ -6,8 +6,9 @@ predicted `--cpu` step time against the measured step.
     python benchmarks/time_accuracy.py --write-docs     # and put them in docs/time.md
 
 Models: the memory zoo (benchmarks/memory_zoo_models.py, with its optimizers and autocast), the transformers zoo
-(benchmarks/transformers_zoo.py, AdamW) and benchmarks/models.py's GPT-2 small at batch 1 and 2 (its other models
-do not run a real step on this machine). Each row is one target, as `graphlint time --cpu` times it
+(benchmarks/transformers_zoo.py, AdamW), benchmarks/models.py's GPT-2 small at batch 1 and 2 (its other models
+do not run a real step on this machine) and benchmarks/time_zoo.py's models of classes the others lack (added
+after the time model was built). Each row is one target, as `graphlint time --cpu` times it
 (built on the meta device, `--train-on cpu`), against the same steady-state step run for real on CPU: the
 optimizer's state made by a first step, then zero_grad(set_to_none=True), forward, loss, backward, optimizer step.
 
@@ -68,6 +69,9 @@ def cases() -> list[tuple[str, str, str, str | None]]:
 
     rows += [("transformers_zoo.py", name, "adamw", None) for name in transformers_zoo.ARCHITECTURES]
     rows += [("models.py", name, "adamw", None) for name in ("gpt2_small_batch1", "gpt2_small")]
+    import time_zoo
+
+    rows += [("time_zoo.py", name, "adamw", None) for name in time_zoo.FACTORIES]
     return rows
 
 
