@@ -226,7 +226,7 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         plain = call_seconds(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
         launch, per_phase = _fixed_costs(clock, view)
         zero_grad = _zero_grad_cost(clock)
-        host_scale = _host_scale(clock)
+        host_scale = _host_scale()
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -251,7 +251,15 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
                     per_phase, zero_grad, host_scale)
 
 
-def _host_scale(clock, probes: int = 5) -> float:
+def _chain(layers: int, device: str = "cpu"):
+    """The micro-step's modules: `layers` tiny Linear and GELU modules in a Sequential."""
+    import torch
+
+    return torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+                                 for _ in range(layers))).to(device)
+
+
+def _host_scale(probes: int = 5) -> float:
     """The micro-step's forward (CHAIN / 2 tiny Linear and GELU modules and a sum, autograd recording; its kernels
     are tiny) on this CPU, over the same forward's host seconds probed on meta (graphlint.timing.record.probe_host,
     the median total of `probes` probes). The probe's round trip through Python for each op is most of the
@@ -262,10 +270,7 @@ def _host_scale(clock, probes: int = 5) -> float:
     from graphlint.timing.record import probe_host
 
     def chain(device: str):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
-                                      for _ in range(CHAIN // 2))).to(device)
-        x = torch.ones(1, 4, device=device)
+        model, x = _chain(CHAIN // 2, device), torch.ones(1, 4, device=device)
         return lambda: model(x).sum()
 
     on_cpu = call_seconds(chain("cpu"), time.perf_counter, budget=0.1, median=True)  # the probe's own clock
@@ -281,8 +286,7 @@ def _zero_grad_cost(clock) -> float:
     Linear and GELU modules in their Sequential), gradients set: the loop's walk over modules and parameters."""
     import torch
 
-    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
-                                  for _ in range(CHAIN // 2)))
+    model = _chain(CHAIN // 2)
     parameters = list(model.parameters())
 
     def zero_grad():
@@ -469,8 +473,7 @@ def _micro_step(layers: int, clock, view: float) -> dict[str, tuple[float, int]]
 
     from graphlint.timing.record import OpRecorder
 
-    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
-                                  for _ in range(layers)))
+    model = _chain(layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     x = torch.ones(1, 4)
 

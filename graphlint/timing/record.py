@@ -79,6 +79,23 @@ def _passed(func) -> bool:
     return func in _PASSED or func.namespace == "profiler"
 
 
+_RECORD = object()
+
+
+def _unrecorded(mode: TorchDispatchMode, func, args: tuple, kwargs: dict):
+    """The result of an op that is not recorded itself, made here, or _RECORD: what `_passed` names, and, as
+    FlopCounterMode does, an op without a FLOP formula that decomposes, which is counted by its parts (run under
+    `mode` again). The recorder and the host probe share it, so that they see the same ops."""
+    if _passed(func):
+        return func(*args, **kwargs)
+    if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
+        with mode:
+            decomposed = func.decompose(*args, **kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+    return _RECORD
+
+
 # Ops that allocate without writing, or only relabel a storage: no kernel moves bytes.
 _NO_TRAFFIC = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "detach",
                "alias", "lift_fresh", "resize_", "set_", "_local_scalar_dense", "_to_copy_meta"}
@@ -200,14 +217,9 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _passed(func):
-            return func(*args, **kwargs)
-        if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
-            # As FlopCounterMode does: an op without a formula that decomposes is counted by its parts.
-            with self:
-                decomposed = func.decompose(*args, **kwargs)
-            if decomposed is not NotImplemented:
-                return decomposed
+        unrecorded = _unrecorded(self, func, args, kwargs)
+        if unrecorded is not _RECORD:
+            return unrecorded
         if self._phase == "forward" and torch._C._current_autograd_node() is not None:
             self._phase = "backward"
         phase = self._phase
@@ -297,13 +309,9 @@ class HostProbe(TorchDispatchMode):
         self._last = now  # a decomposition's ops below are timed from here
         kwargs = kwargs or {}
         try:
-            if _passed(func):
-                return func(*args, **kwargs)
-            if func._overloadpacket not in FLOP_FORMULAS and _decomposes(func):
-                with self:
-                    decomposed = func.decompose(*args, **kwargs)
-                if decomposed is not NotImplemented:
-                    return decomposed
+            unrecorded = _unrecorded(self, func, args, kwargs)
+            if unrecorded is not _RECORD:
+                return unrecorded
             self.gaps.append(self._pending)
             self.names.append(str(func))
             self._pending = 0.0
