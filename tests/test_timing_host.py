@@ -208,7 +208,8 @@ def test_a_steps_forward_pays_its_probed_python_at_its_line(models):
     # the probe timed the forward's whole host side: no per-op or once-per-phase fixed cost is added to it
     step = price(slow, cpu, "m")
     assert step.phases["forward"] == pytest.approx(sum(op_seconds(r, cpu)[0] for r in slow if r.phase == "forward"))
-    assert step.phases["forward"] - price(fast, cpu, "m").phases["forward"] >= 0.5 * SPIN
+    # the spin, scaled, less what the two models' other ops differ by between probes (noise of a few µs)
+    assert step.phases["forward"] - price(fast, cpu, "m").phases["forward"] >= 0.45 * SPIN
     # on a device the probe did not measure (no scale), the forward is priced per op as before
     unscaled = price(slow, _cpu(host_scale=0.0), "m")
     assert unscaled.phases["forward"] < step.phases["forward"]
@@ -223,7 +224,7 @@ def test_a_forward_with_a_recurrent_layers_loop_is_priced_per_op(models):
 def test_this_cpus_scale_is_measured_on_the_micro_step():
     from graphlint.timing.devices import _host_scale
 
-    scale = _host_scale(time.thread_time)
+    scale = _host_scale()
     # the probe's round trip through Python costs something on every op: a probed second is less than a CPU one
     assert 0.0 < scale < 1.0
 
