@@ -58,6 +58,8 @@ def a_file(content: bytes) -> Path:
     end_col=positions, style=st.sampled_from(["call", "method", "build", "def"]),
     op=st.sampled_from([None, "matmul", "softmax", "add_", "setitem", "data", "mul"]),
 )
+# libcst gives this file back without its blank line, so its positions are a line off
+@example(content=b"importA\n\n #", line=2, col=None, end_line=0, end_col=None, style="call", op=None)
 def test_spans_always_lie_inside_the_file(content, line, col, end_line, end_col, style, op):
     path = a_file(content)
     has_position = col is not None and end_col is not None

@@ -179,7 +179,10 @@ class SourceSpans:
         parsed = None
         try:
             with open(path, "rb") as handle:
-                module = cst.parse_module(handle.read())
+                data = handle.read()
+            module = cst.parse_module(data)
+            if module.bytes != data:  # libcst lost text (a blank line before a last comment): its positions lie
+                raise ValueError("libcst does not give the file back")
             wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
             positions = wrapper.resolve(PositionProvider)
             parsed = _ParsedFile(lines=split_lines(module.code), module=module, positions=positions)
