@@ -196,7 +196,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 13  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 14  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -264,7 +264,9 @@ def _host_scale(probes: int = 5) -> float:
     are tiny) on this CPU, over the same forward's host seconds probed on meta (graphlint.timing.record.probe_host,
     the median total of `probes` probes). The probe's round trip through Python for each op is most of the
     difference; a forward of about as much Python per op as these modules' (a `transformers` model's is close)
-    is scaled right, one of much more plain Python per op is under-counted."""
+    is scaled right, one of much more plain Python per op is under-counted. Both sides run on one thread: what is
+    measured is Python, which one thread runs, and on a loaded machine (two busy processes on two cores) the tiny
+    CPU forward with a second intra-op thread was seen to take 128 ms a call instead of 0.4 ms for a whole run."""
     import torch
 
     from graphlint.timing.record import probe_host
@@ -273,10 +275,15 @@ def _host_scale(probes: int = 5) -> float:
         model, x = _chain(CHAIN // 2, device), torch.ones(1, 4, device=device)
         return lambda: model(x).sum()
 
-    on_cpu = call_seconds(chain("cpu"), time.perf_counter, budget=0.1, median=True)  # the probe's own clock
-    on_meta = chain("meta")
-    with torch.device("meta"):  # as the step's forward is probed: inside the capture's device context
-        probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        on_cpu = call_seconds(chain("cpu"), time.perf_counter, budget=0.1, median=True)  # the probe's own clock
+        on_meta = chain("meta")
+        with torch.device("meta"):  # as the step's forward is probed: inside the capture's device context
+            probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
+    finally:
+        torch.set_num_threads(previous)
     host = probed[len(probed) // 2] if probed else 0.0
     return on_cpu / host if host > 0 else 0.0
 
