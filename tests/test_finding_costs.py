@@ -163,7 +163,9 @@ def test_findings_priced_on_this_cpu_carry_its_name_and_are_cached_apart_from_a_
     assert set(on_cpu) == {"GL101", "GL107"}
     for cost in on_cpu.values():
         assert cost["device"] == cpu_label() and cost["batch"] == 4
-        assert 0 < cost["fix_saves"] <= cost["time_per_step"] < cost["step_seconds"]
+        # the saving's sign is this CPU's measurement (the fused kernel against the chain, both timed in this run):
+        # test_fused_attention_on_the_cpu_* checks it with stand-in times; here, that there is one and it fits
+        assert cost["fix_saves"] is not None and cost["fix_saves"] <= cost["time_per_step"] < cost["step_seconds"]
     assert on_cpu["GL101"]["step_seconds"] != answers["--gpu"]["GL101"]["step_seconds"]
     sorted_text = run_graphlint("check", "model.py:make", "--ignore", "GL3", "--cpu", "--sort", "cost", *cache,
                                 cwd=model_dir)

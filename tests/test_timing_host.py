@@ -110,7 +110,7 @@ def test_a_decomposed_op_is_timed_by_its_parts_without_counting_twice():
     # linear has no FLOP formula and decomposes (as the recorder counts it): its parts are the ops
     assert "aten.linear.default" not in probe.names and probe.names
     assert len(probe.gaps) == len(probe.names)
-    assert sum(probe.gaps) < 0.05
+    assert sum(probe.gaps) < 0.5  # microseconds in all, unless the machine stalls
 
 
 def test_the_probe_is_invisible_to_the_models_code(capsys):
@@ -209,8 +209,9 @@ def test_a_steps_forward_pays_its_probed_python_at_its_line(models):
     # the probe timed the forward's whole host side: no per-op or once-per-phase fixed cost is added to it
     step = price(slow, cpu, "m")
     assert step.phases["forward"] == pytest.approx(sum(op_seconds(r, cpu)[0] for r in slow if r.phase == "forward"))
-    # the spin, scaled, less what the two models' other ops differ by between probes (noise of a few µs)
-    assert step.phases["forward"] - price(fast, cpu, "m").phases["forward"] >= 0.45 * SPIN
+    # the two models' forwards differ by their probed seconds, scaled, and by nothing else
+    probed = sum(r.host for r in slow if r.host) - sum(r.host for r in fast if r.host)
+    assert step.phases["forward"] - price(fast, cpu, "m").phases["forward"] == pytest.approx(0.5 * probed)
     # on a device the probe did not measure (no scale), the forward is priced per op as before
     unscaled = price(slow, _cpu(host_scale=0.0), "m")
     assert unscaled.phases["forward"] < step.phases["forward"]

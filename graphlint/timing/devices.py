@@ -196,7 +196,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
-MEASUREMENT = 14  # the version of what measure_cpu measures: a cache file of another version is measured again
+MEASUREMENT = 15  # the version of what measure_cpu measures: a cache file of another version is measured again
 MATMUL_SIZES = (16, 48, 128, 256, 512)
 COPY_SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
 CONV_SIZES = ((4, 16, 16), (8, 32, 32), (8, 128, 16))
@@ -213,20 +213,26 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     per op of a micro-step on 4-wide tensors (CHAIN / 2 tiny Linear and GELU modules, forward with autograd
     recording, backward, and an AdamW step over their parameters), its ops counted by graphlint.timing.record as a
     step's are. Each is the median of repeated batches, the statistic a step's time is judged by; rates are net of
-    the fixed cost of a no-grad op. With one thread, time is the thread's own CPU time, which other processes' use
-    of the core does not lengthen. The thread count is given back."""
+    the fixed cost of a no-grad op. The fixed costs (the micro-steps, a view, a no-grad op, zero_grad, the
+    recurrent loop's ops, the host scale) are measured on one thread whatever `threads` is. With one thread, time
+    is the thread's own CPU time, which other processes' use of the core does not lengthen. The thread count is
+    given back."""
     import torch
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    clock = time.thread_time if threads == 1 else time.perf_counter
     try:
+        # The fixed costs are the dispatcher's and Python's, which one thread runs; with a second intra-op thread on
+        # a loaded machine, the micro-step was seen to take 15x its time (parallel regions waiting for a thread).
+        torch.set_num_threads(1)
         tiny = torch.ones(4)
-        view = call_seconds(lambda: tiny.view(2, 2), clock, budget=0.1, median=True)
-        plain = call_seconds(lambda: torch.add(tiny, tiny), clock, budget=0.1, median=True)
-        launch, per_phase = _fixed_costs(clock, view)
-        zero_grad = _zero_grad_cost(clock)
+        view = call_seconds(lambda: tiny.view(2, 2), time.thread_time, budget=0.1, median=True)
+        plain = call_seconds(lambda: torch.add(tiny, tiny), time.thread_time, budget=0.1, median=True)
+        launch, per_phase = _fixed_costs(time.thread_time, view)
+        zero_grad = _zero_grad_cost(time.thread_time)
         host_scale = _host_scale()
+        native = _native_cost(time.thread_time, view)
+        torch.set_num_threads(threads)
+        clock = time.thread_time if threads == 1 else time.perf_counter
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -244,7 +250,6 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         conv = _convolutions(clock)
         attention = _attention(clock)
         recurrent = _recurrent(clock)
-        native = _native_cost(clock, view)
     finally:
         torch.set_num_threads(previous)
     return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native,

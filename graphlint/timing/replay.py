@@ -33,7 +33,7 @@ from graphlint.timing.calls import OpCall, TensorLayout
 from graphlint.timing.devices import call_seconds, cache_folder, cpu_label
 from graphlint.timing.record import OpRecord
 
-REPLAY_VERSION = 4  # what a cached time means; a cache of another version is measured again
+REPLAY_VERSION = 5  # what a cached time means; a cache of another version is measured again
 BUDGET_SECONDS = 30.0  # the most time one step's replays take (calls past it keep the roofline's price)
 LARGEST_CALL = 1 << 30  # bytes of arguments and outputs one replay may hold
 POOL = 16 << 20  # bytes of arguments a replay turns over: more than a core's nearest caches hold
@@ -85,7 +85,7 @@ def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None
     fresh: dict[str, float | None] = {}
     with _quiet_state(threads):
         clock = time.thread_time if threads == 1 else time.perf_counter
-        result.floor = _floor(clock, cached)
+        result.floor = _floor(cached)
         deadline = time.perf_counter() + budget
         for key, call in distinct.items():
             if key in cached:
@@ -214,11 +214,16 @@ def _time_one(call: OpCall, clock) -> float | None:
         return None
 
 
-def _floor(clock, cached: dict) -> float:
+def _floor(cached: dict) -> float:
     """The seconds of a call of the smallest kernel made as replays make theirs (through the op's overload, from
     Python), from the cache when it holds it."""
     value = cached.get("floor")
     if value is not None:
         return float(value)
     one = torch.ones(4)
-    return call_seconds(lambda: torch.ops.aten.add.Tensor(one, one), clock, budget=0.0, median=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the dispatcher's cost, as devices' fixed costs: a second thread only adds waits
+    try:
+        return call_seconds(lambda: torch.ops.aten.add.Tensor(one, one), time.thread_time, budget=0.0, median=True)
+    finally:
+        torch.set_num_threads(threads)
