@@ -260,3 +260,50 @@ def test_the_rules_tags_not_their_ids_say_whether_vary_and_the_memory_budget_are
     assert key(("GL301",), ("batch",)) == key(("GL301",), ("batch", "seq"))
     assert key(("GLX401",), budget=1 << 30, tags={BUDGET_TAG}) != key(("GLX401",), budget=2 << 30, tags={BUDGET_TAG})
     assert key(("GL401",), budget=1 << 30) == key(("GL401",), budget=2 << 30)
+
+
+PARENT_MODULES = """
+import sys
+from pathlib import Path
+
+from graphlint.config import Config
+from graphlint.project import Project
+from graphlint.session import check
+
+folder = Path(sys.argv[1])
+project = Project(root=folder, first_party_folders=[folder])
+report = check([f"{folder / name}:make" for name in ("first.py", "second.py")], project, Config(ignore=("GL3",)))
+print([f.rule_id for f in report.findings])
+print(sorted(name for name in ("graphlint.locate.spans", "libcst.metadata", "first", "second") if name in sys.modules))
+"""
+
+
+def test_what_a_child_imported_of_graphlint_and_of_libraries_the_parent_imports_once_for_the_next(tmp_path):
+    # Locating the first child's finding imported graphlint's span finder (0.07 s over libcst's 0.2 s), which the
+    # parent's `import libcst` left out: every later child imported it again. The project's own module stays out.
+    for name in ("first.py", "second.py"):
+        write(tmp_path, name, ATTENTION)
+    done = subprocess.run([sys.executable, "-c", PARENT_MODULES, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    findings, modules = done.stdout.splitlines()[-2:]
+    assert findings == "['GL101', 'GL101']"
+    assert modules == "['graphlint.locate.spans', 'libcst.metadata']"
+
+
+def test_only_graphlints_and_installed_libraries_modules_are_preloaded(tmp_path, monkeypatch):
+    import importlib
+
+    from graphlint.run.child import _preloadable
+
+    write(tmp_path, "project_module.py", "VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("project_module")
+    import graphlint.locate.lines  # noqa: F401
+    import libcst.metadata  # noqa: F401
+
+    names = {"project_module", "graphlint.locate.lines", "libcst.metadata", "libcst", "_thread", "sys"}
+    try:
+        assert _preloadable(names) == ["graphlint.locate.lines", "libcst", "libcst.metadata"]
+    finally:
+        sys.modules.pop("project_module")

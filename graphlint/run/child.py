@@ -66,8 +66,8 @@ def _threads() -> int:
 
 def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[object, tuple[str, ...]]:
     """Run a job of one target of the user's (`run()`'s answer, or the target's result with its error when the
-    user's code called sys.exit), telling the parent each stage it reaches; and the installed libraries it
-    imported, for the parent to preload."""
+    user's code called sys.exit), telling the parent each stage it reaches; and the modules it
+    imported that the parent may preload (_preloadable)."""
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
     sys.argv = [script_name(target)]
@@ -83,7 +83,7 @@ def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[obj
         answer = run()
     except SystemExit as leaving:  # sys.exit() in the user's code (argparse at module level, often)
         answer = TargetResult(target=target, errors=[TargetError(target, _exited(leaving, last[0]), stage=last[0])])
-    return answer, tuple(_installed_libraries(set(sys.modules) - before))
+    return answer, tuple(_preloadable(set(sys.modules) - before))
 
 
 def _lint(job: LintJob, connection, cpu_threads: int | None = None) -> TargetResult:
@@ -143,12 +143,17 @@ def _exited(leaving: SystemExit, stage: str) -> str:
     return f"the target called sys.exit({code!r}) during the {stage}; {advice}"
 
 
-def _installed_libraries(names: set[str]) -> list[str]:
-    """The top-level names of the installed libraries (never project files) among newly imported modules."""
+def _preloadable(names: set[str]) -> list[str]:
+    """The newly imported modules a warm parent may import before its next child: graphlint's own and installed
+    libraries', each submodule by name (a package's own import leaves out submodules a child used, and graphlint's
+    span finder and rewriting modules, which every located finding needs, were never reported), never the
+    project's files; parents before children."""
     found = set()
     for name in names:
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
-        if "." not in name and not name.startswith("_") and isinstance(path, str) and is_installed_file(path):
+        if name.startswith("_") or not isinstance(path, str):
+            continue
+        if name == "graphlint" or name.startswith("graphlint.") or is_installed_file(path):
             found.add(name)
     return sorted(found)

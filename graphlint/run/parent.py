@@ -26,8 +26,8 @@ def start_method() -> str:
 
 
 class WarmParent:
-    """Starts one child process per job (graphlint.run.wire); `preload` notes libraries that children keep importing,
-    imported before the next child starts.
+    """Starts one child process per job (graphlint.run.wire); `preload` notes modules (graphlint's, libraries') that
+    children keep importing, imported before the next child starts.
     `close_in_children` are file descriptors of the parent that a forked child closes first (the language
     server's protocol pipes, which must close when the server does)."""
 
@@ -94,8 +94,9 @@ class WarmParent:
         self._compile_warm = True
 
     def preload(self, names: list[str]) -> None:
-        """Note installed libraries that a child imported, to import them once before the next child starts, so
-        that it and later ones inherit them; a run whose last child imported them never pays for them twice."""
+        """Note modules of graphlint's and of installed libraries that a child imported, to import them once before
+        the next child starts, so that it and later ones inherit them; a run whose last child imported them never
+        pays for them twice."""
         if self.context.get_start_method() == "fork":
             self._wanted.extend(name for name in names if name not in self._tried and name not in self._wanted)
 
@@ -125,8 +126,8 @@ def _warm_up() -> None:
     the first time a Python meta kernel runs, and a child should not pay that again and again."""
     import torch
 
-    # Not libcst, which only locating a finding needs: the first child that imports it reports it, and `preload`
-    # imports it here for the children after it; a run with no finding never imports it.
+    # Not libcst, which only locating a finding needs: the first child that imports it reports it and the modules
+    # that use it, and `preload` imports them here for the children after it; a run with no finding never does.
     import graphlint.capture  # noqa: F401 - imported for the children
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules

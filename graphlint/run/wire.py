@@ -194,7 +194,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class Linted:
-    """A lint job's result, and the installed libraries it imported (for the parent to preload)."""
+    """A lint job's result, and the modules of graphlint's and of installed libraries it imported (for the parent to
+    preload)."""
 
     result: TargetResult
     imported: tuple[str, ...] = ()
@@ -215,7 +216,7 @@ class Reported:
 
     result: TargetResult
     report: dict | None = None
-    imported: tuple[str, ...] = ()  # installed libraries it imported, for the parent to preload
+    imported: tuple[str, ...] = ()  # graphlint's and libraries' modules it imported, for the parent to preload
 
 
 @dataclass(frozen=True)
