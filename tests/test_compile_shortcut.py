@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import check_targets, write
+from graphlint.capture import compile_regions
 from graphlint.capture.compile import analyse_target
 from graphlint.capture.compile_regions import WHOLE_MODEL_ENV, has_alike_blocks, repeated_blocks
 from graphlint.engine import load_rules
@@ -23,6 +24,16 @@ from test_compile_analysis_real_calls import FINITE, GRAPH_LAYER, OWN_INIT, ROTA
 from test_gl301_gl302_compile import CASES, RECOMPILES, TEMPLATE
 
 pytestmark = pytest.mark.compile
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shortcut_from_two_blocks():
+    """The comparisons below run the shortcut on models of four alike blocks, which the analysis otherwise
+    compiles whole because that is sooner (compile_regions.SHORTCUT_FROM_BLOCKS); what they check is that,
+    where the shortcut runs, it gives what the whole model gives. Children forked during a test inherit it."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(compile_regions, "SHORTCUT_FROM_BLOCKS", 2)
+        yield
 
 BLOCKS = '''
 import torch
@@ -298,3 +309,12 @@ def _made(path, factory: str) -> Target:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return normalize_factory_result(getattr(module, factory)())
+
+
+def test_the_shortcut_waits_for_enough_alike_blocks_to_pay_for_itself(tmp_path, monkeypatch):
+    path = write(tmp_path, "blocks.py", BLOCKS + "\n\ndef deep():\n    return Model(depth=6), (torch.randn(2, 8),)\n")
+    monkeypatch.setattr(compile_regions, "SHORTCUT_FROM_BLOCKS", 6)
+    # four alike blocks compile whole (sooner than the regions' copy and machinery); six through the regions
+    assert not has_alike_blocks(_made(path, "plain").model)
+    assert has_alike_blocks(_made(path, "deep").model)
+    assert not _analysed(path, "plain", None).shortcut
