@@ -206,13 +206,15 @@ def depends_on(project, spec: TargetSpec, ran: tuple[str, ...] = ()) -> tuple[tu
     the installed distributions it loaded, with their versions."""
     # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
     # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
+    # The project's files are found by their names first and only those are looked up on disk: a target's process
+    # has thousands of modules, and a stat of each cost about 20 ms a target.
     imported = {m.__file__ for name, m in list(sys.modules.items())
                 if name not in ("__main__", "__mp_main__") and isinstance(getattr(m, "__file__", None), str)
-                and os.path.isabs(m.__file__) and os.path.isfile(m.__file__)}
+                and os.path.isabs(m.__file__)}
+    own = {f for f in imported if project.is_first_party(f) and os.path.isfile(f)}
     extra = {str(spec.file)} if spec.file is not None else set()
     libraries, local_library_files = loaded_libraries()
-    inputs = tuple(sorted({f for f in imported if project.is_first_party(f)} | set(ran) | extra
-                          | set(local_library_files)))
+    inputs = tuple(sorted(own | set(ran) | extra | set(local_library_files)))
     return inputs, libraries
 
 
