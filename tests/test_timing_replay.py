@@ -200,3 +200,61 @@ def test_a_call_whose_tensors_would_pass_the_cap_is_not_made(tmp_path):
     huge = call_of(torch.ops.aten.exp.default, (small,), {}, written=2 << 30)
     times = time_calls([huge], 1, tmp_path)
     assert times.skipped == 1 and times.seconds == {} and times.measured == 0
+
+
+def test_threads_waiting_for_cores_are_told_from_threads_at_work(monkeypatch):
+    import time
+
+    from graphlint.timing import devices
+
+    # the product's seconds by clock: on one thread (thread_time) and on the threads (perf_counter)
+    seen = {}
+
+    def product(seconds_on_threads):
+        def call_seconds(run, clock, budget, median=False):
+            seen[clock] = torch.get_num_threads()
+            return 5e-6 if clock is time.thread_time else seconds_on_threads
+        return call_seconds
+
+    monkeypatch.setattr(devices, "call_seconds", product(8e-3))  # a scheduler slice a parallel region, as seen
+    threads = torch.get_num_threads()
+    assert devices.stalled_threads(2) == (8e-3, 5e-6)
+    assert seen == {time.thread_time: 1, time.perf_counter: 2} and torch.get_num_threads() == threads
+    assert devices.stalled_threads(1) is None
+    monkeypatch.setattr(devices, "call_seconds", product(4e-6))  # two threads at work: no slower than one
+    assert devices.stalled_threads(2) is None
+
+
+def test_calls_are_not_timed_or_cached_while_the_threads_wait_for_cores(models, tmp_path, monkeypatch):
+    from graphlint.timing import replay
+
+    calls = [r.call for r in _records(models, "dropout_mlp") if r.call is not None]
+    known, new = calls[:1], calls[1:]
+    monkeypatch.setattr(replay, "_machine_key", lambda threads: "machine")
+    time_calls(known, 2, tmp_path)  # a time measured before, when the machine was free: still used
+    cache = tmp_path / "machine.json"
+    before = cache.read_text()
+    monkeypatch.setattr(replay, "stalled_threads", lambda threads: (8e-3, 5e-6))
+    times = time_calls(calls, 2, tmp_path)
+    distinct_new = {call.key for call in new} - {call.key for call in known}
+    assert times.measured == 0 and set(times.seconds) == {known[0].key}
+    assert times.stalled == (len(distinct_new), 2, 8e-3, 5e-6)
+    assert cache.read_text() == before  # nothing the wait measured is kept
+    (note,) = times.notes()
+    assert "2 threads were waiting for cores (a 64 x 64 matrix product took 8.0 ms on them, 5 us on one)" in note
+    assert f"{len(distinct_new)} op call(s) were not timed" in note and "OMP_NUM_THREADS=1" in note
+
+
+def test_the_cpus_peaks_are_not_cached_when_measured_while_the_threads_wait(tmp_path, monkeypatch):
+    from graphlint.timing import devices
+
+    peaks = CpuPeaks("test cpu", 2, {"float32": [(1e3, 1e9), (1e9, 1e9)]}, [(1e3, 1e9), (1e9, 1e9)], dict(LAUNCH),
+                     1e-7, native={}, per_phase={}, zero_grad=0.0, host_scale=0.5)
+    measured = []
+    monkeypatch.setattr(devices, "measure_cpu", lambda threads, label: measured.append(threads) or peaks)
+    monkeypatch.setattr(devices, "stalled_threads", lambda threads: (8e-3, 5e-6))
+    assert devices.cpu_peaks(2, tmp_path) == peaks
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(devices, "stalled_threads", lambda threads: None)
+    assert devices.cpu_peaks(2, tmp_path) == peaks
+    assert devices.cpu_peaks(2, tmp_path) == peaks and measured == [2, 2]  # the third from the cache

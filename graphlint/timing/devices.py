@@ -186,6 +186,8 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     except (OSError, ValueError, KeyError, TypeError):
         pass
     peaks = measure_cpu(threads, label)
+    if stalled_threads(threads) is not None:
+        return peaks  # measured while the threads waited for cores: not this machine's, so not kept
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -194,6 +196,30 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     except OSError:
         pass  # a read-only home: measured again next time
     return peaks
+
+
+STALLED = 10.0  # a product this many times slower on the threads than on one thread: they wait for cores
+
+
+def stalled_threads(threads: int) -> tuple[float, float] | None:
+    """(seconds on `threads` threads, on one thread) of a 64 x 64 matrix product when the threads wait for cores,
+    else None (and for one thread). On a machine busier than its cores (two busy processes on two cores), every
+    parallel region waited a scheduler slice for its second thread, 8 ms whatever the op: a product, a GELU of
+    four numbers; what is measured then is the wait, and a cache would keep it."""
+    import torch
+
+    if threads <= 1:
+        return None
+    a = torch.ones(64, 64)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = call_seconds(lambda: torch.mm(a, a), time.thread_time, budget=0.0, median=True)
+        torch.set_num_threads(threads)
+        many = call_seconds(lambda: torch.mm(a, a), time.perf_counter, budget=0.0, median=True)
+    finally:
+        torch.set_num_threads(previous)
+    return (many, one) if many > STALLED * one else None
 
 
 MEASUREMENT = 15  # the version of what measure_cpu measures: a cache file of another version is measured again

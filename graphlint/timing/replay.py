@@ -30,7 +30,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from graphlint.timing.calls import OpCall, TensorLayout
-from graphlint.timing.devices import call_seconds, cache_folder, cpu_label
+from graphlint.timing.devices import cache_folder, call_seconds, cpu_label, stalled_threads
 from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 5  # what a cached time means; a cache of another version is measured again
@@ -50,9 +50,16 @@ class CallTimes:
     measured: int = 0  # calls timed in this run (the others came from the cache)
     failed: int = 0  # calls the CPU refused (they keep the roofline's price)
     skipped: int = 0  # calls past the budget or over LARGEST_CALL
+    stalled: tuple[int, int, float, float] | None = None  # calls not timed, threads, a product's seconds on them, on one
 
     def notes(self) -> list[str]:
         notes = []
+        if self.stalled:
+            calls, threads, many, one = self.stalled
+            notes.append(f"{calls} op call(s) were not timed: this CPU's {threads} threads were waiting for cores (a "
+                         f"64 x 64 matrix product took {many * 1e3:.1f} ms on them, {one * 1e6:.0f} us on one), so "
+                         "they are priced by the roofline and nothing was cached; run again when the machine is "
+                         "less busy, or with OMP_NUM_THREADS=1")
         if self.failed:
             notes.append(f"{self.failed} op call(s) could not be made again on this CPU and are priced by the "
                          "roofline")
@@ -87,12 +94,18 @@ def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None
         clock = time.thread_time if threads == 1 else time.perf_counter
         result.floor = _floor(cached)
         deadline = time.perf_counter() + budget
+        new = [key for key in distinct if key not in cached]
+        stalled = stalled_threads(threads) if new else None
+        if stalled is not None:
+            result.stalled = (len(new), threads, *stalled)
         for key, call in distinct.items():
             if key in cached:
                 if cached[key] is None:
                     result.failed += 1
                 else:
                     result.seconds[key] = cached[key]
+                continue
+            if stalled is not None:
                 continue
             if time.perf_counter() > deadline or call.footprint() > LARGEST_CALL:
                 result.skipped += 1
