@@ -288,10 +288,10 @@ def test_what_a_child_imported_of_graphlint_and_of_libraries_the_parent_imports_
     assert done.returncode == 0, done.stderr
     findings, modules = done.stdout.splitlines()[-2:]
     assert findings == "['GL101', 'GL101']"
-    assert modules == "['graphlint.locate.spans', 'libcst.metadata']"
+    assert modules == "['graphlint.locate.spans', 'libcst.metadata']"  # libcst's own import brings its metadata
 
 
-def test_only_graphlints_and_installed_libraries_modules_are_preloaded(tmp_path, monkeypatch):
+def test_only_graphlints_modules_and_installed_libraries_are_preloaded(tmp_path, monkeypatch):
     import importlib
 
     from graphlint.run.child import _preloadable
@@ -304,6 +304,32 @@ def test_only_graphlints_and_installed_libraries_modules_are_preloaded(tmp_path,
 
     names = {"project_module", "graphlint.locate.lines", "libcst.metadata", "libcst", "_thread", "sys"}
     try:
-        assert _preloadable(names) == ["graphlint.locate.lines", "libcst", "libcst.metadata"]
+        # a library's submodule stays out: the target's forward may have imported it under the capture's state
+        assert _preloadable(names) == ["graphlint.locate.lines", "libcst"]
     finally:
         sys.modules.pop("project_module")
+
+
+ARGUMENTS_AT_IMPORT = '''
+import argparse
+
+print("argslib says hello")  # at import, as some libraries do
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=1.0)
+OPTIONS = parser.parse_args()  # a child's argv is its target's; the parent's is graphlint's command line
+'''
+
+
+@pytest.mark.cli
+def test_a_library_that_prints_and_parses_arguments_at_import_is_preloaded_without_harm(project_dir):
+    # The first child imports the library; the warm parent imports it again before the second child: what it
+    # prints must stay out of the report on stdout, and its argparse exit must not end the run.
+    write(project_dir / "env" / "site-packages" / "argslib", "__init__.py", ARGUMENTS_AT_IMPORT)
+    write(project_dir, "first.py", "import argslib\n" + ATTENTION)
+    write(project_dir, "second.py", ATTENTION)
+    done = run_graphlint("check", "first.py:make", "second.py:make", "-j", "1", "--no-cache", "--ignore", "GL3",
+                         "--format", "json", cwd=project_dir,
+                         env={"PYTHONPATH": str(project_dir / "env" / "site-packages")})
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert sorted(f["rule"] for f in report["findings"]) == ["GL101", "GL101"]

@@ -144,16 +144,17 @@ def _exited(leaving: SystemExit, stage: str) -> str:
 
 
 def _preloadable(names: set[str]) -> list[str]:
-    """The newly imported modules a warm parent may import before its next child: graphlint's own and installed
-    libraries', each submodule by name (a package's own import leaves out submodules a child used, and graphlint's
-    span finder and rewriting modules, which every located finding needs, were never reported), never the
-    project's files; parents before children."""
+    """Among newly imported modules, those a warm parent may import before its next child: graphlint's own, each by
+    name (locating a finding imports its span finder and rewriting modules, which no library's top-level import
+    brings), and the top-level names of installed libraries (never their submodules: one the target's forward
+    imported ran under the capture's state, and imported again in the parent it could hold other values, such as a
+    tensor made at import on the CPU instead of meta); never the project's files."""
     found = set()
     for name in names:
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)
-        if name.startswith("_") or not isinstance(path, str):
+        if not isinstance(path, str):
             continue
-        if name == "graphlint" or name.startswith("graphlint.") or is_installed_file(path):
+        if name.startswith("graphlint.") or ("." not in name and not name.startswith("_") and is_installed_file(path)):
             found.add(name)
     return sorted(found)

@@ -10,6 +10,7 @@ never initialises CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import sys
@@ -107,10 +108,11 @@ class WarmParent:
                 continue
             self._tried.add(name)
             try:
-                with long_lived():
+                # What a library prints at import goes where a child's output goes, never into the report on stdout.
+                with long_lived(), contextlib.redirect_stdout(sys.stderr):
                     importlib.import_module(name)
-            except Exception:  # a library that fails here is only imported again, by the child that needs it
-                continue
+            except (Exception, SystemExit):  # a library that fails or exits here (argparse at import) is only
+                continue  # imported again, by the child that needs it
 
 
 def _needs_compile(job: LintJob) -> bool:
