@@ -115,7 +115,7 @@ def _priced(result: TargetResult, text: str, base: Path, locator: Locator, devic
         return result.findings
     reached("cost")
     from graphlint.memory.measure import Request
-    from graphlint.timing.devices import accelerator, cpu_peaks
+    from graphlint.timing.devices import CpuPeaks, accelerator, cpu_peaks
     from graphlint.timing.measure import time_step
 
     priced_on = accelerator(gpu) if gpu is not None else cpu_peaks(cpu_threads)
@@ -129,6 +129,8 @@ def _priced(result: TargetResult, text: str, base: Path, locator: Locator, devic
         result.notes.append(f"the findings' cost on {priced_on.label} was not estimated: the training step "
                             f"raised {one_line(error)}")
         return result.findings
+    if isinstance(priced_on, CpuPeaks):
+        result.notes.extend(priced_on.notes())
     return with_costs(result.findings, step_lines(records, priced_on, step))
 
 

@@ -237,14 +237,17 @@ class Session:
                               self.config.cost_gpu, self.config.cost_cpu)
 
     def _store(self, text: Item, result: TargetResult | Reported) -> None:
-        """Keep a fresh result in the cache (not a failure: the next run tries again). A cache hit is not
-        written back: it is there already."""
+        """Keep a fresh result in the cache (not a failure, nor an answer measured while the CPU's threads waited
+        for cores: the next run tries again). A cache hit is not written back: it is there already."""
+        from graphlint.timing.devices import spoiled_by_waiting
+
         if self.cache is None:
             return
         if isinstance(result, TargetResult):
-            if not result.errors:
+            if not result.errors and not spoiled_by_waiting(result.notes):
                 self.cache.store(self._keys.get(text) or self._key(text), result)
-        elif result.report is not None and not result.result.errors:
+        elif result.report is not None and not result.result.errors and not spoiled_by_waiting(
+                [*result.result.notes, *result.report.get("notes", ())]):
             self.cache.store_report(self._keys.get(text) or self._key(text), result.result, result.report)
 
     def _job(self, text: Item) -> Job:

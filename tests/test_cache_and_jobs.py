@@ -333,3 +333,16 @@ def test_a_library_that_prints_and_parses_arguments_at_import_is_preloaded_witho
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert sorted(f["rule"] for f in report["findings"]) == ["GL101", "GL101"]
+
+
+def test_an_answer_measured_while_the_threads_waited_for_cores_is_not_kept(tmp_path):
+    from graphlint.results import TargetResult
+    from graphlint.timing.devices import WAITING
+
+    write(tmp_path, "model.py", CLEAN)
+    session, _ = _session(tmp_path, cache=tmp_path / "cache")
+    spoiled = TargetResult("model.py:make", notes=[f"3 op call(s) were not timed: this CPU's 2 threads {WAITING}"])
+    session._store("model.py:make", spoiled)
+    assert not list((tmp_path / "cache").rglob("targets/*.json"))  # the next run measures again
+    session._store("model.py:make", TargetResult("model.py:make", notes=["the step ran on the CPU"]))
+    assert len(list((tmp_path / "cache").rglob("targets/*.json"))) == 1

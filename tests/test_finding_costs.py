@@ -153,10 +153,13 @@ def test_findings_priced_on_this_cpu_carry_its_name_and_are_cached_apart_from_a_
     from graphlint.timing.devices import cpu_label
 
     cache = ["--cache-dir", str(tmp_path / "cache")]
+    # One thread: with more, a busy machine's waiting threads would leave the answer out of the result cache,
+    # which the sorted run below reads (test_cache_and_jobs checks that such an answer is not kept).
+    one_thread = {"OMP_NUM_THREADS": "1"}
     answers = {}
     for device in (("--gpu", "h100"), ("--cpu",)):
         done = run_graphlint("check", "model.py:make", "--ignore", "GL3", "--format", "json", *cache, *device,
-                             cwd=model_dir)
+                             cwd=model_dir, env=one_thread)
         assert done.returncode == 1, done.stderr
         answers[device[0]] = {f["rule"]: f["cost"] for f in json.loads(done.stdout)["findings"]}
     on_cpu = answers["--cpu"]
@@ -168,7 +171,7 @@ def test_findings_priced_on_this_cpu_carry_its_name_and_are_cached_apart_from_a_
         assert cost["fix_saves"] is not None and cost["fix_saves"] <= cost["time_per_step"] < cost["step_seconds"]
     assert on_cpu["GL101"]["step_seconds"] != answers["--gpu"]["GL101"]["step_seconds"]
     sorted_text = run_graphlint("check", "model.py:make", "--ignore", "GL3", "--cpu", "--sort", "cost", *cache,
-                                cwd=model_dir)
+                                cwd=model_dir, env=one_thread)
     costly = max(on_cpu, key=lambda rule: on_cpu[rule]["time_per_step"])
     first = next(line for line in sorted_text.stdout.splitlines() if ": GL" in line)
     assert f" {costly} " in first and f"per step on {cpu_label()} at batch 4" in first

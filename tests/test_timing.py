@@ -292,8 +292,10 @@ def test_the_command_reports_flops_and_seconds_on_a_named_gpu(models, tmp_path):
 @pytest.mark.cli
 def test_the_command_prices_this_cpu_after_measuring_it_once(models, tmp_path):
     cache = tmp_path / "cache"
+    # One thread: with more, a busy machine's waiting threads would (rightly) leave nothing cached
+    # (test_timing_replay checks that with stand-in waits).
     first = run_graphlint("time", f"{models}:mlp", "--cpu", "--format", "json", "--no-cache",
-                          cwd=tmp_path, env={"XDG_CACHE_HOME": str(cache)})
+                          cwd=tmp_path, env={"XDG_CACHE_HOME": str(cache), "OMP_NUM_THREADS": "1"})
     assert first.returncode == 0, first.stderr
     [measured] = list((cache / "graphlint" / "cpu-peaks").iterdir())
     peaks = json.loads(measured.read_text())

@@ -207,21 +207,27 @@ def test_threads_waiting_for_cores_are_told_from_threads_at_work(monkeypatch):
 
     from graphlint.timing import devices
 
-    # the product's seconds by clock: on one thread (thread_time) and on the threads (perf_counter)
-    seen = {}
+    seen = []
 
-    def product(seconds_on_threads):
-        def call_seconds(run, clock, budget, median=False):
-            seen[clock] = torch.get_num_threads()
-            return 5e-6 if clock is time.thread_time else seconds_on_threads
-        return call_seconds
+    def one_thread(run, clock, budget, median=False):  # the product's median on one thread, by its CPU time
+        seen.append((clock, torch.get_num_threads()))
+        return 5e-6
 
-    monkeypatch.setattr(devices, "call_seconds", product(8e-3))  # a scheduler slice a parallel region, as seen
+    def on_the_threads(calls):
+        def single_calls(run, count):
+            seen.append(("single", torch.get_num_threads()))
+            return calls[:count]
+        return single_calls
+
+    monkeypatch.setattr(devices, "call_seconds", one_thread)
     threads = torch.get_num_threads()
-    assert devices.stalled_threads(2) == (8e-3, 5e-6)
-    assert seen == {time.thread_time: 1, time.perf_counter: 2} and torch.get_num_threads() == threads
+    # two calls a scheduler slice long, as seen with two busy processes on two cores
+    monkeypatch.setattr(devices, "_single_calls", on_the_threads([4e-6] * 18 + [8e-3, 8.1e-3]))
+    assert devices.stalled_threads(2) == (8.1e-3, 5e-6)
+    assert seen == [(time.thread_time, 1), ("single", 2)] and torch.get_num_threads() == threads
     assert devices.stalled_threads(1) is None
-    monkeypatch.setattr(devices, "call_seconds", product(4e-6))  # two threads at work: no slower than one
+    # one preempted call is not a stall; threads at work are no slower than one
+    monkeypatch.setattr(devices, "_single_calls", on_the_threads([4e-6] * 19 + [8e-3]))
     assert devices.stalled_threads(2) is None
 
 
@@ -231,6 +237,7 @@ def test_calls_are_not_timed_or_cached_while_the_threads_wait_for_cores(models, 
     calls = [r.call for r in _records(models, "dropout_mlp") if r.call is not None]
     known, new = calls[:1], calls[1:]
     monkeypatch.setattr(replay, "_machine_key", lambda threads: "machine")
+    monkeypatch.setattr(replay, "stalled_threads", lambda threads: None)
     time_calls(known, 2, tmp_path)  # a time measured before, when the machine was free: still used
     cache = tmp_path / "machine.json"
     before = cache.read_text()
@@ -252,9 +259,24 @@ def test_the_cpus_peaks_are_not_cached_when_measured_while_the_threads_wait(tmp_
                      1e-7, native={}, per_phase={}, zero_grad=0.0, host_scale=0.5)
     measured = []
     monkeypatch.setattr(devices, "measure_cpu", lambda threads, label: measured.append(threads) or peaks)
-    monkeypatch.setattr(devices, "stalled_threads", lambda threads: (8e-3, 5e-6))
-    assert devices.cpu_peaks(2, tmp_path) == peaks
-    assert list(tmp_path.iterdir()) == []
+    checks = iter([None, (8e-3, 5e-6)])  # the threads came to wait while the peaks were measured
+    monkeypatch.setattr(devices, "stalled_threads", lambda threads: next(checks))
+    stalled = devices.cpu_peaks(2, tmp_path)
+    assert stalled.stalled == (8e-3, 5e-6) and list(tmp_path.iterdir()) == []
+    (note,) = stalled.notes()
+    assert "2 threads were waiting for cores while its peaks were measured" in note and "not cached" in note
     monkeypatch.setattr(devices, "stalled_threads", lambda threads: None)
-    assert devices.cpu_peaks(2, tmp_path) == peaks
+    assert devices.cpu_peaks(2, tmp_path) == peaks and peaks.notes() == []
     assert devices.cpu_peaks(2, tmp_path) == peaks and measured == [2, 2]  # the third from the cache
+
+
+def test_calls_timed_while_the_threads_came_to_wait_are_dropped(models, tmp_path, monkeypatch):
+    from graphlint.timing import replay
+
+    calls = [r.call for r in _records(models, "dropout_mlp") if r.call is not None]
+    checks = iter([None, (8e-3, 5e-6)])  # free before the calls, waiting after them
+    monkeypatch.setattr(replay, "stalled_threads", lambda threads: next(checks))
+    times = time_calls(calls, 2, tmp_path)
+    distinct = {call.key for call in calls}
+    assert times.seconds == {} and times.measured == 0 and times.stalled == (len(distinct), 2, 8e-3, 5e-6)
+    assert list(tmp_path.iterdir()) == []  # nothing cached

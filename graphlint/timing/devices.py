@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,18 @@ class CpuPeaks:
     # a forward's seconds on this CPU per second of its host side probed on meta (graphlint.timing.record
     # .HostProbe), both measured on the micro-step's forward, whose kernels are tiny; 0.0 if not measured
     host_scale: float = 0.0
+    # (seconds on the threads, on one) of the stall probe's product when these were measured while the threads
+    # waited for cores (stalled_threads): such peaks are not this machine's and are never cached
+    stalled: tuple[float, float] | None = None
+
+    def notes(self) -> list[str]:
+        if self.stalled is None:
+            return []
+        many, one = self.stalled
+        return [f"this CPU's {self.threads} threads {WAITING} while its peaks were measured (a 64 x 64 "
+                f"matrix product took {many * 1e3:.1f} ms on them, {one * 1e6:.0f} us on one), so its times are not "
+                "this machine's and were not cached; run again when the machine is less busy, or with "
+                "OMP_NUM_THREADS=1"]
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
@@ -185,9 +198,12 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
                         host_scale=data["host_scale"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    stalled = stalled_threads(threads)
     peaks = measure_cpu(threads, label)
-    if stalled_threads(threads) is not None:
-        return peaks  # measured while the threads waited for cores: not this machine's, so not kept
+    stalled = stalled or stalled_threads(threads)
+    if stalled is not None:
+        # measured while the threads waited for cores: not this machine's, so not kept, and said
+        return dataclasses.replace(peaks, stalled=stalled)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -198,14 +214,26 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     return peaks
 
 
+WAITING = "were waiting for cores"  # in each note of a measurement the threads' wait for cores spoiled
+
+
+def spoiled_by_waiting(notes) -> bool:
+    """Whether these notes say a measurement was made while the threads waited for cores (stalled_threads): an
+    answer made of it is not kept in the result cache, so that the next run measures again."""
+    return any(WAITING in note for note in notes)
+
+
 STALLED = 10.0  # a product this many times slower on the threads than on one thread: they wait for cores
+STALL_PROBES = 20  # single products timed on the threads; two that slow mean a stall
 
 
 def stalled_threads(threads: int) -> tuple[float, float] | None:
     """(seconds on `threads` threads, on one thread) of a 64 x 64 matrix product when the threads wait for cores,
-    else None (and for one thread). On a machine busier than its cores (two busy processes on two cores), every
-    parallel region waited a scheduler slice for its second thread, 8 ms whatever the op: a product, a GELU of
-    four numbers; what is measured then is the wait, and a cache would keep it."""
+    else None (and for one thread). On a machine busier than its cores (two busy processes on two cores), a
+    parallel region waited a scheduler slice for its second thread, 8 ms whatever the op (a product, a GELU of
+    four numbers), in stretches: so STALL_PROBES single calls are timed, and two of them STALLED times one
+    thread's median mean a stall (a quiet machine's products take microseconds; one preempted call is not a
+    stall). What is measured during one is the wait, and a cache would keep it."""
     import torch
 
     if threads <= 1:
@@ -216,10 +244,22 @@ def stalled_threads(threads: int) -> tuple[float, float] | None:
         torch.set_num_threads(1)
         one = call_seconds(lambda: torch.mm(a, a), time.thread_time, budget=0.0, median=True)
         torch.set_num_threads(threads)
-        many = call_seconds(lambda: torch.mm(a, a), time.perf_counter, budget=0.0, median=True)
+        calls = _single_calls(lambda: torch.mm(a, a), STALL_PROBES)
     finally:
         torch.set_num_threads(previous)
-    return (many, one) if many > STALLED * one else None
+    slow = sorted(seconds for seconds in calls if seconds > STALLED * one)
+    return (slow[len(slow) // 2], one) if len(slow) >= 2 else None
+
+
+def _single_calls(run, count: int) -> list[float]:
+    """The wall seconds of each of `count` calls of `run`, one at a time, after one untimed call."""
+    run()
+    calls = []
+    for _ in range(count):
+        started = time.perf_counter()
+        run()
+        calls.append(time.perf_counter() - started)
+    return calls
 
 
 MEASUREMENT = 15  # the version of what measure_cpu measures: a cache file of another version is measured again

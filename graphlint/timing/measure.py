@@ -53,7 +53,7 @@ def time_step(text: str, base: Path, request: Request, device: Accelerator | Cpu
     result = price(records, device, text, recording.parameters)
     result.optimizer, result.train_on, result.autocast = request.optimizer, request.train_on, request.autocast
     result.batch, result.seq = estimate.batch, estimate.seq
-    result.notes = list(estimate.notes) + (times.notes() if times is not None else [])
+    result.notes = list(estimate.notes) + (device.notes() if on_cpu else []) + (times.notes() if times is not None else [])
     if times is not None and times.seconds:
         result.device_source += f"; {len(times.seconds)} distinct op calls timed on it"
     return result, records

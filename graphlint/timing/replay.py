@@ -30,7 +30,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from graphlint.timing.calls import OpCall, TensorLayout
-from graphlint.timing.devices import cache_folder, call_seconds, cpu_label, stalled_threads
+from graphlint.timing.devices import WAITING, cache_folder, call_seconds, cpu_label, stalled_threads
 from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 5  # what a cached time means; a cache of another version is measured again
@@ -56,7 +56,7 @@ class CallTimes:
         notes = []
         if self.stalled:
             calls, threads, many, one = self.stalled
-            notes.append(f"{calls} op call(s) were not timed: this CPU's {threads} threads were waiting for cores (a "
+            notes.append(f"{calls} op call(s) were not timed: this CPU's {threads} threads {WAITING} (a "
                          f"64 x 64 matrix product took {many * 1e3:.1f} ms on them, {one * 1e6:.0f} us on one), so "
                          "they are priced by the roofline and nothing was cached; run again when the machine is "
                          "less busy, or with OMP_NUM_THREADS=1")
@@ -117,6 +117,14 @@ def time_calls(calls: Iterable[OpCall], threads: int, folder: Path | None = None
                 result.failed += 1
             else:
                 result.seconds[key] = seconds
+        stalled = stalled_threads(threads) if fresh else None
+    if stalled is not None:  # the threads waited by the end: what was measured may be the wait, so none of it counts
+        result.stalled = (len(fresh), threads, *stalled)
+        for key in fresh:
+            result.seconds.pop(key, None)
+        result.failed -= sum(seconds is None for seconds in fresh.values())
+        result.measured = 0
+        fresh = {}
     if fresh:
         _write(path, {**cached, **fresh, "floor": result.floor})
     return result
