@@ -16,8 +16,9 @@ import os
 import platform
 import statistics
 import time
-import dataclasses
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 TERA = 1e12
@@ -124,11 +125,8 @@ class CpuPeaks:
     def notes(self) -> list[str]:
         if self.stalled is None:
             return []
-        many, one = self.stalled
-        return [f"this CPU's {self.threads} threads {WAITING} while its peaks were measured (a 64 x 64 "
-                f"matrix product took {many * 1e3:.1f} ms on them, {one * 1e6:.0f} us on one), so its times are not "
-                "this machine's and were not cached; run again when the machine is less busy, or with "
-                "OMP_NUM_THREADS=1"]
+        return [waiting_note(self.threads, "while its peaks were measured", self.stalled,
+                             "so its times are not this machine's and were not cached")]
 
     def flops_at(self, dtype: str, flops: float, kind: str = "matmul", direction: str = "forward") -> float:
         """The FLOP/s an op of this dtype, class and size reaches, read from the measured curve (log-linear): a
@@ -203,7 +201,7 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
     stalled = stalled or stalled_threads(threads)
     if stalled is not None:
         # measured while the threads waited for cores: not this machine's, so not kept, and said
-        return dataclasses.replace(peaks, stalled=stalled)
+        return replace(peaks, stalled=stalled)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -215,6 +213,28 @@ def cpu_peaks(threads: int | None = None, folder: Path | None = None) -> CpuPeak
 
 
 WAITING = "were waiting for cores"  # in each note of a measurement the threads' wait for cores spoiled
+
+
+def waiting_note(threads: int, when: str, stalled: tuple[float, float], consequence: str) -> str:
+    """The note of a measurement the threads' wait spoiled (`stalled`: stalled_threads' seconds)."""
+    many, one = stalled
+    during = f" {when}" if when else ""
+    return (f"this CPU's {threads} threads {WAITING}{during} (a 64 x 64 matrix product took {many * 1e3:.1f} ms on "
+            f"them, {one * 1e6:.0f} us on one), {consequence}; run again when the machine is less busy, or with "
+            "OMP_NUM_THREADS=1")
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `count` for the block, and given back after it."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def spoiled_by_waiting(notes) -> bool:
@@ -239,14 +259,10 @@ def stalled_threads(threads: int) -> tuple[float, float] | None:
     if threads <= 1:
         return None
     a = torch.ones(64, 64)
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = call_seconds(lambda: torch.mm(a, a), time.thread_time, budget=0.0, median=True)
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         calls = _single_calls(lambda: torch.mm(a, a), STALL_PROBES)
-    finally:
-        torch.set_num_threads(previous)
     slow = sorted(seconds for seconds in calls if seconds > STALLED * one)
     return (slow[len(slow) // 2], one) if len(slow) >= 2 else None
 
@@ -285,11 +301,9 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
     given back."""
     import torch
 
-    previous = torch.get_num_threads()
-    try:
-        # The fixed costs are the dispatcher's and Python's, which one thread runs; with a second intra-op thread on
-        # a loaded machine, the micro-step was seen to take 15x its time (parallel regions waiting for a thread).
-        torch.set_num_threads(1)
+    # The fixed costs are the dispatcher's and Python's, which one thread runs; with a second intra-op thread on a
+    # loaded machine, the micro-step was seen to take 15x its time (parallel regions waiting for a thread).
+    with torch_threads(1):
         tiny = torch.ones(4)
         view = call_seconds(lambda: tiny.view(2, 2), time.thread_time, budget=0.1, median=True)
         plain = call_seconds(lambda: torch.add(tiny, tiny), time.thread_time, budget=0.1, median=True)
@@ -297,8 +311,8 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         zero_grad = _zero_grad_cost(time.thread_time)
         host_scale = _host_scale()
         native = _native_cost(time.thread_time, view)
-        torch.set_num_threads(threads)
-        clock = time.thread_time if threads == 1 else time.perf_counter
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    with torch_threads(threads):
         with torch.no_grad():
             matmul = {}
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -316,8 +330,6 @@ def measure_cpu(threads: int, label: str = "") -> CpuPeaks:
         conv = _convolutions(clock)
         attention = _attention(clock)
         recurrent = _recurrent(clock)
-    finally:
-        torch.set_num_threads(previous)
     return CpuPeaks(label or cpu_label(), threads, matmul, copy, launch, view, conv, attention, recurrent, native,
                     per_phase, zero_grad, host_scale)
 
@@ -346,15 +358,11 @@ def _host_scale(probes: int = 5) -> float:
         model, x = _chain(CHAIN // 2, device), torch.ones(1, 4, device=device)
         return lambda: model(x).sum()
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         on_cpu = call_seconds(chain("cpu"), time.perf_counter, budget=0.1, median=True)  # the probe's own clock
         on_meta = chain("meta")
         with torch.device("meta"):  # as the step's forward is probed: inside the capture's device context
             probed = sorted(sum(probe[1]) for probe in (probe_host(on_meta) for _ in range(probes)) if probe)
-    finally:
-        torch.set_num_threads(previous)
     host = probed[len(probed) // 2] if probed else 0.0
     return on_cpu / host if host > 0 else 0.0
 

@@ -30,7 +30,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from graphlint.timing.calls import OpCall, TensorLayout
-from graphlint.timing.devices import WAITING, cache_folder, call_seconds, cpu_label, stalled_threads
+from graphlint.timing.devices import (cache_folder, call_seconds, cpu_label, stalled_threads, torch_threads,
+                                      waiting_note)
 from graphlint.timing.record import OpRecord
 
 REPLAY_VERSION = 5  # what a cached time means; a cache of another version is measured again
@@ -56,10 +57,9 @@ class CallTimes:
         notes = []
         if self.stalled:
             calls, threads, many, one = self.stalled
-            notes.append(f"{calls} op call(s) were not timed: this CPU's {threads} threads {WAITING} (a "
-                         f"64 x 64 matrix product took {many * 1e3:.1f} ms on them, {one * 1e6:.0f} us on one), so "
-                         "they are priced by the roofline and nothing was cached; run again when the machine is "
-                         "less busy, or with OMP_NUM_THREADS=1")
+            notes.append(f"{calls} op call(s) were not timed: "
+                         + waiting_note(threads, "", (many, one),
+                                        "so they are priced by the roofline and nothing was cached"))
         if self.failed:
             notes.append(f"{self.failed} op call(s) could not be made again on this CPU and are priced by the "
                          "roofline")
@@ -215,14 +215,11 @@ def _time_one(call: OpCall, clock) -> float | None:
     bytes (more than those caches hold). Its output is freed at once, and the next call's output takes the same
     memory, as a step's allocations mostly take memory its earlier ones freed."""
     copies = max(1, min(MAX_COPIES, POOL // max(call.nbytes(), 1)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # filling the copies is not timed; one thread spares the others' wake-ups
     try:
-        sets = [(tree_map(_materialise, call.args), tree_map(_materialise, call.kwargs)) for _ in range(copies)]
+        with torch_threads(1):  # filling the copies is not timed; one thread spares the others' wake-ups
+            sets = [(tree_map(_materialise, call.args), tree_map(_materialise, call.kwargs)) for _ in range(copies)]
     except Exception:  # a layout the CPU cannot allocate
         return None
-    finally:
-        torch.set_num_threads(threads)
     turn = itertools.cycle(sets)
 
     def run():
@@ -242,9 +239,5 @@ def _floor(cached: dict) -> float:
     if value is not None:
         return float(value)
     one = torch.ones(4)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the dispatcher's cost, as devices' fixed costs: a second thread only adds waits
-    try:
+    with torch_threads(1):  # the dispatcher's cost, as devices' fixed costs: a second thread only adds waits
         return call_seconds(lambda: torch.ops.aten.add.Tensor(one, one), time.thread_time, budget=0.0, median=True)
-    finally:
-        torch.set_num_threads(threads)
