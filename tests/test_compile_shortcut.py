@@ -73,7 +73,7 @@ class Block(nn.Module):
             print(h.shape)
         if last:
             print(h.shape)
-        if self.kind in ("mutates", "reads"):
+        if self.kind == "mutates":
             h = h * self.scale
         if self.kind == "training":  # breaks only with gradients on, as in training
             h = h * torch.ones(h.shape[0], 1, requires_grad=h.requires_grad)
@@ -95,18 +95,6 @@ class Model(nn.Module):
             self.blocks[1].scale = self.blocks[1].scale + 1
         if self.kind == "config":
             CONFIG["scale"] = CONFIG["scale"] + 1
-        return x
-
-
-class Reads(Model):
-    """The glue changes an attribute that one block reads."""
-
-    def __init__(self):
-        super().__init__("reads")
-
-    def forward(self, x):
-        x = super().forward(x)
-        self.blocks[2].scale = self.blocks[2].scale + 1
         return x
 
 
@@ -142,10 +130,6 @@ def mutates():
     return Model("mutates"), (torch.randn(2, 8),)
 
 
-def reads():
-    return Reads(), (torch.randn(2, 8),)
-
-
 def flag():
     return Model("flag"), (torch.randn(2, 8),)
 
@@ -157,8 +141,10 @@ def config():
 def training():
     return Model("training"), (torch.randn(2, 8),)
 '''
+# One model per way the shortcut could hide what the whole model shows (a glue that changes what a block reads is
+# `mutates`; a subclass's glue doing the same was a twelfth model, which cost 5 s and checked nothing else).
 BLOCK_TARGETS = ("plain", "block_break", "last_block_breaks", "parity", "counter", "loop", "scaled", "mutates",
-                 "reads", "flag", "config", "training")
+                 "flag", "config", "training")
 
 
 def _seen(report) -> list:
@@ -233,7 +219,7 @@ def test_repeated_blocks_give_what_whole_model_compilation_gives(vary, block_ana
     flagged = {name for name, analysis in seen.items() if analysis.breaks or (vary and analysis.recompiles)}
     expected = {"block_break", "last_block_breaks", "parity", "flag", "training"}
     if vary:
-        expected |= {"counter", "loop", "mutates", "reads", "config"}
+        expected |= {"counter", "loop", "mutates", "config"}
     assert expected <= flagged
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import findings_of, fix_plan, lint_file, run_graphlint, validate_sarif, write
+from conftest import WITHOUT_COMPILE, findings_of, fix_plan, lint_file, run_graphlint, validate_sarif, write
 from graphlint.fix.prove import rewritten_files
 from graphlint.report.sarif import render_sarif
 from graphlint.results import Edit, Fix, from_wire, to_wire
@@ -107,7 +107,7 @@ def _stamp(path):
 def test_diff_prints_the_proven_fixes_and_writes_nothing(tmp_path):
     files = _project(tmp_path, model=GATE)
     before = _stamp(files["model"])
-    result = run_graphlint("check", "--diff", "model.py:make", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--diff", "model.py:make", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "-        self.act = nn.Sequential(nn.Sigmoid(), nn.ReLU(inplace=True))" in result.stdout
     assert "+        self.act = nn.Sequential(nn.Sigmoid(), nn.ReLU())" in result.stdout
@@ -137,7 +137,7 @@ def test_fix_writes_proven_fixes_keeps_the_rest_and_a_second_run_changes_nothing
     files = _project(tmp_path, model="import helper\n" + GATE, helper=HELPER)  # an imported file with no fixes
     expected = files["model"].read_text(encoding="utf-8").replace(GATE.strip(), FIXED_GATE.strip())
     helper_before = _stamp(files["helper"])
-    result = run_graphlint("check", "--fix", "model.py:make", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--fix", "model.py:make", cwd=tmp_path)
     assert files["model"].read_text(encoding="utf-8") == expected
     # What is left is reported: the write through .data, which autograd does not see (no fix keeps the gradients).
     assert result.returncode == 1
@@ -146,7 +146,7 @@ def test_fix_writes_proven_fixes_keeps_the_rest_and_a_second_run_changes_nothing
     assert "fixed 2 findings in 1 file" in result.stderr
     assert _stamp(files["helper"]) == helper_before
     fixed = _stamp(files["model"])
-    again = run_graphlint("check", "--fix", "model.py:make", cwd=tmp_path)
+    again = run_graphlint("check", *WITHOUT_COMPILE, "--fix", "model.py:make", cwd=tmp_path)
     assert "fixed 0 findings in 0 files" in again.stderr
     assert _stamp(files["model"]) == fixed
 
@@ -158,7 +158,7 @@ def test_a_fix_that_changes_what_the_model_computes_is_never_written_even_when_u
     files = _project(tmp_path, model=ALIASED)
     before = _stamp(files["model"])
     for flags in ((), ("--unsafe-fixes",)):
-        refused = run_graphlint("check", "--fix", *flags, "model.py:make", cwd=tmp_path)
+        refused = run_graphlint("check", *WITHOUT_COMPILE, "--fix", *flags, "model.py:make", cwd=tmp_path)
         assert "GL201 fix not applied, even with --unsafe-fixes: output 0 differs" in refused.stderr, refused.stderr
         assert "applied anyway" not in refused.stderr
         assert _stamp(files["model"]) == before
@@ -170,7 +170,7 @@ def test_a_fix_that_changes_what_the_model_computes_is_never_written_even_when_u
 def test_suppressed_findings_are_not_fixed(tmp_path):
     source = GATE.replace("gate *= 2   # scale the gate", "gate *= 2  # graphlint: ignore[GL201]")
     _project(tmp_path, model=source)
-    result = run_graphlint("check", "--diff", "model.py:make", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--diff", "model.py:make", cwd=tmp_path)
     assert "gate *= 2" not in result.stdout.replace("-        gate", "")
     assert "nn.ReLU()" in result.stdout
 

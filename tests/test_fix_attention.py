@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import findings_of, fix_plan, lint_file, run_graphlint, write
+from conftest import WITHOUT_COMPILE, findings_of, fix_plan, lint_file, run_graphlint, write
 from graphlint.rewrite.edits import apply_edits
 from graphlint.results import UNSAFE
 
@@ -189,12 +189,12 @@ def test_chains_the_fused_call_cannot_express_are_left_alone_with_the_reason(tmp
 @pytest.mark.cli
 def test_fix_rewrites_the_attention_and_the_finding_is_gone(tmp_path):
     path = _project(tmp_path, _source(FORMS["triu-made-in-the-forward-no-scale-matmul"][0]))
-    first = run_graphlint("check", "--fix", "model.py:make", cwd=tmp_path)
+    first = run_graphlint("check", *WITHOUT_COMPILE, "--fix", "model.py:make", cwd=tmp_path)
     assert "fixed 1 finding in 1 file" in first.stderr, first.stderr
     assert first.returncode == 0, first.stdout
     fixed = path.read_text(encoding="utf-8")
     assert "is_causal=True" in fixed and "masked_fill(future" not in fixed
-    again = run_graphlint("check", "model.py:make", cwd=tmp_path)
+    again = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", cwd=tmp_path)
     assert again.returncode == 0 and "GL101" not in again.stdout
 
 
@@ -214,6 +214,6 @@ def test_transformers_models_get_attn_implementation_sdpa_on_the_users_call(tmp_
             return model, (torch.randint(0, 64, (2, 8)),)
     '''
     path = _project(tmp_path, textwrap.dedent(source))
-    result = run_graphlint("check", "--fix", "model.py:make", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--fix", "model.py:make", cwd=tmp_path)
     assert "fixed 1 finding in 1 file" in result.stderr, result.stderr
     assert 'from_config(config, attn_implementation="sdpa")  # the slow path\n' in path.read_text(encoding="utf-8")

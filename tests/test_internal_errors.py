@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import graphlint.capture.device
-from conftest import lint_file, run_graphlint, write
+from conftest import WITHOUT_COMPILE, lint_file, run_graphlint, write
 from graphlint.capture.autograd import SavedTensorRecorder
 from graphlint.capture.forward import ForwardRecorder
 
@@ -129,11 +129,11 @@ def test_the_command_shows_the_traceback_of_an_internal_error_only_with_debug(pr
     write(project_dir, "model.py", MODEL)
     write(project_dir / "inject", "sitecustomize.py", SITECUSTOMIZE)
     env = {"PYTHONPATH": str(project_dir / "inject")}
-    plain = run_graphlint("check", "model.py:make", "--no-cache", cwd=project_dir, env=env)
+    plain = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", "--no-cache", cwd=project_dir, env=env)
     assert plain.returncode == 2
     assert "graphlint: error: model.py:make: internal error in graphlint while capturing (RuntimeError: injected fault)" \
         in plain.stderr
     assert "Traceback" not in plain.stderr
-    debug = run_graphlint("check", "model.py:make", "--no-cache", "--debug", cwd=project_dir, env=env)
+    debug = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", "--no-cache", "--debug", cwd=project_dir, env=env)
     assert debug.returncode == 2
     assert "Traceback" in debug.stderr and "in _injected" in debug.stderr

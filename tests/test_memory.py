@@ -15,7 +15,7 @@ from graphlint.memory.estimate import estimate
 from graphlint.memory.measure import Request, measure
 from graphlint.sizes import format_bytes, parse_bytes
 from graphlint.memory.step import run_step
-from conftest import run_graphlint, write
+from conftest import WITHOUT_COMPILE, run_graphlint, write
 
 
 def _estimate(model, *args, optimizer="adamw", loss=None, train_on="cuda"):
@@ -278,7 +278,7 @@ def test_the_memory_budget_is_read_from_pyproject_as_a_size(tmp_path):
 def test_gl401_fails_a_step_above_the_budget_in_sarif_and_names_the_savings(tmp_path):
     write(tmp_path, "pyproject.toml", '[tool.graphlint]\nmemory-budget = "1MiB"\n')
     write(tmp_path, "net.py", BUDGET_MODEL)
-    result = run_graphlint("check", "--no-cache", "net.py:make", "--format", "sarif", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--no-cache", "net.py:make", "--format", "sarif", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     [found] = json.loads(result.stdout)["runs"][0]["results"]
     assert found["ruleId"] == "GL401"
@@ -287,7 +287,7 @@ def test_gl401_fails_a_step_above_the_budget_in_sarif_and_names_the_savings(tmp_
     assert "above the memory budget of 1 MiB" in message
     assert "checkpointing the 4 blocks 0…3" in message and "batch" in message
     # The command line's budget wins over the file's: 64 MiB holds this step.
-    roomy = run_graphlint("check", "--no-cache", "net.py:make", "--memory-budget", "64MiB", "--format", "json",
+    roomy = run_graphlint("check", *WITHOUT_COMPILE, "--no-cache", "net.py:make", "--memory-budget", "64MiB", "--format", "json",
                           cwd=tmp_path)
     assert roomy.returncode == 0, roomy.stdout + roomy.stderr
 

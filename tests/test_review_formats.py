@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import line_of, lint_file, run_graphlint, write
+from conftest import WITHOUT_COMPILE, line_of, lint_file, run_graphlint, write
 from graphlint.rewrite.edits import apply_edits
 from graphlint.report.github import render_github
 from graphlint.report.markdown import render_markdown
@@ -122,7 +122,8 @@ def _project(folder: Path, source: str = MODEL) -> Path:
 @pytest.mark.cli
 def test_rdjson_is_valid_counts_utf8_bytes_and_its_suggestions_give_what_fix_writes(tmp_path):
     model = _project(tmp_path / "checked", model_source(LOGS, bias=False))
-    done = run_graphlint("check", "--format", "rdjson", "--report", "rdjsonl=out.rdjsonl", cwd=model.parent, env=NO_CI)
+    done = run_graphlint("check", *WITHOUT_COMPILE, "--format", "rdjson", "--report", "rdjsonl=out.rdjsonl",
+                         cwd=model.parent, env=NO_CI)
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert_valid(rdf_validator("DiagnosticResult.json"), result)
@@ -151,7 +152,7 @@ def test_rdjson_is_valid_counts_utf8_bytes_and_its_suggestions_give_what_fix_wri
 
     fixed = tmp_path / "fixed"
     shutil.copytree(model.parent, fixed, ignore=shutil.ignore_patterns(".graphlint_cache", "out.*"))
-    done = run_graphlint("check", "--fix", cwd=fixed, env=NO_CI)
+    done = run_graphlint("check", *WITHOUT_COMPILE, "--fix", cwd=fixed, env=NO_CI)
     assert "fixed 12 findings" in done.stderr, done.stderr
     expected = (fixed / "model.py").read_text(encoding="utf-8")
     assert expected != model.read_text(encoding="utf-8")
@@ -162,13 +163,13 @@ def test_rdjson_is_valid_counts_utf8_bytes_and_its_suggestions_give_what_fix_wri
 @pytest.mark.cli
 def test_a_fix_declared_unsafe_is_suggested_only_with_unsafe_fixes(tmp_path):
     model = _project(tmp_path, model_source(1))
-    done = run_graphlint("check", "--format", "rdjsonl", cwd=tmp_path, env=NO_CI)
+    done = run_graphlint("check", *WITHOUT_COMPILE, "--format", "rdjsonl", cwd=tmp_path, env=NO_CI)
     assert done.returncode == 1, done.stderr
     found = {d["code"]["value"]: d for d in map(json.loads, done.stdout.splitlines())}
     assert "suggestions" not in found["GL105"] and len(found["GL204"]["suggestions"]) == 1
     assert "GL105 fix not suggested: declared unsafe: " in done.stderr and "state dict" in done.stderr
 
-    done = run_graphlint("check", "--format", "rdjsonl", "--unsafe-fixes", cwd=tmp_path, env=NO_CI)
+    done = run_graphlint("check", *WITHOUT_COMPILE, "--format", "rdjsonl", "--unsafe-fixes", cwd=tmp_path, env=NO_CI)
     found = [json.loads(line) for line in done.stdout.splitlines()]
     assert [len(d.get("suggestions", [])) for d in found] == [1, 0, 1]  # GL105, GL203, GL204 in line order
     assert "GL105 fix suggested anyway (--unsafe-fixes)" in done.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import line_of, run_graphlint, write
+from conftest import WITHOUT_COMPILE, line_of, run_graphlint, write
 
 pytestmark = pytest.mark.cli  # CI runs these against the installed wheel too
 
@@ -125,15 +125,15 @@ def plugin(tmp_path_factory) -> Path:
 def test_a_plugin_rule_reports_through_the_real_command_and_the_built_in_findings_stay_as_they_were(plugin,
                                                                                                         project_dir):
     model = write(project_dir, "model.py", MODELS)
-    flagged = graphlint_with(plugin, "check", "model.py:without_bias", "--no-cache", cwd=project_dir)
+    flagged = graphlint_with(plugin, "check", *WITHOUT_COMPILE, "model.py:without_bias", "--no-cache", cwd=project_dir)
     assert flagged.returncode == 1, flagged.stderr
     line = line_of(model, "nn.Linear(8, 8, bias=bias)")
     assert [row.split(":", 1)[1] for row in flagged.stdout.splitlines() if ".py:" in row] == [
         f"{line}:22: GLX001 This layer has no bias."], flagged.stdout  # one layer: the other has a bias
 
-    clean = graphlint_with(plugin, "check", "model.py:with_bias", "--no-cache", cwd=project_dir)
+    clean = graphlint_with(plugin, "check", *WITHOUT_COMPILE, "model.py:with_bias", "--no-cache", cwd=project_dir)
     assert "GLX001" not in clean.stdout and f"model.py:{line}:22: GL105 " in clean.stdout, clean.stdout
-    without_plugin = run_graphlint("check", "model.py:with_bias", "--no-cache", cwd=project_dir)
+    without_plugin = run_graphlint("check", *WITHOUT_COMPILE, "model.py:with_bias", "--no-cache", cwd=project_dir)
     assert (clean.returncode, clean.stdout, clean.stderr) == (
         without_plugin.returncode, without_plugin.stdout, without_plugin.stderr)  # the built-in rules' output as before
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import findings_of, line_of, lint_file, run_graphlint, validate_sarif, write
+from conftest import WITHOUT_COMPILE, findings_of, line_of, lint_file, run_graphlint, validate_sarif, write
 from graphlint.config import Config
 from graphlint.policy import apply_policy
 from graphlint.project import Project
@@ -102,8 +102,8 @@ def test_suppressed_findings_leave_every_format_unless_asked_for(tmp_path):
 def test_show_suppressed_on_the_command_line(project_dir):
     write(project_dir, "model.py", model(trailing="# graphlint: ignore[GL101]").replace(
         "self.spare = nn.Linear(16, 16)", "pass"))
-    hidden = run_graphlint("check", "model.py:make", cwd=project_dir)
-    shown = run_graphlint("check", "model.py:make", "--show-suppressed", cwd=project_dir)
+    hidden = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", cwd=project_dir)
+    shown = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", "--show-suppressed", cwd=project_dir)
     assert hidden.returncode == shown.returncode == 0
     assert "GL101" not in hidden.stdout and "GL101" in shown.stdout
 

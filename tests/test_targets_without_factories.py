@@ -13,7 +13,7 @@ from graphlint.errors import TargetFailure, UsageError
 from graphlint.inputs import parse_input
 from graphlint.target import TargetSpec, load_factory, target_text
 
-from conftest import line_of, run_graphlint, write
+from conftest import WITHOUT_COMPILE, line_of, run_graphlint, write
 
 NETS = """
 import math
@@ -160,18 +160,18 @@ def test_table_form_targets_in_pyproject(tmp_path):
 def test_class_targets_find_the_planted_problems_and_nothing_in_clean_ones(tmp_path):
     nets = write(tmp_path, "models/nets.py", NETS)
     write(tmp_path, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n')
-    lm = run_graphlint("check", "models/nets.py:TinyLM", "--input", "int64[2,7]:0..50", "--input", "keep=bool[2,7]",
-                       "--init", "vocab=50", "--no-cache", "--format", "json", cwd=tmp_path)
+    lm = run_graphlint("check", *WITHOUT_COMPILE, "models/nets.py:TinyLM", "--input", "int64[2,7]:0..50",
+                       "--input", "keep=bool[2,7]", "--init", "vocab=50", "--no-cache", "--format", "json", cwd=tmp_path)
     found = json.loads(lm.stdout)
     assert lm.returncode == 1, lm.stderr
     assert [(f["rule"], f["location"]["line"]) for f in found["findings"]] == [("GL101", line_of(nets, "F.softmax"))]
     assert "--input 'int64[2,7]:0..50'" in found["findings"][0]["targets"][0]  # the identity includes the inputs
-    others = run_graphlint("check", "models/nets.py:Clean", "models/nets.py:Pooled", "--input", "float32[2,8]",
+    others = run_graphlint("check", *WITHOUT_COMPILE, "models/nets.py:Clean", "models/nets.py:Pooled", "--input", "float32[2,8]",
                            "--no-cache", cwd=tmp_path)
     # Pooled has example_inputs() but --input names another shape: it fails cleanly and Clean is still linted.
     assert others.returncode == 2 and others.stdout.startswith("No findings in 2 targets"), others.stdout
     assert "models/nets.py:Pooled --input 'float32[2,8]': the forward raised" in others.stderr
-    example = run_graphlint("check", "models/nets.py:Pooled", "--no-cache", cwd=tmp_path)
+    example = run_graphlint("check", *WITHOUT_COMPILE, "models/nets.py:Pooled", "--no-cache", cwd=tmp_path)
     assert example.stdout.startswith(f"models/nets.py:{line_of(nets, 'torch.log(')}:") and "GL204" in example.stdout
 
 

@@ -244,7 +244,8 @@ def test_a_second_identical_time_is_answered_from_the_cache_without_torch(model,
 
 
 def test_a_memory_measured_with_other_threads_is_not_answered_from_the_cache(model):
-    first = run_graphlint("memory", "model.py:make", "--train-on", "cpu", "--format", "json", cwd=model)
+    first = run_graphlint("memory", "model.py:make", "--train-on", "cpu", "--format", "json", cwd=model,
+                          env={"OMP_NUM_THREADS": "2"})
     assert first.returncode == 0, first.stderr
     calls = made(model)
     again = run_graphlint("memory", "model.py:make", "--train-on", "cpu", "--format", "json", cwd=model,
