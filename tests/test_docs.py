@@ -54,9 +54,7 @@ def test_contributings_two_commands_are_the_ones_ci_runs():
     install, tests = _first_bash_block(CONTRIBUTING)
     ci = re.sub(r"\s*\\\n\s*", " ", (REPO / ".ci" / "run").read_text(encoding="utf-8")).splitlines()  # a command a line
     assert install == 'python3 -m venv .venv && .venv/bin/pip install -c constraints.txt -e ".[test]"'
-    # The same install, without compiling bytecode ahead (CONTRIBUTING.md says why CI leaves that to first use).
-    assert "python3 -m venv .venv" in ci and \
-        '.venv/bin/pip install --quiet --no-compile -c constraints.txt -e ".[test]"' in ci
+    assert "python3 -m venv .venv" in ci and '.venv/bin/pip install --quiet -c constraints.txt -e ".[test]"' in ci
     # CI runs the test command in two parts, each test once: all but the command-line tests editable, then
     # those against the installed wheel.
     assert any(line == f'{tests} -m "not cli"' or line.startswith(f'{tests} -m "not cli" --') for line in ci)
