@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import run_graphlint, write
+from conftest import WITHOUT_COMPILE, run_graphlint, write
 from test_cli import ATTENTION, CLEAN
 
 # Runs graphlint with `import torch` made impossible: only a run the cache answers in full can succeed.
@@ -86,17 +86,20 @@ def _run_with_site(site, *args, cwd, torch: bool = True):
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+CHECK = ("check", *WITHOUT_COMPILE, "model.py:make")  # the library's attention is what these runs are about
+
+
 def test_upgrading_an_installed_library_lints_again(project_dir, tmp_path_factory):
     site = tmp_path_factory.mktemp("env") / "site-packages"
     _install(site, "attnlib", "1.0", HAND_WRITTEN)
     write(project_dir, "model.py", "import torch\nfrom attnlib import Attention\n\n\n"
                                    "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
-    first = _run_with_site(site, "check", "model.py:make", cwd=project_dir)
+    first = _run_with_site(site, *CHECK, cwd=project_dir)
     assert first.returncode == 1 and "GL101" in first.stdout, first.stderr
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 1  # cached
+    assert _run_with_site(site, *CHECK, cwd=project_dir, torch=False).returncode == 1  # cached
     _install(site, "attnlib", "2.0", FUSED)
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 2  # a miss
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 0
+    assert _run_with_site(site, *CHECK, cwd=project_dir, torch=False).returncode == 2  # a miss
+    assert _run_with_site(site, *CHECK, cwd=project_dir).returncode == 0
 
 
 def test_a_library_installed_from_a_local_path_is_tracked_by_content(project_dir, tmp_path_factory):
@@ -105,11 +108,11 @@ def test_a_library_installed_from_a_local_path_is_tracked_by_content(project_dir
     _install(site, "attnlib", "1.0", HAND_WRITTEN, from_path)
     write(project_dir, "model.py", "import torch\nfrom attnlib import Attention\n\n\n"
                                    "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 1
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 1  # cached
+    assert _run_with_site(site, *CHECK, cwd=project_dir).returncode == 1
+    assert _run_with_site(site, *CHECK, cwd=project_dir, torch=False).returncode == 1  # cached
     _install(site, "attnlib", "1.0", FUSED, from_path)  # reinstalled from the edited source: same version
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir, torch=False).returncode == 2  # a miss
-    assert _run_with_site(site, "check", "model.py:make", cwd=project_dir).returncode == 0
+    assert _run_with_site(site, *CHECK, cwd=project_dir, torch=False).returncode == 2  # a miss
+    assert _run_with_site(site, *CHECK, cwd=project_dir).returncode == 0
 
 
 def test_the_cache_folder_moves_with_an_option_or_the_environment_no_cache_captures_and_progress_is_on_terminals(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, line_of, run_graphlint, validate_sarif, write
+from conftest import WITHOUT_COMPILE, REPO, line_of, run_graphlint, validate_sarif, write
 
 pytestmark = pytest.mark.cli  # CI runs these against the installed wheel too
 
@@ -156,7 +156,8 @@ def test_a_target_file_can_import_its_siblings_and_a_module_target_works(project
     write(project_dir, "pkg/factories.py", "import torch\nfrom pkg.layers import Attention\n\n\n"
                                            "def make():\n    return Attention(), (torch.randn(2, 8, 16),)\n")
     # Both in one run: an error of either would be a line on stderr and exit 2; each one's findings are the sibling's.
-    result = run_graphlint("check", "pkg/entry.py:make", "pkg.factories:make", "--format", "json", cwd=project_dir)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "pkg/entry.py:make", "pkg.factories:make", "--format", "json",
+                           cwd=project_dir)
     assert result.returncode == 1, result.stderr
     findings = json.loads(result.stdout)["findings"]
     for target in ("pkg/entry.py:make", "pkg.factories:make"):

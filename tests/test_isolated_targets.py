@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import line_of, run_graphlint, validate_sarif, write
+from conftest import WITHOUT_COMPILE, line_of, run_graphlint, validate_sarif, write
 from test_cli import ATTENTION, CLEAN
 
 pytestmark = pytest.mark.cli
@@ -43,7 +43,7 @@ def test_same_named_sibling_modules_of_two_targets_stay_apart(project_dir):
     write(project_dir / "fused", "model.py", MODEL)
     manual = write(project_dir / "manual", "layers.py", LAYERS_MANUAL)
     write(project_dir / "manual", "model.py", MODEL)
-    result = run_graphlint("check", "fused/model.py:target", "manual/model.py:target", "--no-cache",
+    result = run_graphlint("check", *WITHOUT_COMPILE, "fused/model.py:target", "manual/model.py:target", "--no-cache",
                            "--format", "json", cwd=project_dir)
     assert result.returncode == 1, result.stderr
     [finding] = json.loads(result.stdout)["findings"]
@@ -87,7 +87,7 @@ def make():
 def test_a_global_module_hook_installed_by_one_target_does_not_reach_the_next(project_dir):
     write(project_dir, "hooker.py", HOOKER)
     victim = write(project_dir, "victim.py", VICTIM)
-    result = run_graphlint("check", "hooker.py:make", "victim.py:make", "--no-cache", "--format", "json",
+    result = run_graphlint("check", *WITHOUT_COMPILE, "hooker.py:make", "victim.py:make", "--no-cache", "--format", "json",
                            cwd=project_dir)
     findings = json.loads(result.stdout)["findings"]
     assert [(f["rule"], f["location"]["line"]) for f in findings] == [("GL201", line_of(victim, "h.mul_(2)"))]
@@ -203,7 +203,8 @@ def test_a_target_whose_process_dies_is_one_error_and_the_others_are_kept(projec
 def test_the_timeout_stops_a_hang_inside_native_code(project_dir):
     write(project_dir, "sleeps.py", NATIVE_HANG)
     write(project_dir, "good.py", ATTENTION)
-    result = run_graphlint("check", "sleeps.py:make", "good.py:make", "--timeout", "5", "--no-cache", cwd=project_dir)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "sleeps.py:make", "good.py:make", "--timeout", "5", "--no-cache",
+                           cwd=project_dir)
     assert result.returncode == 2
     assert "graphlint: error: sleeps.py:make: did not finish within 5 s (--timeout) during the forward" \
         in result.stderr

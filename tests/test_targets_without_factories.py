@@ -188,7 +188,7 @@ def test_each_bad_class_target_is_one_line_with_exit_2_and_the_others_are_still_
             "models/nets.py:NoInputs",
         ]
     """)
-    result = run_graphlint("check", "--no-cache", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "--no-cache", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("graphlint: error: ")]
     expected = [
@@ -255,7 +255,8 @@ def build(name, **options):
 def test_a_class_target_fix_is_proven_with_its_inputs_and_arguments(tmp_path):
     nets = write(tmp_path, "nets.py", NETS)
     write(tmp_path, "pyproject.toml", '[project]\nname = "p"\nversion = "0"\n')
-    result = run_graphlint("check", "nets.py:Pooled", "--input", "float32[2,3,8,8]", "--no-cache", "--diff", cwd=tmp_path)
+    result = run_graphlint("check", *WITHOUT_COMPILE, "nets.py:Pooled", "--input", "float32[2,3,8,8]", "--no-cache",
+                           "--diff", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "+        return F.log_softmax(self.conv(x).flatten(1), dim=-1)" in result.stdout
     assert "graphlint: 1 fix would be applied" in result.stderr
