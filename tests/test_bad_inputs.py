@@ -230,8 +230,10 @@ def make():
 
 def test_a_forward_that_never_returns_is_stopped_by_the_timeout(project_dir):
     write(project_dir, "good.py", ATTENTION)
+    # The forward sleeps between its ops, so that the hang does not take a core from the tests beside it.
     write(project_dir, "hangs.py", MODEL + "class Hangs(nn.Module):\n    def forward(self, x):\n        while True:\n"
-                                           "            x = x + 0\n\n\ndef make():\n    return Hangs(), (torch.ones(2),)\n")
+                                           "            x = x + 0\n            __import__('time').sleep(0.05)\n\n\n"
+                                           "def make():\n    return Hangs(), (torch.ones(2),)\n")
     # --timeout bounds every target: the good one leaves out the torch.compile analysis (GL3), which is not what this
     # test is about and alone can take longer than the bound on a loaded machine
     result = run_graphlint("check", "hangs.py:make", "good.py:make", "--timeout", "5", "--ignore", "GL3", "--no-cache",
