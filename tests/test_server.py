@@ -37,6 +37,9 @@ targets = ["model.py:make"]
 {extra}
 '''
 
+# The torch.compile rules (a dynamo trace per lint) left out of a server test not about them (CONTRIBUTING.md).
+WITHOUT_GL3 = 'ignore = ["GL3"]\n'
+
 ATTENTION = '''
 import math
 
@@ -211,7 +214,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 @pytest.mark.asyncio
 async def test_gl101_shows_in_utf16_columns_with_its_documentation_and_goes_and_comes_with_saves_and_syntax_errors(
         servers, tmp_path):
-    model = project_with(tmp_path, attention())
+    model = project_with(tmp_path, attention(), WITHOUT_GL3)
     client = await servers(tmp_path)
     open_file(client, model)
     # Opening a model file shows GL101 at the softmax call, in UTF-16 columns.
@@ -262,7 +265,7 @@ async def test_gl101_shows_in_utf16_columns_with_its_documentation_and_goes_and_
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_path):
-    model = project_with(tmp_path, attention())
+    model = project_with(tmp_path, attention(), WITHOUT_GL3)
     client = await servers(tmp_path, "neovim")  # Neovim 0.11 prefers UTF-8 positions
     open_file(client, model)
     [diagnostic] = await diagnostics_until(client, model, has("GL101"))
@@ -275,11 +278,12 @@ async def test_a_client_that_counts_utf8_bytes_gets_utf8_columns(servers, tmp_pa
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("setup", "expected"), [
     ("import os; os._exit(3)\n    ", "exited with code 3"),
-    ("import time; time.sleep(600)\n    ", "did not finish within 2 s"),
+    ("import time; time.sleep(600)\n    ", "did not finish within 4 s"),
     ('raise ValueError("no weights here")\n    ', "the factory raised ValueError: no weights here"),
 ], ids=["crash", "hang", "raises"])
 async def test_a_target_that_crashes_hangs_or_raises_is_one_diagnostic_that_says_so(servers, tmp_path, setup, expected):
-    model = project_with(tmp_path, attention(setup=setup), extra="timeout = 2")
+    # 4 s: the good model saved after the failure is linted under the same bound, on a loaded CI machine too.
+    model = project_with(tmp_path, attention(setup=setup), extra=WITHOUT_GL3 + "timeout = 4")
     client = await servers(tmp_path)
     open_file(client, model)
     [diagnostic] = await diagnostics_until(client, model, lambda d: len(d) == 1)
@@ -293,7 +297,7 @@ async def test_a_target_that_crashes_hangs_or_raises_is_one_diagnostic_that_says
 @pytest.mark.asyncio
 @linux_only
 async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp_path):
-    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "))
+    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "), WITHOUT_GL3)
     client = await servers(tmp_path)
     open_file(client, model)
     hanging = await a_child_of(client)
@@ -306,7 +310,7 @@ async def test_a_newer_save_kills_the_older_lint_of_the_same_target(servers, tmp
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_fixable_finding_offers_a_quick_fix_that_rewrites_the_line_until_the_line_changes(servers, tmp_path):
-    model = project_with(tmp_path, GATE)
+    model = project_with(tmp_path, GATE, WITHOUT_GL3)
     client = await servers(tmp_path)
     open_file(client, model)
     [diagnostic] = await diagnostics_until(client, model, has("GL201"))
@@ -343,7 +347,7 @@ GATED = UNFUSED + """
 @pytest.mark.asyncio
 async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_command_line(servers, tmp_path):
     model = project_with(tmp_path, attention(GATED.replace("y *= 2", "y *= 2  # graphlint: ignore[GL201]")),
-                         extra='per-file-ignores = { "legacy/*.py" = ["GL101"] }\n'
+                         extra=WITHOUT_GL3 + 'per-file-ignores = { "legacy/*.py" = ["GL101"] }\n'
                                '[tool.graphlint.severity]\nGL101 = "error"')
     model.parent.joinpath("pyproject.toml").write_text(
         model.parent.joinpath("pyproject.toml").read_text().replace('["model.py:make"]',
@@ -360,7 +364,7 @@ async def test_severities_suppressions_and_per_file_ignores_apply_as_on_the_comm
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_files_of_no_target_get_nothing(servers, tmp_path):
-    model = project_with(tmp_path, attention())
+    model = project_with(tmp_path, attention(), WITHOUT_GL3)
     helpers = write(tmp_path, "helpers.py", attention())  # nothing imports it
     client = await servers(tmp_path)
     open_file(client, helpers)
@@ -376,7 +380,7 @@ async def test_files_of_no_target_get_nothing(servers, tmp_path):
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_baselined_findings_are_not_shown(servers, tmp_path):
-    model = project_with(tmp_path, attention(GATED))
+    model = project_with(tmp_path, attention(GATED), WITHOUT_GL3)
     baseline = write(tmp_path, "baseline.json", '{"version": 1, "tool": "graphlint", "findings": []}')
     client = await servers(tmp_path, "visual-studio-code", "--baseline", str(baseline))
     open_file(client, model)
@@ -394,7 +398,7 @@ async def test_baselined_findings_are_not_shown(servers, tmp_path):
 @pytest.mark.asyncio
 async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibling_lints_again(servers, tmp_path):
     write(tmp_path, "layers.py", attention())
-    model = project_with(tmp_path, "from layers import Attention, make  # noqa: F401\n")
+    model = project_with(tmp_path, "from layers import Attention, make  # noqa: F401\n", WITHOUT_GL3)
     layers = tmp_path / "layers.py"
     client = await servers(tmp_path)
     open_file(client, model)
@@ -408,7 +412,7 @@ async def test_a_finding_in_a_sibling_module_is_shown_there_and_saving_the_sibli
 @pytest.mark.asyncio
 @linux_only
 async def test_shutdown_and_exit_end_the_server_and_its_children(tmp_path):
-    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "))
+    model = project_with(tmp_path, attention(setup="import time; time.sleep(600)\n    "), WITHOUT_GL3)
     client = await start_server(tmp_path)
     try:
         open_file(client, model)
@@ -494,7 +498,7 @@ def test_what_libraries_print_in_the_server_process_never_reaches_the_protocol(t
     site = tmp_path / "env" / "site-packages"
     write(site / "noisy", "__init__.py", 'import os\nprint("noise from print")\nos.write(1, b"noise from fd 1\\n")\n')
     folder = tmp_path / "project"
-    model = project_with(folder, "import noisy  # noqa: F401\n" + attention())
+    model = project_with(folder, "import noisy  # noqa: F401\n" + attention(), WITHOUT_GL3)
     client = StrictClient(folder, {**os.environ, "PYTHONPATH": str(site), "PYTHONWARNINGS": "ignore"})
     try:
         client.send("initialize", {"processId": os.getpid(), "rootUri": folder.as_uri(), "capabilities": {}}, True)
@@ -576,7 +580,7 @@ async def _actions(client, path, diagnostic, wanted=lambda actions: bool(actions
 @pytest.mark.cli
 @pytest.mark.asyncio
 async def test_a_nanogpt_block_offers_the_gl101_quick_fix_and_the_client_applies_it(servers, tmp_path):
-    model = project_with(tmp_path, test_fix_observable._source("nanoGPT"))
+    model = project_with(tmp_path, test_fix_observable._source("nanoGPT"), WITHOUT_GL3)
     client = await servers(tmp_path)
     open_file(client, model)
     diagnostics = await diagnostics_until(client, model, has("GL101"))
@@ -629,7 +633,7 @@ def make():
 async def test_unsafe_fixes_are_offered_as_unsafe_fixes_would_write_them(servers, tmp_path):
     """A hooked dropout makes minGPT's fix unsafe: proven, it is offered, titled with the hook; the `-1e9` fill's
     fix computes something else on a fully masked row: never offered."""
-    model = project_with(tmp_path, TWO)
+    model = project_with(tmp_path, TWO, WITHOUT_GL3)
     client = await servers(tmp_path)
     open_file(client, model)
     diagnostics = await diagnostics_until(client, model, lambda d: [c.code for c in d].count("GL101") == 2)
