@@ -109,7 +109,11 @@ def test_a_torch_layer_alone():
 """
 
 
-def _project(pytester):
+# conftest's WITHOUT_COMPILE for the plugin, which reads the rules from the project: no dynamo trace per linted model.
+PYPROJECT_WITHOUT_COMPILE = '\n[tool.graphlint]\nignore = ["GL3"]\n'
+
+
+def _project(pytester, compile_rules: bool = True):
     pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/models.py": textwrap.dedent(MODELS),
                            "tests/test_models.py": textwrap.dedent(TESTS)})
     pytester.makepyprojecttoml(textwrap.dedent("""
@@ -118,7 +122,7 @@ def _project(pytester):
         version = "0"
         [tool.pytest.ini_options]
         pythonpath = ["src"]
-    """))
+    """) + ("" if compile_rules else PYPROJECT_WITHOUT_COMPILE))
     return pytester.path
 
 
@@ -129,7 +133,7 @@ def _line(pytester, fragment: str) -> int:
 
 @pytest.mark.cli
 def test_pytest_graphlint_lints_each_model_the_tests_ran_once_and_fails_the_session(pytester):
-    _project(pytester)
+    _project(pytester)  # the defaults users get: the report reads GL301 too
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-output", "out.json",
                                            "--graphlint-format", "json", timeout=600)
     assert result.ret == 1, result.stdout.str()
@@ -170,7 +174,7 @@ def test_without_the_option_the_plugin_does_nothing_and_imports_no_torch(pyteste
 
 @pytest.mark.cli
 def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytester):
-    _project(pytester)
+    _project(pytester)  # the defaults users get: a baseline of the whole report (GL301 included) from the command
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
                                            "-k", "gate", timeout=600)
     assert result.ret == 0
@@ -190,7 +194,7 @@ def test_report_without_failing_and_a_baseline_written_by_graphlint_check(pytest
 @pytest.mark.cli
 @pytest.mark.proof
 def test_the_summary_names_the_command_that_lints_and_fixes_the_recorded_model(pytester):
-    _project(pytester)
+    _project(pytester, compile_rules=False)  # TinyLM's GL101 and its fix; the command below reads the same pyproject
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-k", "same_line", timeout=600)
     section = result.stdout.str().split("= graphlint =", 1)[1]
     assert "(the command named for each model below proves and applies it)" in section
@@ -239,6 +243,7 @@ def test_attn(heads, fused):
 @pytest.mark.cli
 def test_configurations_of_one_class_are_distinct_targets_up_to_the_bound(pytester):
     pytester.makepyfile(test_configured=textwrap.dedent(CONFIGURED))
+    pytester.makepyprojecttoml(PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-configurations", "2",
                                            "--graphlint-output", "out.json", "--graphlint-format", "json", timeout=600)
     assert result.ret == 1, result.stdout.str()
@@ -277,7 +282,7 @@ def test_compiled_only():
 
 @pytest.mark.cli
 def test_models_from_conftest_compiled_models_and_xdist_workers(pytester):
-    _project(pytester)
+    _project(pytester)  # the defaults users get: GL301 of the model recorded through torch.compile's wrapper is read
     pytester.makepyfile(**{"tests/conftest.py": textwrap.dedent(CONFTEST),
                            "tests/test_more.py": textwrap.dedent(MORE_TESTS)})
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "-n", "2", "--graphlint-output",
@@ -317,6 +322,7 @@ def test_a_class_of_the_test_with_a_lambda():
 @pytest.mark.cli
 def test_a_model_torch_save_cannot_write_is_linted_from_memory(pytester):
     pytester.makepyfile(test_local=textwrap.dedent(LOCAL))
+    pytester.makepyprojecttoml(PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
     assert result.ret == 1, result.stdout.str()
     lines = (pytester.path / "test_local.py").read_text().splitlines()
@@ -365,6 +371,7 @@ def test_stack():
 @pytest.mark.cli
 def test_the_plugin_places_every_layer_of_repeated_blocks_at_its_construction_on_every_run(pytester):
     pytester.makepyfile(blocks=textwrap.dedent(BLOCKS), test_blocks=textwrap.dedent(BLOCK_TESTS))
+    pytester.makepyprojecttoml(PYPROJECT_WITHOUT_COMPILE)
     reports = []
     for run in range(2):
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-output",
@@ -419,7 +426,7 @@ def test_wrapper():
 def test_a_model_built_from_another_module_gets_a_factory_file_whose_command_fixes_it(pytester):
     pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/nested.py": textwrap.dedent(NESTED),
                            "tests/test_nested.py": textwrap.dedent(NESTED_TESTS)})
-    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n' + PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
     assert result.ret == 1, result.stdout.str()
     [line] = [line for line in result.stdout.lines if line.startswith("graphlint: Wrapper built at")]
@@ -457,7 +464,7 @@ def test_configurations_built_at_one_line_get_factory_files_of_their_own(pyteste
         "        self.scale = embedding_scale_for_the_wrapper")
     pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/nested.py": nested,
                            "tests/test_wrappers.py": textwrap.dedent(CONFIGURED_WRAPPERS)})
-    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n' + PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", timeout=600)
     assert result.ret == 1, result.stdout.str()
     lines = [line for line in result.stdout.lines if line.startswith("graphlint: Wrapper built at")]
@@ -510,7 +517,7 @@ def test_a_module_argument_is_rebuilt_so_its_findings_point_where_its_layers_wer
     # layer belongs at the line that built that layer, as `graphlint check` on a factory reports it.
     pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/inner.py": textwrap.dedent(INNER),
                            "tests/test_inner.py": textwrap.dedent(INNER_TESTS)})
-    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\npythonpath = ["src"]\n' + PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
                                            "--graphlint-output", "out.json", "--graphlint-format", "json",
                                            timeout=600)
@@ -564,7 +571,7 @@ def test_a_libraries_parameter_free_layer_called_by_a_test_is_not_a_target(pytes
     pytester.makepyfile(**{"site-packages/shapelib.py": textwrap.dedent(LIBRARY_LAYER),
                            "tests/test_layers.py": textwrap.dedent(LIBRARY_TESTS)})
     pytester.makepyprojecttoml('[project]\nname = "p"\nversion = "0"\n[tool.pytest.ini_options]\n'
-                               'pythonpath = ["site-packages"]\n')
+                               'pythonpath = ["site-packages"]\n' + PYPROJECT_WITHOUT_COMPILE)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
                                            "--graphlint-output", "out.json", "--graphlint-format", "json",
                                            timeout=600)
@@ -682,7 +689,8 @@ def test_gate_ones_again():
 def test_one_model_built_at_several_lines_is_linted_once_and_reported_for_each(pytester, monkeypatch):
     pytester.makepyfile(**{"src/zoo/__init__.py": "", "src/zoo/models.py": textwrap.dedent(SAME_MODELS),
                            "tests/test_same.py": textwrap.dedent(SAME_TESTS)})
-    pytester.makepyprojecttoml('[project]\nname = "zoo"\nversion = "0"\n[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    pytester.makepyprojecttoml('[project]\nname = "zoo"\nversion = "0"\n[tool.pytest.ini_options]\npythonpath = ["src"]\n'
+                               + PYPROJECT_WITHOUT_COMPILE)
     builds = pytester.path / "builds.txt"
     monkeypatch.setenv("GRAPHLINT_TEST_BUILDS", str(builds))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--graphlint", "--graphlint-no-fail",
