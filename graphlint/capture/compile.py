@@ -119,8 +119,7 @@ def analyse_compile(model: torch.nn.Module, calls: list[tuple[str, tuple, dict]]
                                "recompilation reasons)"
         return analysis
     config = dynamo.config
-    limit_name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    analysis.recompile_limit = int(getattr(config, limit_name, 8))
+    analysis.recompile_limit = int(getattr(config, _limit_name(config), 8))
     current = ["the factory's inputs"]
     dynamo.reset()
     try:
@@ -496,10 +495,15 @@ def _first_recompile_ends_it():
     model that never recompiles never reaches the limit, so what it gives is what it gave under the configured one."""
     from torch._dynamo import config
 
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    name = _limit_name(config)
     configured = int(getattr(config, name, 8))
     with config.patch(**{name: 1}):
         yield configured
+
+
+def _limit_name(config) -> str:
+    """The name of dynamo's recompile limit in this torch (`cache_size_limit` before it was renamed)."""
+    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
 
 
 def _analysed(model, calls: list[tuple[str, tuple, dict]], device: str) -> CompileAnalysis:
