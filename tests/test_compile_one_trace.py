@@ -1,7 +1,8 @@
 """The torch.compile analysis traces a model once where it does not specialise on the batch: the grown calls'
 dimensions are dynamic from the first compilation on, so GL302's later calls only check guards, and a model that
 does specialise is still compiled again on each grown call and reported. The marks that make the first
-compilation dynamic are taken off the inputs afterwards."""
+compilation dynamic are taken off the inputs afterwards. Dynamo's timing of the guards it builds (a cache flush
+each) is left out of the analysis and only of it."""
 
 from __future__ import annotations
 
@@ -200,3 +201,25 @@ def test_gl302_still_reports_a_loop_over_the_batch_at_its_line(tmp_path):
     assert found[0].message.startswith("torch.compile recompiles `forward` on 2 of 5 calls (batch 5, batch 6): "
                                        "guard `tensor 'x' size mismatch at index 0. expected 4, actual 5` failed")
 
+
+
+def test_the_analysis_builds_guards_without_timing_them_and_leaves_the_timing_to_plain_torch_compile(monkeypatch):
+    from torch._dynamo import guards
+
+    timed = []
+    original = guards.profile_guard_manager
+
+    def spy(*args):
+        timed.append(True)
+        return original(*args)
+
+    monkeypatch.setattr(guards, "profile_guard_manager", spy)
+    with torch.device("meta"):
+        model, x = Specialises(), torch.randn(4, 8)
+    analysis = analyse_target(Target(model, (x,), {}), "meta")
+    assert len(analysis.recompiles) == 2 and timed == []  # three frames compiled, none timed
+    assert guards.profile_guard_manager is spy
+    torch._dynamo.reset()
+    torch.compile(nn.Linear(4, 4), backend="eager")(torch.randn(2, 4))
+    torch._dynamo.reset()
+    assert timed == [True]  # plain torch.compile still times its guards
