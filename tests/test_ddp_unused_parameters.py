@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, lint_file, run_graphlint, write
+from conftest import REPO, WITHOUT_COMPILE, lint_file, run_graphlint, write
 from graphlint.config import read_config
 from graphlint.errors import UsageError
 
@@ -81,7 +81,7 @@ def test_real_ddp_fails_where_gl402_reports_and_passes_where_it_does_not(tmp_pat
 @pytest.mark.cli
 def test_check_ddp_turns_gl402_on_and_a_bad_rank_count_is_one_line(tmp_path):
     write(tmp_path, "net.py", UNUSED)
-    found = run_graphlint("check", "net.py:make", "--ddp", "2", "--no-cache", cwd=tmp_path)
+    found = run_graphlint("check", "net.py:make", "--ddp", "2", "--no-cache", *WITHOUT_COMPILE, cwd=tmp_path)
     assert found.returncode == 1 and "net.py:9:" in found.stdout and "GL402" in found.stdout, found.stdout
     wrong = run_graphlint("check", "net.py:make", "--ddp", "0", cwd=tmp_path)
     assert wrong.returncode == 2 and wrong.stderr.strip().count("\n") == 0 and "--ddp" in wrong.stderr

@@ -163,20 +163,20 @@ def test_a_cached_result_is_used_until_a_plugin_changes_or_goes(tmp_path, projec
                    {"team_rules": textwrap.dedent(LINEAR_WITHOUT_BIAS).replace("MESSAGE", "First wording.")},
                    {"team": "team_rules"})
     write(project_dir, "model.py", MODELS)
-    first = graphlint_with(site, "check", "model.py:without_bias", cwd=project_dir)
+    first = graphlint_with(site, "check", *WITHOUT_COMPILE, "model.py:without_bias", cwd=project_dir)
     assert "GLX001 First wording." in first.stdout, first.stderr
     without_torch = ["-c", "import sys; sys.modules['torch'] = None; from graphlint.cli import main; "
-                           "sys.exit(main(sys.argv[1:]))", "check", "model.py:without_bias"]
+                           "sys.exit(main(sys.argv[1:]))", "check", *WITHOUT_COMPILE, "model.py:without_bias"]
     cached = subprocess.run([sys.executable, *without_torch], cwd=project_dir, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(site)}, timeout=300)
     assert cached.stdout == first.stdout, cached.stderr  # no capture, no torch: the plugin was only hashed
 
     module = site / "team_rules.py"
     module.write_text(module.read_text(encoding="utf-8").replace("First wording.", "Second wording."), encoding="utf-8")
-    edited = graphlint_with(site, "check", "model.py:without_bias", cwd=project_dir)
+    edited = graphlint_with(site, "check", *WITHOUT_COMPILE, "model.py:without_bias", cwd=project_dir)
     assert "GLX001 Second wording." in edited.stdout and "First wording." not in edited.stdout, edited.stdout
 
-    gone = run_graphlint("check", "model.py:without_bias", cwd=project_dir)
+    gone = run_graphlint("check", *WITHOUT_COMPILE, "model.py:without_bias", cwd=project_dir)
     assert gone.returncode == 0 and gone.stdout == "No findings in 1 target.\n", gone.stdout  # no stale GLX001
 
 
