@@ -18,7 +18,6 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from graphlint.files import read_source, split_lines
 from graphlint.rewrite.edits import deleted_lines
 from graphlint.rewrite.contract import Fixer, FixSite, Rewrite, Role, code_of
-from graphlint.rewrite.submodules import dropped_module_calls, judged
 from graphlint.locate.lines import Span, chars, line_extent
 from graphlint.locate.sites import Site
 from graphlint.opnames import spellings
@@ -257,6 +256,9 @@ class SourceSpans:
 def _hooks_kept(answer: Rewrite, class_around, around, modules) -> tuple[str, str]:
     """The fix's message and applicability: a fix that stops calling a submodule says so, and is safe only
     where nothing could observe it in the model as built (graphlint.rewrite.submodules), whichever fixer wrote it."""
+    # Imported here: it brings libcst's matchers (0.2 s), which a finding without a fix never needs.
+    from graphlint.rewrite.submodules import dropped_module_calls, judged
+
     olds = [answer.old, *(old for old, _ in answer.also), *answer.removed]
     news = [answer.new, *(new for _, new in answer.also), *(cst.parse_module(code) for _, code in answer.inserted)]
     dropped = dropped_module_calls(olds, news, class_around, around)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass, field
+import functools
 from functools import cached_property
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
 import libcst as cst
-import libcst.matchers as m
 
 if TYPE_CHECKING:
     from graphlint.rule import Match
@@ -84,8 +84,17 @@ class Refused(Exception):
     terms, and the fixer returns it as its reason."""
 
 
-# `from x import y`, not `from . import y` nor `from x import *`: the imports that bind a name graphlint can name.
-ABSOLUTE_IMPORT_FROM = m.ImportFrom(module=m.DoesNotMatch(None), relative=[], names=m.DoesNotMatch(m.ImportStar()))
+# libcst's matchers are imported where they are used, not with this module: locating any finding imports it, and the
+# matchers cost about 0.2 s to import, which only a fix's rewriting needs.
+
+
+@functools.cache
+def absolute_import_from():
+    """The matcher of `from x import y`, not `from . import y` nor `from x import *`: the imports that bind a name
+    graphlint can name."""
+    import libcst.matchers as m
+
+    return m.ImportFrom(module=m.DoesNotMatch(None), relative=[], names=m.DoesNotMatch(m.ImportStar()))
 
 # Expressions that need no parentheses as an operand, a receiver or after a unary operator.
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
@@ -164,6 +173,8 @@ class ImportNames:
 
     @classmethod
     def of(cls, module: cst.Module | None) -> ImportNames:
+        import libcst.matchers as m
+
         if module is None:
             return cls(("torch",), (), ("F",), ("torch", "F"), frozenset())
         torch, nn, functional, modules = [], [], [], []
@@ -173,7 +184,7 @@ class ImportNames:
                 found.append(name)
 
         names = set()
-        for node in m.findall(module, m.Name() | m.Import() | ABSOLUTE_IMPORT_FROM):
+        for node in m.findall(module, m.Name() | m.Import() | absolute_import_from()):
             if isinstance(node, cst.Name):
                 names.add(node.value)
                 continue
@@ -237,6 +248,8 @@ class ImportNames:
 
 def names_read(node: cst.CSTNode) -> list[cst.Name]:
     """The variable names in `node`: not attribute names (`mask` of `self.mask`) nor keyword names."""
+    import libcst.matchers as m
+
     found: list[cst.Name] = []
     others: set[int] = set()  # the attributes and keywords met so far: source order puts them after their owner
     for name in m.findall(node, m.Name() | m.Attribute() | m.Arg(keyword=m.Name())):
@@ -253,6 +266,8 @@ def dead_definitions(function: cst.FunctionDef | None, old: cst.CSTNode | tuple,
     """The statements `name = ...` of `function` whose only readers were `old` (a node, or several the rewrite
     removes) and other such statements, and that `new` no longer reads: the `inner = ...` of a formula the
     rewrite replaced by one call, and the `mu = ...` that only that `inner` read."""
+    import libcst.matchers as m
+
     if function is None:
         return ()
     kept = {n.value for n in names_read(new)}

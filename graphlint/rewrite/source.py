@@ -13,7 +13,7 @@ from collections.abc import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from graphlint.rewrite.contract import ABSOLUTE_IMPORT_FROM, atom, call_parts, code_of, names_read
+from graphlint.rewrite.contract import absolute_import_from, atom, call_parts, code_of, names_read
 
 # What `collect` and `find` match nodes with: `m.Call()`, `m.Name("x") | m.Attribute()`, `m.MatchIfTrue(f)`.
 Matcher = m.BaseMatcherNode | m.MatchIfTrue
@@ -119,7 +119,7 @@ def import_bindings(module: cst.Module) -> dict[str, str]:
     """Each name a module's imports bind → what it is bound to (`np` → `numpy`, `F` → `torch.nn.functional`,
     `sqrt` → `math.sqrt`)."""
     found: dict[str, str] = {}
-    for node in collect(module, m.Import() | ABSOLUTE_IMPORT_FROM):
+    for node in collect(module, m.Import() | absolute_import_from()):
         for alias in node.names:
             name = code_of(alias.name)
             if isinstance(node, cst.ImportFrom):
