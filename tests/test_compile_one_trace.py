@@ -202,7 +202,6 @@ def test_gl302_still_reports_a_loop_over_the_batch_at_its_line(tmp_path):
                                        "guard `tensor 'x' size mismatch at index 0. expected 4, actual 5` failed")
 
 
-
 def test_the_analysis_builds_guards_without_timing_them_and_leaves_the_timing_to_plain_torch_compile(monkeypatch):
     from torch._dynamo import guards
 

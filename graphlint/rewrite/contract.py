@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass, field
-import functools
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING
 from collections.abc import Callable
 
@@ -84,17 +83,16 @@ class Refused(Exception):
     terms, and the fixer returns it as its reason."""
 
 
-# libcst's matchers are imported where they are used, not with this module: locating any finding imports it, and the
-# matchers cost about 0.2 s to import, which only a fix's rewriting needs.
-
-
-@functools.cache
+# libcst's matchers are imported in the functions that match, not with this module: locating any finding imports
+# this module, and the matchers cost about 0.2 s to import, which only a fix's rewriting needs.
+@cache
 def absolute_import_from():
     """The matcher of `from x import y`, not `from . import y` nor `from x import *`: the imports that bind a name
     graphlint can name."""
     import libcst.matchers as m
 
     return m.ImportFrom(module=m.DoesNotMatch(None), relative=[], names=m.DoesNotMatch(m.ImportStar()))
+
 
 # Expressions that need no parentheses as an operand, a receiver or after a unary operator.
 ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float, cst.SimpleString)
