@@ -16,13 +16,19 @@ from graphlint.errors import one_line
 from graphlint.files import is_installed_file
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
+from graphlint.run.stack import roomy
 from graphlint.run.wire import (PARENT_THREADS, GraphJob, Job, Launch, LintJob, Linted, MemoryJob, Partial, ProofJob,
                                 Proved, Reported, Stage, TimeJob)
 from graphlint.target import script_name
 
 
 def child_main(job: Job, launch: Launch, connection) -> None:
-    """Run the job and send its messages (the entry point of every child process)."""
+    """Run the job and send its messages (the entry point of every child process), beneath a roomy frame: the
+    capture and dynamo's trace run deep stacks (graphlint.run.stack)."""
+    roomy(lambda: _run(job, launch, connection))
+
+
+def _run(job: Job, launch: Launch, connection) -> None:
     leave_parent_heap()
     for descriptor in launch.close_fds:  # the parent's own pipes are none of the job's business
         try:
