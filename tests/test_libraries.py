@@ -62,3 +62,21 @@ def test_metadata_rewritten_in_place_is_read_again(installed, monkeypatch):
     read = _reads(monkeypatch)
     assert libraries.loaded_libraries()[0]["gl_probe"] == "1.1"
     assert "gl_probe" in read
+
+
+def test_warm_parents_walk_the_loaded_modules_once_per_process(monkeypatch):
+    """A test worker makes a warm parent for each lint: walking sys.modules after a fork copies every module's page."""
+    from graphlint.run import parent
+
+    walks = []
+    monkeypatch.setattr(libraries, "loaded_libraries", lambda: walks.append(1) or ({}, ()))
+    once = getattr(libraries, "read_once", None)
+    if once is not None:
+        once.cache_clear()
+    try:
+        parent.WarmParent()
+        parent.WarmParent()
+    finally:
+        if once is not None:
+            once.cache_clear()  # the next warm parent reads the real metadata
+    assert len(walks) == 1

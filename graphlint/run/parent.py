@@ -133,8 +133,8 @@ def _warm_up() -> None:
     import graphlint.capture  # noqa: F401 - imported for the children
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
-    from graphlint.libraries import loaded_libraries
+    from graphlint.libraries import read_once
 
     load_rules()
     torch.tril(torch.ones(4, 4, device="meta"))
-    loaded_libraries()  # reads the installed distributions' metadata once for every child
+    read_once()  # the installed distributions' metadata, read for every child
