@@ -376,7 +376,6 @@ def _check(args: argparse.Namespace) -> int:
     # Nothing on this path imports torch unless a target has to be captured: a cached run never does.
     from graphlint.baseline import write_baseline
     from graphlint.report import SUGGESTING
-    from graphlint.report.rdjson import keep_fixes
     from graphlint.report.text import diagnostics, summary
     from graphlint.session import Session
 
@@ -437,8 +436,11 @@ def _check(args: argparse.Namespace) -> int:
               f"{args.write_baseline}", file=sys.stderr)
         return EXIT_ERROR if report.errors else EXIT_CLEAN
     # Suggestions are offered only for fixes proven as --fix would prove them (after --fix, none are left).
-    proven = keep_fixes(report, [] if args.fix else _proven(session, report, args.unsafe_fixes)) \
-        if suggesting else report
+    proven = report
+    if suggesting:
+        from graphlint.report.rdjson import keep_fixes  # with SARIF's libraries: only the suggesting formats need it
+
+        proven = keep_fixes(report, [] if args.fix else _proven(session, report, args.unsafe_fixes))
     for name, output in outputs:
         _write(FORMATS[name](proven if name in SUGGESTING else report), output)
     if args.output and args.format != "text":

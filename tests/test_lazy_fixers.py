@@ -1,6 +1,7 @@
 """Rules name their fixers lazily (graphlint.rule.LazyFixer): loading the rules imports no fixer, and a run with
 nothing to locate never imports libcst, in the command's process or in any child it starts; and locating a finding
-that has no fix does not import libcst's matchers (about 0.2 s), which only rewriting needs."""
+that has no fix does not import libcst's matchers (about 0.2 s), which only rewriting needs; a text report does not
+import SARIF's object model (about 0.05 s), which only the SARIF and rdjson formats need."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from graphlint.engine import load_rules
 from graphlint.rule import LazyFixer
 from test_cli import ATTENTION, CLEAN
 
-# Runs the command with an import hook, inherited by forked children, that notes each import of libcst and of its
-# matchers, in whichever process.
+# Runs the command with an import hook, inherited by forked children, that notes each import of libcst, of its
+# matchers and of sarif_om, in whichever process.
 WATCHING_LIBCST = """
 import os, sys
 
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        if name in ("libcst", "libcst.matchers"):
+        if name in ("libcst", "libcst.matchers", "sarif_om"):
             with open(os.environ["GRAPHLINT_TEST_LIBCST"], "a") as noted:
                 noted.write(f"{name}\\n")
         return None
@@ -110,7 +111,8 @@ def make():
     ids=["no-finding", "a-finding-without-a-fix", "a-finding-with-a-fix"])
 def test_check_imports_libcst_only_to_locate_a_finding_and_its_matchers_only_for_a_fix(project_dir, tmp_path, source,
                                                                                        rule, imported):
-    """The last case shows that the hook sees both imports, in whichever process they happen."""
+    """The last case shows that the hook sees both imports, in whichever process they happen. No case, all text
+    reports, imports sarif_om."""
     write(project_dir, "model.py", source)
     noted = tmp_path / "libcst-imported.txt"
     done = subprocess.run([sys.executable, "-c", WATCHING_LIBCST, "check", "--no-cache", *WITHOUT_COMPILE,
