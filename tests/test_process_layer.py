@@ -174,3 +174,23 @@ def test_the_scheduler_leaves_jobs_the_caller_answered_itself_and_drops_unwanted
     assert answered == ["x"] and children.started == ["y", "z"] and list(scheduler.waiting) == ["w"]
     scheduler.drop(lambda key: key in ("z", "w"))
     assert children.killed == ["z"] and not scheduler.waiting and list(scheduler.running) == ["y"]
+
+
+def test_modules_a_child_imported_are_imported_before_the_next_child_of_any_warm_parent_of_the_process(monkeypatch):
+    """A test worker or a notebook makes a warm parent for each check: what the children of one imported (graphlint's
+    fixers, libcst) is imported once, in this process, for the children of the next."""
+    first, second, third = (parent_module.WarmParent() for _ in range(3))
+    imported = []
+    real = parent_module.importlib.import_module
+
+    def noted(parent):
+        with monkeypatch.context() as patched:
+            patched.setattr(parent_module.importlib, "import_module", lambda name: imported.append(name) or real(name))
+            parent._import_wanted()
+
+    first.preload(["graphlint.not_a_real_module"])
+    noted(second)
+    assert imported == ["graphlint.not_a_real_module"]
+    second.preload(["graphlint.not_a_real_module"])  # tried once (it failed): never again, by any warm parent
+    noted(third)
+    assert imported == ["graphlint.not_a_real_module"]

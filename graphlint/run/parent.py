@@ -26,9 +26,16 @@ def start_method() -> str:
     return "fork" if sys.platform not in ("darwin", "win32", "cygwin") else "spawn"
 
 
+# The modules children imported, noted by every warm parent of this process (a test worker or a notebook makes one
+# for each check, whose children would otherwise import graphlint's fixers and span finder every time): those to
+# import before the next child starts, and those already tried.
+_WANTED: list[str] = []
+_TRIED: set[str] = set()
+
+
 class WarmParent:
     """Starts one child process per job (graphlint.run.wire); `preload` notes modules (graphlint's, libraries') that
-    children keep importing, imported before the next child starts.
+    children keep importing, imported before the next child of any warm parent of this process starts.
     `close_in_children` are file descriptors of the parent that a forked child closes first (the language
     server's protocol pipes, which must close when the server does)."""
 
@@ -38,8 +45,7 @@ class WarmParent:
         if self.context.get_start_method() == "fork":
             with long_lived():
                 _warm_up()
-        self._tried: set[str] = set()
-        self._wanted: list[str] = []
+        self._tried, self._wanted = _TRIED, _WANTED
         self._compile_warm = False
 
     def start(self, job: Job, more: bool = True):
@@ -102,7 +108,8 @@ class WarmParent:
             self._wanted.extend(name for name in names if name not in self._tried and name not in self._wanted)
 
     def _import_wanted(self) -> None:
-        wanted, self._wanted = self._wanted, []
+        wanted = list(self._wanted)
+        self._wanted.clear()
         for name in wanted:
             if name in self._tried or name in sys.modules:
                 continue
