@@ -35,7 +35,7 @@ def loaded_libraries() -> tuple[dict[str, str], tuple[str, ...]]:
         for distribution_name in owners.get(top, ()):
             if distribution_name.lower() in _OWN_DISTRIBUTIONS or distribution_name in versions:
                 continue
-            distribution = _distribution(distribution_name)
+            distribution = _current(distribution_name)
             if distribution is None:
                 continue
             versions[distribution_name], local = _version_and_source(distribution)
@@ -58,6 +58,17 @@ def _owners() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+def _current(name: str):
+    """The installed distribution of that name, looked up again when the folder found before is gone (an upgrade or
+    an uninstall while a language server or a notebook lives on)."""
+    distribution = _distribution(name)
+    folder = getattr(distribution, "_path", None)
+    if folder is not None and not os.path.isdir(folder):
+        _distribution.cache_clear()
+        distribution = _distribution(name)
+    return distribution
+
+
 @functools.cache
 def _distribution(name: str):
     try:
@@ -73,7 +84,7 @@ _READ: dict[str, tuple[tuple[int, int, int], str, bool]] = {}
 
 def _version_and_source(distribution) -> tuple[str, bool]:
     """(its version, whether it was installed from a local path), read again whenever its METADATA file changed (an
-    install in place) or is gone (an upgrade, whose new version has a folder of its own)."""
+    install in place; an upgrade has a folder of its own, which `_current` finds)."""
     folder = getattr(distribution, "_path", None)  # importlib.metadata's PathDistribution; other finders: no memo
     try:
         status = os.stat(os.path.join(folder, "METADATA")) if folder is not None else None

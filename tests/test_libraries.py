@@ -80,3 +80,18 @@ def test_warm_parents_walk_the_loaded_modules_once_per_process(monkeypatch):
         if once is not None:
             once.cache_clear()  # the next warm parent reads the real metadata
     assert len(walks) == 1
+
+
+def test_an_upgrade_in_a_long_lived_process_is_read_from_the_new_version(installed, monkeypatch):
+    """A language server lives on while the user upgrades a library: the old version's folder goes, a new one comes."""
+    assert libraries.loaded_libraries()[0]["gl_probe"] == "1.0"
+    old = installed.parent
+    for file in old.iterdir():
+        file.unlink()
+    old.rmdir()
+    new = old.parent / "gl_probe-2.0.dist-info"
+    write(new, "METADATA", "Metadata-Version: 2.1\nName: gl_probe\nVersion: 2.0\n")
+    write(new, "top_level.txt", "gl_probe\n")
+    write(new, "RECORD", "")
+    importlib.invalidate_caches()
+    assert libraries.loaded_libraries()[0]["gl_probe"] == "2.0"
