@@ -1,9 +1,10 @@
 """Python's frame stack in a process that runs deep torch code (a target's capture, dynamo's trace, a proof).
 
-Since CPython 3.11 frames live in chunks of a per-thread data stack, 16 KiB each. A call that does not fit in the
-current chunk maps a new one and its return unmaps it, so code whose stack depth hovers around a chunk's end maps
-and unmaps the same 16 KiB over and over: a system call each way and fresh zeroed pages each time. Torch's
-dispatch and dynamo's tracing do that thousands of times a target (about 12,000 mmap/munmap pairs in one `check`).
+Since CPython 3.11 frames live in chunks of a per-thread data stack, 16 KiB each unless a frame needs more. A call
+that does not fit in the current chunk maps a new one and its return unmaps it, so code whose stack depth hovers
+around a chunk's end maps and unmaps the same 16 KiB over and over: a system call each way and fresh zeroed pages
+each time. Torch's dispatch and dynamo's tracing do that thousands of times a target (one `check` of
+examples/attention made about 12,000 mmap/munmap pairs, 3,300 beneath this frame).
 `roomy(call)` runs `call` in a frame that claims a quarter-megabyte chunk for itself, so that everything beneath it
 shares that chunk's room: 8% fewer page faults in a check's child, 13% in an in-process test file.
 """
