@@ -18,13 +18,19 @@ import sys
 _OWN_DISTRIBUTIONS = frozenset({"torch-graphlint"})
 
 
-def loaded_libraries() -> tuple[dict[str, str], tuple[str, ...]]:
+def loaded_modules() -> list[tuple[str, object]]:
+    """(name, `__file__`) of every module loaded now: one walk of `sys.modules`, which a forked child pays for in
+    copied pages (every module it touches), shared by whoever needs it."""
+    return [(name, getattr(module, "__file__", None)) for name, module in list(sys.modules.items())]
+
+
+def loaded_libraries(modules: list[tuple[str, object]] | None = None) -> tuple[dict[str, str], tuple[str, ...]]:
     """(version by distribution name for every installed distribution with a module loaded now, the files of
-    the loaded modules that come from distributions installed from a local path)."""
+    the loaded modules that come from distributions installed from a local path); `modules`, `loaded_modules()`
+    when the caller has it already."""
     owners = _owners()
     files_by_top: dict[str, list[str]] = {}
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
+    for name, path in loaded_modules() if modules is None else modules:
         if isinstance(path, str) and os.path.isabs(path):
             files_by_top.setdefault(name.partition(".")[0], []).append(path)
         else:

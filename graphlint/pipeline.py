@@ -20,7 +20,7 @@ from graphlint.capture import Capture, capture_target, load_target
 from graphlint.capture.isolation import seed_everything, torch_defaults
 from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, failure_where, one_line
-from graphlint.libraries import loaded_libraries
+from graphlint.libraries import loaded_libraries, loaded_modules
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.stages import last as last_stage, reached
@@ -210,12 +210,15 @@ def depends_on(project, spec: TargetSpec, ran: tuple[str, ...] = ()) -> tuple[tu
     # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
     # The project's files are found by their names first and only those are looked up on disk: a target's process
     # has thousands of modules, and a stat of each cost about 20 ms a target.
-    imported = {m.__file__ for name, m in list(sys.modules.items())
-                if name not in ("__main__", "__mp_main__") and isinstance(getattr(m, "__file__", None), str)
-                and os.path.isabs(m.__file__)}
-    own = {f for f in imported if project.is_first_party(f) and os.path.isfile(f)}
+    # Only files below a first-party folder are asked whether they are first party (one startswith in C for the
+    # thousands of torch's and the standard library's).
+    modules = loaded_modules()
+    below = tuple(str(folder) + os.sep for folder in project.first_party_folders)
+    own = {file for name, file in modules if name not in ("__main__", "__mp_main__") and isinstance(file, str)
+           and file.startswith(below) and os.path.isabs(file) and project.is_first_party(file)
+           and os.path.isfile(file)}
     extra = {str(spec.file)} if spec.file is not None else set()
-    libraries, local_library_files = loaded_libraries()
+    libraries, local_library_files = loaded_libraries(modules)
     inputs = tuple(sorted(own | set(ran) | extra | set(local_library_files)))
     return inputs, libraries
 

@@ -66,10 +66,11 @@ def test_metadata_rewritten_in_place_is_read_again(installed, monkeypatch):
 
 def test_warm_parents_walk_the_loaded_modules_once_per_process(monkeypatch):
     """A test worker makes a warm parent for each lint: walking sys.modules after a fork copies every module's page."""
+    import graphlint.pipeline  # noqa: F401 - imported before the patch below, which it must not keep
     from graphlint.run import parent
 
     walks = []
-    monkeypatch.setattr(libraries, "loaded_libraries", lambda: walks.append(1) or ({}, ()))
+    monkeypatch.setattr(libraries, "loaded_libraries", lambda modules=None: walks.append(1) or ({}, ()))
     once = getattr(libraries, "read_once", None)
     if once is not None:
         once.cache_clear()
