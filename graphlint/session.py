@@ -571,13 +571,20 @@ def finish(results: list[TargetResult], project: Project, config: Config, rules:
     return report
 
 
+@functools.cache
+def _info(rule) -> RuleInfo:
+    """A rule class's info, its documentation rendered once per process (about 3 ms for all the rules, which every
+    session reads: a test worker or a notebook makes one per check)."""
+    return RuleInfo.of(rule)
+
+
 def _rule_infos(cache: ResultCache | None) -> tuple[RuleInfo, ...]:
     infos = cache.rule_infos() if cache is not None else None
     if infos is None:
         with long_lived():
             from graphlint.engine import listed_rules  # built-in rules read from their source: no torch
 
-            infos = tuple(RuleInfo.of(rule) for rule in listed_rules())
+            infos = tuple(_info(rule) for rule in listed_rules())
         if cache is not None:
             cache.store_rule_infos(infos)
     return infos
