@@ -137,3 +137,17 @@ def test_the_command_shows_the_traceback_of_an_internal_error_only_with_debug(pr
     debug = run_graphlint("check", *WITHOUT_COMPILE, "model.py:make", "--no-cache", "--debug", cwd=project_dir, env=env)
     assert debug.returncode == 2
     assert "Traceback" in debug.stderr and "in _injected" in debug.stderr
+
+
+def test_a_fault_in_graphlints_own_code_past_the_stages_is_an_internal_error_not_the_targets_exit(tmp_path,
+                                                                                                   monkeypatch):
+    """Graphlint's code between the stages' handlers (here the cache's reading of what the target imported) is
+    graphlint's: it was reported as the target's process exiting with code 1, as if the user's code had."""
+    import graphlint.pipeline
+
+    monkeypatch.setattr(graphlint.pipeline, "depends_on", _fault_in(graphlint.pipeline.depends_on))
+    report = lint_file(write(tmp_path, "model.py", MODEL))
+    [error] = report.errors
+    assert error.message.startswith("internal error in graphlint during the "), error.message
+    assert "(RuntimeError: injected fault); please report it with the output of --debug" in error.message
+    assert "exited with code" not in error.message

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -47,7 +48,7 @@ def _run(job: Job, launch: Launch, connection) -> None:
     elif isinstance(job, LintJob):
         # a lint pricing its findings on this CPU measures it with the warm parent's threads, as `time --cpu` does
         threads = (parent_threads or _threads()) if job.cost_cpu else None
-        result, imported = _target_job(job.target, connection, lambda: _lint(job, connection, threads))
+        result, imported = _target_job(job.target, connection, lambda: _lint(job, connection, threads), job.debug)
         connection.send(Linted(result, imported))
     else:
         from graphlint.run.graph_and_memory import graph_report, memory_estimate
@@ -57,7 +58,7 @@ def _run(job: Job, launch: Launch, connection) -> None:
             job = dataclasses.replace(job, threads=parent_threads or _threads())
         run = graph_report if isinstance(job, GraphJob) else time_estimate if isinstance(job, TimeJob) \
             else memory_estimate
-        answer, imported = _target_job(job.target, connection, lambda: run(job))
+        answer, imported = _target_job(job.target, connection, lambda: run(job), job.debug)
         answer = answer if isinstance(answer, Reported) else Reported(answer)
         connection.send(dataclasses.replace(answer, imported=imported))
     connection.close()
@@ -70,10 +71,11 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[object, tuple[str, ...]]:
+def _target_job(target: str, connection, run: Callable[[], object],
+                debug: bool = False) -> tuple[object, tuple[str, ...]]:
     """Run a job of one target of the user's (`run()`'s answer, or the target's result with its error when the
-    user's code called sys.exit), telling the parent each stage it reaches; and the modules it
-    imported that the parent may preload (_preloadable)."""
+    user's code called sys.exit or graphlint's own code raised past the stages' handlers), telling the parent each
+    stage it reaches; and the modules it imported that the parent may preload (_preloadable)."""
     # A model file that parses arguments at import (argparse with defaults) sees its own name, not graphlint's
     # command line.
     sys.argv = [script_name(target)]
@@ -89,6 +91,12 @@ def _target_job(target: str, connection, run: Callable[[], object]) -> tuple[obj
         answer = run()
     except SystemExit as leaving:  # sys.exit() in the user's code (argparse at module level, often)
         answer = TargetResult(target=target, errors=[TargetError(target, _exited(leaving, last[0]), stage=last[0])])
+    except Exception as error:  # the stages turn the user's errors into the target's: what gets here is graphlint's
+        if debug:
+            traceback.print_exc()
+        answer = TargetResult(target=target, errors=[TargetError(
+            target, f"internal error in graphlint during the {last[0]} ({one_line(error)}); please report it with the "
+                    "output of --debug", stage=last[0])])
     return answer, tuple(_preloadable(set(sys.modules) - before))
 
 
