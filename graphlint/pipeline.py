@@ -210,13 +210,10 @@ def depends_on(project, spec: TargetSpec, ran: tuple[str, ...] = ()) -> tuple[tu
     # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
     # The project's files are found by their names first and only those are looked up on disk: a target's process
     # has thousands of modules, and a stat of each cost about 20 ms a target.
-    # Only files below a first-party folder are asked whether they are first party (one startswith in C for the
-    # thousands of torch's and the standard library's).
     modules = loaded_modules()
-    below = tuple(str(folder) + os.sep for folder in project.first_party_folders)
-    own = {file for name, file in modules if name not in ("__main__", "__mp_main__") and isinstance(file, str)
-           and file.startswith(below) and os.path.isabs(file) and project.is_first_party(file)
-           and os.path.isfile(file)}
+    files = [file for name, file in modules if name not in ("__main__", "__mp_main__") and isinstance(file, str)
+             and os.path.isabs(file)]
+    own = {file for file in project.first_party_files(files) if os.path.isfile(file)}
     extra = {str(spec.file)} if spec.file is not None else set()
     libraries, local_library_files = loaded_libraries(modules)
     inputs = tuple(sorted(own | set(ran) | extra | set(local_library_files)))

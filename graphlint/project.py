@@ -65,6 +65,12 @@ class Project:
             )
         return known
 
+    def first_party_files(self, files) -> set[str]:
+        """The first-party files among `files`, read first by their folders' prefixes (one `startswith` in C each:
+        a target's process has thousands of modules, nearly all torch's and the standard library's)."""
+        below = tuple(str(folder) + os.sep for folder in self.first_party_folders)  # as _is_below reads them
+        return {file for file in files if file.startswith(below) and self.is_first_party(file)}
+
     def relative(self, path: str) -> str | None:
         """`path` relative to the root with forward slashes, or None when it is outside the root."""
         try:
