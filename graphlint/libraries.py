@@ -8,6 +8,7 @@ not) can change without a new version: their imported files are tracked by conte
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -20,21 +21,109 @@ _OWN_DISTRIBUTIONS = frozenset({"torch-graphlint"})
 
 def loaded_modules() -> list[tuple[str, object]]:
     """(name, `__file__`) of every module loaded now: one walk of `sys.modules`, which a forked child pays for in
-    copied pages (every module it touches), shared by whoever needs it."""
+    copied pages (every module it touches); a child reads its parent's part from `note_fork` instead."""
     return [(name, getattr(module, "__file__", None)) for name, module in list(sys.modules.items())]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fork:
+    """What a warm parent had loaded when it forked the child this process is: read in the parent, where walking
+    `sys.modules` copies nothing, so that the child walks only the modules it imported itself (in a test worker,
+    its walks of some 3,000 modules were more than half of a small lint's page faults)."""
+
+    newest: tuple[str, object]  # sys.modules' last entry then: a dict keeps insertion order, so later ones follow it
+    count: int
+    files: str  # every module's absolute file, NUL-separated: one object, whose reading copies only its own pages
+    libraries: dict[str, str]
+    local_files: tuple[str, ...]
+
+
+_fork: _Fork | None = None
+# The parent's last walk: (count, newest entry) when it was made, the files and their top-level names. Walking
+# sys.modules after a fork writes to pages the child shared (each write a page fault even once the child is gone),
+# so the parent walks again only when modules were added or removed since.
+_walked: tuple[tuple[int, tuple[str, object]], str, dict[str, list[str]]] | None = None
+
+
+def note_fork() -> None:
+    """In a warm parent, just before it forks a child: what the child inherits of loaded modules and libraries
+    (the libraries' versions read again each time: one may have been upgraded in place since)."""
+    global _fork, _walked
+    mark = newest()
+    if mark is None:
+        return
+    if _walked is None or _walked[0][0] != len(sys.modules) or _walked[0][1][0] != mark[0] \
+            or _walked[0][1][1] is not mark[1]:
+        modules = loaded_modules()
+        _walked = ((len(modules), mark), "\0".join(_files(modules)), _by_top(modules))
+    (count, _), files, by_top = _walked
+    _fork = _Fork(mark, count, files, *_libraries(by_top))
+
+
+def newest() -> tuple[str, object] | None:
+    """A mark of what is loaded now (sys.modules' last entry), for `imported_since`."""
+    for name in reversed(sys.modules):
+        return name, sys.modules.get(name)
+    return None
+
+
+def imported_since(mark: tuple[str, object] | None, before: int) -> list[tuple[str, object]] | None:
+    """(name, `__file__`) of the modules added to sys.modules after `mark`, when `before` modules were loaded, read
+    from its end without touching the others; None when that cannot be told so (the mark is gone or was put back,
+    some modules were removed in between): then only a walk of all of them can say."""
+    if mark is None:
+        return None
+    added = []
+    for name, module in reversed(sys.modules.items()):
+        if name == mark[0]:
+            if module is not mark[1] or len(sys.modules) - len(added) != before:
+                return None
+            return added[::-1]
+        added.append((name, getattr(module, "__file__", None)))
+    return None
+
+
+def module_files_and_libraries() -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """The absolute files of every module loaded now but the program's own (`__main__`), and `loaded_libraries()`:
+    in a forked child, its parent's part as `note_fork` read it and the rest from the modules imported since."""
+    inherited = _fork
+    added = imported_since(inherited.newest, inherited.count) if inherited is not None else None
+    if added is None:
+        modules = loaded_modules()
+        return _files(modules), *loaded_libraries(modules)
+    libraries, local_files = loaded_libraries(added)
+    return ((inherited.files.split("\0") if inherited.files else []) + _files(added),
+            dict(sorted({**inherited.libraries, **libraries}.items())),
+            tuple(sorted({*inherited.local_files, *local_files})))
+
+
+def _files(modules: list[tuple[str, object]]) -> list[str]:
+    # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`). Not the
+    # program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
+    return [file for name, file in modules if name not in ("__main__", "__mp_main__") and isinstance(file, str)
+            and os.path.isabs(file)]
 
 
 def loaded_libraries(modules: list[tuple[str, object]] | None = None) -> tuple[dict[str, str], tuple[str, ...]]:
     """(version by distribution name for every installed distribution with a module loaded now, the files of
     the loaded modules that come from distributions installed from a local path); `modules`, `loaded_modules()`
     when the caller has it already."""
-    owners = _owners()
+    return _libraries(_by_top(loaded_modules() if modules is None else modules))
+
+
+def _by_top(modules: list[tuple[str, object]]) -> dict[str, list[str]]:
+    """Top-level module name → the absolute files of its loaded modules."""
     files_by_top: dict[str, list[str]] = {}
-    for name, path in loaded_modules() if modules is None else modules:
+    for name, path in modules:
         if isinstance(path, str) and os.path.isabs(path):
             files_by_top.setdefault(name.partition(".")[0], []).append(path)
         else:
             files_by_top.setdefault(name.partition(".")[0], [])
+    return files_by_top
+
+
+def _libraries(files_by_top: dict[str, list[str]]) -> tuple[dict[str, str], tuple[str, ...]]:
+    owners = _owners()
     versions: dict[str, str] = {}
     local_files: set[str] = set()
     for top, files in files_by_top.items():

@@ -20,7 +20,7 @@ from graphlint.capture import Capture, capture_target, load_target
 from graphlint.capture.isolation import seed_everything, torch_defaults
 from graphlint.engine import run_rules
 from graphlint.errors import GraphlintError, failure_where, one_line
-from graphlint.libraries import loaded_libraries, loaded_modules
+from graphlint.libraries import module_files_and_libraries
 from graphlint.locate.place import Locator
 from graphlint.results import TargetError, TargetResult
 from graphlint.stages import last as last_stage, reached
@@ -206,16 +206,11 @@ def depends_on(project, spec: TargetSpec, ran: tuple[str, ...] = ()) -> tuple[tu
     """What a target's result depends on, once this process has run it, for the result cache: the files (the
     project's files it ran or imported, the target's file, those of libraries installed from a local path) and
     the installed distributions it loaded, with their versions."""
-    # Modules' real source files only: torch registers modules with made-up relative names (`_ops.py`).
-    # Not the program running graphlint: a venv's bin/graphlint in the project, `__mp_main__` in a spawned child.
     # The project's files are found by their names first and only those are looked up on disk: a target's process
     # has thousands of modules, and a stat of each cost about 20 ms a target.
-    modules = loaded_modules()
-    files = [file for name, file in modules if name not in ("__main__", "__mp_main__") and isinstance(file, str)
-             and os.path.isabs(file)]
+    files, libraries, local_library_files = module_files_and_libraries()
     own = {file for file in project.first_party_files(files) if os.path.isfile(file)}
     extra = {str(spec.file)} if spec.file is not None else set()
-    libraries, local_library_files = loaded_libraries(modules)
     inputs = tuple(sorted(own | set(ran) | extra | set(local_library_files)))
     return inputs, libraries
 

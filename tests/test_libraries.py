@@ -1,16 +1,19 @@
 """graphlint.libraries: the versions of the libraries a capture ran, read from their metadata once per change of it
-(every lint reads them twice, in the warm parent and in the target's child)."""
+(every lint reads them twice, in the warm parent and in the target's child), and the modules a forked child
+depends on, read from its parent for those it inherited."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import sys
+import types
 
 import pytest
 
-from conftest import write
+from conftest import lint_file, write
 from graphlint import libraries
+from graphlint.run.parent import start_method
 
 
 @pytest.fixture
@@ -96,3 +99,87 @@ def test_an_upgrade_in_a_long_lived_process_is_read_from_the_new_version(install
     write(new, "RECORD", "")
     importlib.invalidate_caches()
     assert libraries.loaded_libraries()[0]["gl_probe"] == "2.0"
+
+
+def _module(name: str) -> types.ModuleType:
+    return types.ModuleType(name)
+
+
+def test_modules_imported_since_a_mark_are_read_from_the_end_unless_one_before_it_went(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gl_old", _module("gl_old"))
+    mark, before = libraries.newest(), len(sys.modules)
+    assert mark == ("gl_old", sys.modules["gl_old"])
+    monkeypatch.setitem(sys.modules, "gl_new_a", _module("gl_new_a"))
+    monkeypatch.setitem(sys.modules, "gl_new_b", _module("gl_new_b"))
+    assert [name for name, _ in libraries.imported_since(mark, before)] == ["gl_new_a", "gl_new_b"]
+    # The mark removed and put back (it would read as the newest module), or another module removed: only a walk
+    # of every module can say what is new.
+    old = sys.modules.pop("gl_old")
+    sys.modules["gl_old"] = old
+    assert libraries.imported_since(mark, before) is None
+    mark, before = libraries.newest(), len(sys.modules)
+    monkeypatch.delitem(sys.modules, "gl_new_a")
+    monkeypatch.setitem(sys.modules, "gl_new_c", _module("gl_new_c"))
+    assert libraries.imported_since(mark, before) is None
+    assert libraries.imported_since(None, before) is None
+
+
+@pytest.fixture
+def watched(tmp_path, monkeypatch):
+    """A first-party module the test's process has imported, whose `__file__` notes the process that reads it."""
+    readers = tmp_path / "readers"
+    path = write(tmp_path, "helper.py", "")
+
+    class Watched(types.ModuleType):
+        @property
+        def __file__(self):
+            with open(readers, "a") as out:
+                out.write(f"{os.getpid()}\n")
+            return str(path)
+
+    monkeypatch.setitem(sys.modules, "gl_helper", Watched("gl_helper"))
+    return path, readers
+
+
+@pytest.mark.skipif(start_method() != "fork", reason="spawned children import everything themselves")
+def test_a_forked_child_reads_its_parents_modules_from_the_parent_and_depends_on_them_and_its_own(
+        installed, watched, tmp_path):
+    """A test worker or a notebook is a warm parent with thousands of modules: a child that walked them all copied
+    every page they lie on. Its result still depends on the project's modules the parent had imported, on those
+    the target imported, and on the libraries of both."""
+    helper, readers = watched
+    write(tmp_path, "sibling.py", "SCALE = 2\n")
+    path = write(tmp_path, "model.py", """
+        import torch
+        import sibling
+
+
+        def make():
+            return torch.nn.Linear(4, sibling.SCALE), (torch.randn(2, 4),)
+    """)
+    [result] = lint_file(path).results
+    assert not result.errors
+    assert {str(helper), str(tmp_path / "sibling.py"), str(path)} <= set(result.inputs)
+    assert result.libraries["gl_probe"] == "1.0" and "torch" in result.libraries
+    assert set(readers.read_text().split()) == {str(os.getpid())}  # read here, never in the child
+
+
+@pytest.mark.skipif(start_method() != "fork", reason="spawned children import everything themselves")
+def test_a_child_that_removes_a_module_it_inherited_still_depends_on_what_it_imported(watched, tmp_path):
+    helper, _ = watched
+    write(tmp_path, "sibling.py", "SCALE = 2\n")
+    path = write(tmp_path, "model.py", """
+        import sys
+
+        import torch
+        import sibling
+
+        sys.modules.pop("gl_helper")
+
+
+        def make():
+            return torch.nn.Linear(4, sibling.SCALE), (torch.randn(2, 4),)
+    """)
+    [result] = lint_file(path).results
+    assert not result.errors
+    assert str(tmp_path / "sibling.py") in result.inputs and str(helper) not in result.inputs

@@ -16,6 +16,7 @@ import multiprocessing
 import sys
 from collections.abc import Callable
 
+from graphlint.libraries import note_fork
 from graphlint.run.child import child_main
 from graphlint.run.heap import long_lived
 from graphlint.run.wire import Job, Launch, LintJob
@@ -64,6 +65,7 @@ class WarmParent:
             # pool cannot be detected reliably (torch starts a thread at import), so children run CPU ops on one
             # thread; captures on the meta device compute nothing, and -j N parallelises across targets.
             launch = Launch(single_threaded=True, close_fds=self.close_in_children)
+            note_fork()  # what the child inherits of loaded modules, read here where reading copies nothing
         process = self.context.Process(target=child_main, args=(job, launch, sending), daemon=True)
         process.start()
         sending.close()  # the child holds the only writing end: its death closes the pipe
