@@ -179,6 +179,8 @@ def test_the_scheduler_leaves_jobs_the_caller_answered_itself_and_drops_unwanted
 def test_modules_a_child_imported_are_imported_before_the_next_child_of_any_warm_parent_of_the_process(monkeypatch):
     """A test worker or a notebook makes a warm parent for each check: what the children of one imported (graphlint's
     fixers, libcst) is imported once, in this process, for the children of the next."""
+    monkeypatch.setattr(parent_module, "_WANTED", [])  # not what earlier tests' children in this worker imported
+    monkeypatch.setattr(parent_module, "_TRIED", set())
     first, second, third = (parent_module.WarmParent() for _ in range(3))
     imported = []
     real = parent_module.importlib.import_module
@@ -194,3 +196,27 @@ def test_modules_a_child_imported_are_imported_before_the_next_child_of_any_warm
     second.preload(["graphlint.not_a_real_module"])  # tried once (it failed): never again, by any warm parent
     noted(third)
     assert imported == ["graphlint.not_a_real_module"]
+
+
+def test_a_child_that_lingers_after_its_answer_is_waited_for_without_spinning(tmp_path, monkeypatch):
+    """A child's pipe, once closed, is readable for ever: waiting on it again and again while the process exits
+    (here a thread the model started keeps it alive for half a second) burned the parent's CPU."""
+    from graphlint.run import scheduler
+
+    path = write(tmp_path, "model.py", """
+        import threading
+        import time
+
+        import torch
+
+
+        def make():
+            threading.Thread(target=time.sleep, args=(0.5,)).start()  # not a daemon: the process waits for it
+            return torch.nn.Linear(4, 4), (torch.randn(2, 4),)
+    """)
+    waits = []
+    waited = scheduler.wait
+    monkeypatch.setattr(scheduler, "wait", lambda *args: waits.append(1) or waited(*args))
+    [result] = lint_file(path).results
+    assert not result.errors
+    assert len(waits) < 20, len(waits)

@@ -34,10 +34,20 @@ class _Child:
     result: TargetResult | Reported | Proved | None = None
     imported: tuple[str, ...] = ()
     partial: Partial | None = None  # received and not yet handed on
+    # Its pipe reached its end (the child closed it, or died): from then on only its exit is waited for, else the
+    # pipe, readable at its end forever, would wake the wait at once again and again until the process is gone.
+    closed: bool = False
+    # Its sentinel is ready: its files are closed, so it is exiting, but the kernel may take a few milliseconds
+    # (unmapping a large parent's copied memory) before it can be reaped; it is polled for, not waited on again.
+    exiting: bool = False
 
     @property
     def target(self) -> str:
         return self.job.target
+
+
+# Seconds between looks at a child that is exiting but not yet gone (_Child.exiting).
+EXIT_POLL = 0.005
 
 
 class Children:
@@ -68,11 +78,18 @@ class Children:
         deadline = self._next_deadline()
         if limit is not None:
             deadline = limit if deadline is None else min(deadline, limit)
-        handles = [c.connection for c in self.running] + [c.process.sentinel for c in self.running] + list(also or ())
+        if any(child.exiting for child in self.running):
+            deadline = EXIT_POLL if deadline is None else min(deadline, EXIT_POLL)
+        handles = [c.connection for c in self.running if not c.closed] \
+            + [c.process.sentinel for c in self.running if not c.exiting] + list(also or ())
         if handles:
-            wait(handles, deadline)
+            ready = wait(handles, deadline)
+        else:  # only exiting children (and nothing else to wait for): look again shortly
+            ready = []
+            time.sleep(deadline or 0)
         done = []
         for child in list(self.running):
+            child.exiting = child.exiting or child.process.sentinel in ready
             _read(child)
             finished = not child.process.is_alive()
             if finished:
@@ -225,8 +242,10 @@ def _read(child: _Child) -> None:
                 child.result, child.imported = message, message.imported
             elif isinstance(message, Proved):
                 child.result = message
-    except (EOFError, OSError, TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
-        pass  # a child that died mid-message, or sent something else: judged by its exit below
+    except (EOFError, OSError):
+        child.closed = True  # all it sent is read; a child that died mid-message is judged by its exit below
+    except (TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
+        pass  # something else than graphlint's messages: judged by its exit below
 
 
 def _died(child: _Child) -> str:
