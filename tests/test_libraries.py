@@ -183,3 +183,21 @@ def test_a_child_that_removes_a_module_it_inherited_still_depends_on_what_it_imp
     [result] = lint_file(path).results
     assert not result.errors
     assert str(tmp_path / "sibling.py") in result.inputs and str(helper) not in result.inputs
+
+
+def test_the_owners_of_top_level_names_are_importlib_metadatas_read_without_parsing_metadata(monkeypatch):
+    """Every command's warm parent maps top-level modules to their distributions: naming each by its folder, as pip
+    writes it, instead of parsing its METADATA, halves that; the map stays the one importlib.metadata gives."""
+    expected = {top: sorted(libraries._normalized(name) for name in names)
+                for top, names in importlib.metadata.packages_distributions().items()}
+    parsed = []
+    metadata = importlib.metadata.Distribution.metadata
+    monkeypatch.setattr(importlib.metadata.Distribution, "metadata",
+                        property(lambda distribution: parsed.append(1) or metadata.fget(distribution)))
+    libraries._owners.cache_clear()
+    try:
+        owners = libraries._owners()
+    finally:
+        libraries._owners.cache_clear()
+    assert {top: sorted(libraries._normalized(name) for name in names) for top, names in owners.items()} == expected
+    assert "torch" in owners and not parsed
