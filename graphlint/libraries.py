@@ -28,7 +28,22 @@ def _normalized(name: str) -> str:
 def loaded_modules() -> list[tuple[str, object]]:
     """(name, `__file__`) of every module loaded now: one walk of `sys.modules`, which a forked child pays for in
     copied pages (every module it touches); a child reads its parent's part from `note_fork` instead."""
-    return [(name, getattr(module, "__file__", None)) for name, module in list(sys.modules.items())]
+    return [(name, module_file(module)) for name, module in list(sys.modules.items())]
+
+
+def module_file(module: object) -> object:
+    """A loaded module's `__file__`, read from its own dict first, so that a lazily loaded module (importlib's
+    LazyLoader runs its code at the first attribute read) is not run by graphlint; None where it cannot be read."""
+    try:
+        file = object.__getattribute__(module, "__dict__").get("__file__")
+    except Exception:  # no __dict__ (an object that is no module)
+        file = None
+    if file is None:
+        try:
+            file = getattr(module, "__file__", None)
+        except Exception:  # a module-like object whose attributes raise: nothing to track
+            file = None
+    return file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,16 +91,23 @@ def newest() -> tuple[str, object] | None:
 def imported_since(mark: tuple[str, object] | None, before: int) -> list[tuple[str, object]] | None:
     """(name, `__file__`) of the modules added to sys.modules after `mark`, when `before` modules were loaded, read
     from its end without touching the others; None when that cannot be told so (the mark is gone or was put back,
-    some modules were removed in between): then only a walk of all of them can say."""
+    some modules were removed in between, or another thread imports meanwhile): then only a walk of all of them can
+    say. A module replaced in place (`sys.modules[name] = other` for a name already there) keeps its position and
+    is not noticed: the result then depends on the file of the module it replaced."""
     if mark is None:
         return None
     added = []
-    for name, module in reversed(sys.modules.items()):
-        if name == mark[0]:
-            if module is not mark[1] or len(sys.modules) - len(added) != before:
-                return None
-            return added[::-1]
-        added.append((name, getattr(module, "__file__", None)))
+    try:
+        # Names and modules first, their files after: reading an attribute can import (a lazily loaded module), and
+        # the dict must not change while it is walked.
+        for name, module in reversed(sys.modules.items()):
+            if name == mark[0]:
+                if module is not mark[1] or len(sys.modules) - len(added) != before:
+                    return None
+                return [(name, module_file(module)) for name, module in reversed(added)]
+            added.append((name, module))
+    except RuntimeError:  # the dict changed size during the walk (an import in another thread)
+        return None
     return None
 
 

@@ -185,11 +185,21 @@ def test_a_child_that_removes_a_module_it_inherited_still_depends_on_what_it_imp
     assert str(tmp_path / "sibling.py") in result.inputs and str(helper) not in result.inputs
 
 
-def test_the_owners_of_top_level_names_are_importlib_metadatas_read_without_parsing_metadata(monkeypatch):
+def test_the_owners_of_top_level_names_come_from_top_level_txt_or_record_without_parsing_metadata(tmp_path,
+                                                                                                  monkeypatch):
     """Every command's warm parent maps top-level modules to their distributions: naming each by its folder, as pip
-    writes it, instead of parsing its METADATA, halves that; the map stays the one importlib.metadata gives."""
-    expected = {top: sorted(libraries._normalized(name) for name in names)
-                for top, names in importlib.metadata.packages_distributions().items()}
+    writes it, instead of parsing its METADATA, halves that. A distribution without top_level.txt (most build
+    backends but setuptools) is read from the Python files its RECORD lists."""
+    site = tmp_path / "site"
+    declared = site / "gl_declared-1.0.dist-info"
+    write(declared, "METADATA", "Metadata-Version: 2.1\nName: GL-Declared\nVersion: 1.0\n")
+    write(declared, "top_level.txt", "gl_declared_mod\n")
+    recorded = site / "gl_recorded-2.0.dist-info"
+    write(recorded, "METADATA", "Metadata-Version: 2.1\nName: GL.Recorded\nVersion: 2.0\n")
+    write(recorded, "RECORD", "gl_recorded_pkg/__init__.py,,\ngl_recorded_pkg/data.json,,\ngl_single.py,,\n"
+                              "gl_recorded-2.0.dist-info/METADATA,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
     parsed = []
     metadata = importlib.metadata.Distribution.metadata
     monkeypatch.setattr(importlib.metadata.Distribution, "metadata",
@@ -199,5 +209,33 @@ def test_the_owners_of_top_level_names_are_importlib_metadatas_read_without_pars
         owners = libraries._owners()
     finally:
         libraries._owners.cache_clear()
-    assert {top: sorted(libraries._normalized(name) for name in names) for top, names in owners.items()} == expected
+    assert owners["gl_declared_mod"] == ["gl_declared"]
+    assert owners["gl_recorded_pkg"] == owners["gl_single"] == ["gl_recorded"]
     assert "torch" in owners and not parsed
+    assert libraries._normalized("GL.Recorded") == libraries._normalized("gl_recorded") == "gl-recorded"
+
+
+@pytest.mark.skipif(start_method() != "fork", reason="spawned children import everything themselves")
+def test_a_lazily_loaded_module_that_imports_when_read_leaves_the_dependencies_whole(tmp_path):
+    """A module loaded through importlib's LazyLoader (as the `lazy_loader` package loads scikit-image's and
+    librosa's) runs its code at the first attribute read, which may import more while its files are read."""
+    write(tmp_path, "lazy_dep.py", "VALUE = 4\n")
+    write(tmp_path, "lazy_mod.py", "import lazy_dep\n\nWIDTH = lazy_dep.VALUE\n")
+    path = write(tmp_path, "model.py", """
+        import importlib.util
+        import sys
+
+        import torch
+
+
+        def make():
+            spec = importlib.util.find_spec("lazy_mod")
+            spec.loader = importlib.util.LazyLoader(spec.loader)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["lazy_mod"] = module
+            spec.loader.exec_module(module)  # nothing runs until an attribute is read
+            return torch.nn.Linear(4, 4), (torch.randn(2, 4),)
+    """)
+    [result] = lint_file(path).results
+    assert not result.errors, result.errors
+    assert {str(tmp_path / "lazy_mod.py"), str(path)} <= set(result.inputs)

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from graphlint.capture.compile_regions import TORCH_MARKS, is_torch_or_builtin
+from graphlint.libraries import module_file
 
 # Analyses kept per key: code or a setting edited back and forth hits either version.
 _VARIANTS = 4
@@ -218,9 +219,9 @@ def _module_spaces() -> dict[str, dict]:
     torch.nn.functional that the traced code reads)."""
     spaces = {}
     for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
+        file = module_file(module)  # never runs a lazily loaded module's code
         if isinstance(file, str):
-            spaces.setdefault(os.path.abspath(file), vars(module))
+            spaces.setdefault(os.path.abspath(file), object.__getattribute__(module, "__dict__"))
     return spaces
 
 

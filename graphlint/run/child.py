@@ -15,7 +15,7 @@ from collections.abc import Callable
 from graphlint import stages
 from graphlint.errors import one_line
 from graphlint.files import is_installed_file
-from graphlint.libraries import imported_since, loaded_modules, newest
+from graphlint.libraries import imported_since, loaded_modules, module_file, newest
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
 from graphlint.run.stack import roomy
@@ -168,8 +168,7 @@ def _preloadable(names: set[str]) -> list[str]:
     tensor made at import on the CPU instead of meta); never the project's files."""
     found = set()
     for name in names:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+        path = module_file(sys.modules.get(name))
         if not isinstance(path, str):
             continue
         if name.startswith("graphlint.") or ("." not in name and not name.startswith("_") and is_installed_file(path)):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from graphlint.errors import PRIVATE_MODULE_PREFIX, TargetFailure, one_line, raised_at, raised_where
 from graphlint.files import display_path
+from graphlint.libraries import module_file
 from graphlint.target.builder import Builder
 from graphlint.target.built import describe_value
 from graphlint.target.spec import TargetSpec
@@ -221,7 +222,7 @@ def _forget_other_copies(top: str, own: Path) -> None:
     if top in ("graphlint", "torch") or top in sys.stdlib_module_names:
         return
     for loaded in [name for name in sys.modules if name == top or name.startswith(top + ".")]:
-        file = getattr(sys.modules[loaded], "__file__", None)
+        file = module_file(sys.modules[loaded])
         if isinstance(file, str) and not _is_below(Path(file), own) and Path(file) != own.with_suffix(".py"):
             del sys.modules[loaded]
 
