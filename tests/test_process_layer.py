@@ -220,3 +220,25 @@ def test_a_child_that_lingers_after_its_answer_is_waited_for_without_spinning(tm
     [result] = lint_file(path).results
     assert not result.errors
     assert len(waits) < 20, len(waits)
+
+
+def test_a_child_that_answered_but_never_exits_is_stopped_and_its_answer_kept(tmp_path):
+    """A model's thread that never ends keeps its child alive after the child sent everything: the answer stands,
+    and the child is stopped after a grace period instead of being reported as a target that timed out."""
+    path = write(tmp_path, "model.py", """
+        import threading
+        import time
+
+        import torch
+
+
+        def make():
+            threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: the process waits for it
+            return torch.nn.Linear(4, 4), (torch.randn(2, 4),)
+    """)
+    from graphlint.config import Config
+    from graphlint.session import Options, check
+
+    project = Project(root=tmp_path, first_party_folders=[tmp_path])
+    [result] = check([f"{path}:make"], project, Config(ignore=("GL3",)), Options(timeout=6)).results
+    assert not result.errors, result.errors

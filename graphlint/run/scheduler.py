@@ -40,6 +40,7 @@ class _Child:
     # Its sentinel is ready: its files are closed, so it is exiting, but the kernel may take a few milliseconds
     # (unmapping a large parent's copied memory) before it can be reaped; it is polled for, not waited on again.
     exiting: bool = False
+    answered: float = 0.0  # when its pipe closed (time.monotonic())
 
     @property
     def target(self) -> str:
@@ -48,6 +49,9 @@ class _Child:
 
 # Seconds between looks at a child that is exiting but not yet gone (_Child.exiting).
 EXIT_POLL = 0.005
+# Seconds a child that has answered and closed its pipe gets to exit (its threads, its atexit handlers, the output
+# it still flushes) before it is stopped, its answer kept.
+EXIT_GRACE = 2.0
 
 
 class Children:
@@ -95,12 +99,19 @@ class Children:
             if finished:
                 _read(child)  # what it sent just before exiting
                 child.process.join()
+            elif child.closed and child.result is not None and time.monotonic() - child.answered > EXIT_GRACE:
+                # It answered and closed its pipe but does not exit (a thread of the model's that never ends): its
+                # answer stands, and nothing of it is still wanted.
+                child.process.kill()
+                child.process.join()
+                finished = True
             elif child.timeout and time.monotonic() - child.started > child.timeout:
                 child.process.kill()
                 child.process.join()
-                child.result = _failed(child, f"did not finish within {child.timeout:g} s (--timeout) during the "
-                                              f"{child.stage}; its forward may never return, or raise --timeout "
-                                              "(0 for no limit)")
+                if child.result is None:  # an answer it finished sending stands
+                    child.result = _failed(child, f"did not finish within {child.timeout:g} s (--timeout) during "
+                                                  f"the {child.stage}; its forward may never return, or raise "
+                                                  "--timeout (0 for no limit)")
                 finished = True
             if finished:
                 self.running.remove(child)
@@ -130,7 +141,8 @@ class Children:
         self.running.remove(child)
 
     def _next_deadline(self) -> float | None:
-        limits = [child.started + child.timeout for child in self.running if child.timeout]
+        limits = [child.started + child.timeout for child in self.running if child.timeout] \
+            + [child.answered + EXIT_GRACE for child in self.running if child.closed and child.result is not None]
         return max(0.0, min(limits) - time.monotonic()) if limits else None
 
 
@@ -243,7 +255,8 @@ def _read(child: _Child) -> None:
             elif isinstance(message, Proved):
                 child.result = message
     except (EOFError, OSError):
-        child.closed = True  # all it sent is read; a child that died mid-message is judged by its exit below
+        if not child.closed:  # all it sent is read; a child that died mid-message is judged by its exit below
+            child.closed, child.answered = True, time.monotonic()
     except (TypeError, ValueError, AttributeError, ImportError, pickle.UnpicklingError):
         pass  # something else than graphlint's messages: judged by its exit below
 
