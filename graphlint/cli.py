@@ -19,6 +19,8 @@ written).
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -316,6 +318,27 @@ def _picked(args: argparse.Namespace, project: Project, config, named: list[str]
                      "of pyproject.toml")
 
 
+def _writable(*paths: str | Path | None) -> None:
+    """Say before any target runs, not after minutes of linting, that a file asked for (--output, --report,
+    --write-baseline) cannot be written there; writing it later still says so if the folder changes meanwhile."""
+    for path in paths:
+        if not path:
+            continue
+        file = Path(path)
+        folder = file.parent
+        if file.is_dir():
+            problem = errno.EISDIR
+        elif not folder.exists():
+            problem = errno.ENOENT
+        elif not folder.is_dir():
+            problem = errno.ENOTDIR
+        elif not os.access(folder, os.W_OK | os.X_OK) or (file.exists() and not os.access(file, os.W_OK)):
+            problem = errno.EACCES
+        else:
+            continue
+        raise UsageError(f"cannot write {path}: {os.strerror(problem)}")
+
+
 def _write(rendered: str | bytes, output: str | None) -> None:
     """The rendered report to --output FILE (text as UTF-8, bytes as they are), else to stdout."""
     if output:
@@ -419,6 +442,7 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--unsafe-fixes applies only with --fix, --diff or --format rdjson/rdjsonl")
     if args.write_baseline is not None and (args.fix or args.diff):
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
+    _writable(*(file for _, file in outputs), args.write_baseline)
     session = Session(targets, project, config, options, base)
     report = session.report(session.results(targets))
     if args.sort == "cost":
@@ -564,6 +588,7 @@ def _graph(args: argparse.Namespace) -> int:
                              one="graphlint graph takes one TARGET (path/to/file.py:NAME)")
     if args.depth is not None and args.depth < 1:
         raise UsageError("--depth must be 1 or more")
+    _writable(args.output)
     session = Session([target], project, config, _run_options(args, project, config), base, lints=False)
     result, report = session.graph(target, args.vary)
     for note in result.notes:
@@ -598,6 +623,7 @@ def _memory(args: argparse.Namespace) -> int:
     project = _discover(args)
     config = project.config.overridden(device=args.device, timeout=args.timeout)
     targets, base = _picked(args, project, config, list(args.targets))
+    _writable(args.output)
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = _step_device(config, "memory")
     if config.distributed == "ddp" and distribution is None:
@@ -680,6 +706,7 @@ def _time(args: argparse.Namespace) -> int:
     project = _discover(args)
     config = project.config.overridden(device=args.device, timeout=args.timeout)
     targets, base = _picked(args, project, config, list(args.targets))
+    _writable(args.output)
     session = Session(targets, project, config, _run_options(args, project, config), base, lints=False)
     device = _step_device(config, "time")
     gpu = accelerator(args.gpu).name if args.gpu is not None else None

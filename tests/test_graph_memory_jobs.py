@@ -163,6 +163,7 @@ def test_the_commands_pick_targets_and_write_outputs_alike(model, command):
     assert unwritable.returncode == 2
     assert unwritable.stderr.strip().splitlines()[-1] == ("graphlint: error: cannot write no/such/folder/out: "
                                                           "No such file or directory")
+    assert not calls(model)  # said before the target ran, not after its lint or measurement
     none = run_graphlint(command, cwd=model)  # no TARGET, and no [tool.graphlint] targets
     assert none.returncode == 2 and len(none.stderr.strip().splitlines()) == 1
     wanted = "takes one TARGET" if command == "graph" else "no targets: pass TARGET"

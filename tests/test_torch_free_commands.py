@@ -154,6 +154,12 @@ def test_every_help_imports_no_torch(project_dir, command):
     ["memory", "--batch", "0", "model.py:make"],
     ["memory", "--ddp", "2", "--fsdp", "2", "model.py:make"],
     ["memory", "--ddp", "2", "--bucket-cap-mb", "-1", "model.py:make"],
+    # an output that cannot be written is said before any target runs (a lint can take minutes)
+    ["check", "--output", "no/such/folder/out.sarif", "--format", "sarif", "model.py:make"],
+    ["check", "--report", "json=no/such/folder/out.json", "model.py:make"],
+    ["check", "--write-baseline", "no/such/folder/baseline.json", "model.py:make"],
+    ["graph", "--output", ".", "model.py:make"],  # a folder
+    ["time", "--cpu", "--output", "model.py/out.json", "model.py:make"],  # under a file
 ])
 def test_usage_errors_import_no_torch(model, args):
     result, torch_imported = run_watched(*args, cwd=model)
