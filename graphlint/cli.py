@@ -318,9 +318,10 @@ def _picked(args: argparse.Namespace, project: Project, config, named: list[str]
                      "of pyproject.toml")
 
 
-def _writable(*paths: str | Path | None) -> None:
+def _writable(*paths: str | Path | None, what: str = "") -> None:
     """Say before any target runs, not after minutes of linting, that a file asked for (--output, --report,
-    --write-baseline) cannot be written there; writing it later still says so if the folder changes meanwhile."""
+    --write-baseline: `what`, "the baseline ") cannot be written there; writing it later still says so if the
+    folder changes meanwhile."""
     for path in paths:
         if not path:
             continue
@@ -336,7 +337,7 @@ def _writable(*paths: str | Path | None) -> None:
             problem = errno.EACCES
         else:
             continue
-        raise UsageError(f"cannot write {path}: {os.strerror(problem)}")
+        raise UsageError(f"cannot write {what}{path}: {os.strerror(problem)}")
 
 
 def _write(rendered: str | bytes, output: str | None) -> None:
@@ -442,7 +443,8 @@ def _check(args: argparse.Namespace) -> int:
         raise UsageError("--unsafe-fixes applies only with --fix, --diff or --format rdjson/rdjsonl")
     if args.write_baseline is not None and (args.fix or args.diff):
         raise UsageError("--write-baseline cannot be combined with --fix or --diff")
-    _writable(*(file for _, file in outputs), args.write_baseline)
+    _writable(*(file for _, file in outputs))
+    _writable(args.write_baseline, what="the baseline ")  # as baseline.write_baseline words it
     session = Session(targets, project, config, options, base)
     report = session.report(session.results(targets))
     if args.sort == "cost":

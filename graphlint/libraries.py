@@ -167,14 +167,6 @@ def _libraries(files_by_top: dict[str, list[str]]) -> tuple[dict[str, str], tupl
     return dict(sorted(versions.items())), tuple(sorted(local_files))
 
 
-@functools.cache
-def read_once() -> None:
-    """Read the metadata of the distributions loaded now, once per process: a warm parent's children start with it
-    read. Once is enough: walking `sys.modules` again after a fork writes to every module's page (reference
-    counts), about 10 ms of copied pages in a test worker that makes a warm parent for each lint."""
-    loaded_libraries()
-
-
 @functools.lru_cache(maxsize=1)
 def _owners() -> dict[str, list[str]]:
     """Top-level module name → the distributions that install it, read once per process: what

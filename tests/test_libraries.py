@@ -68,21 +68,19 @@ def test_metadata_rewritten_in_place_is_read_again(installed, monkeypatch):
 
 
 def test_warm_parents_walk_the_loaded_modules_once_per_process(monkeypatch):
-    """A test worker makes a warm parent for each lint: walking sys.modules after a fork copies every module's page."""
-    import graphlint.pipeline  # noqa: F401 - imported before the patch below, which it must not keep
+    """A test worker makes a warm parent for each lint: walking sys.modules after a fork copies every module's page, so
+    the walk before a fork is made again only when modules were added or removed since."""
     from graphlint.run import parent
 
+    parent.WarmParent()
     walks = []
-    monkeypatch.setattr(libraries, "loaded_libraries", lambda modules=None: walks.append(1) or ({}, ()))
-    once = getattr(libraries, "read_once", None)
-    if once is not None:
-        once.cache_clear()
-    try:
-        parent.WarmParent()
-        parent.WarmParent()
-    finally:
-        if once is not None:
-            once.cache_clear()  # the next warm parent reads the real metadata
+    walk = libraries.loaded_modules
+    monkeypatch.setattr(libraries, "loaded_modules", lambda: walks.append(1) or walk())
+    monkeypatch.setattr(libraries, "_walked", None)
+    parent.WarmParent()
+    libraries.note_fork()
+    parent.WarmParent()
+    libraries.note_fork()
     assert len(walks) == 1
 
 

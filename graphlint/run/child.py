@@ -15,7 +15,7 @@ from collections.abc import Callable
 from graphlint import stages
 from graphlint.errors import one_line
 from graphlint.files import is_installed_file
-from graphlint.libraries import imported_since, loaded_modules, module_file, newest
+from graphlint.libraries import imported_since, module_file, newest
 from graphlint.results import TargetError, TargetResult
 from graphlint.run.heap import leave_parent_heap, long_lived
 from graphlint.run.stack import roomy
@@ -99,8 +99,7 @@ def _target_job(target: str, connection, run: Callable[[], object],
             target, f"internal error in graphlint during the {last[0]} ({one_line(error)}); please report it with the "
                     "output of --debug", stage=last[0])])
     added = imported_since(mark, before)  # None: every module is named, and the parent skips those it has
-    return answer, tuple(_preloadable({name for name, _ in loaded_modules()} if added is None else
-                                      {name for name, _ in added}))
+    return answer, tuple(_preloadable(set(sys.modules) if added is None else {name for name, _ in added}))
 
 
 def _lint(job: LintJob, connection, cpu_threads: int | None = None) -> TargetResult:

@@ -142,8 +142,7 @@ def _warm_up() -> None:
     import graphlint.capture  # noqa: F401 - imported for the children
     import graphlint.pipeline  # noqa: F401
     from graphlint.engine import load_rules
-    from graphlint.libraries import read_once
 
     load_rules()
     torch.tril(torch.ones(4, 4, device="meta"))
-    read_once()  # the installed distributions' metadata, read for every child
+    # The installed distributions' metadata is read before each fork (note_fork), for the children.
